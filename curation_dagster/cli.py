@@ -1,0 +1,274 @@
+"""``curate``: run a crawl through the Dagster asset graph and ask it why sources shrank.
+
+    curate run --workdir DIR --crawl NAME --source NAME=URL [...] [--stages LIST] [--config FILE]
+    curate report --workdir DIR --crawl NAME [--json]
+    curate ledger --workdir DIR --crawl NAME --out FILE.parquet
+    curate explain --workdir DIR --crawl NAME DOC_ID
+    curate sample --out DIR
+    curate ui --workdir DIR [--port 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+import warnings
+from pathlib import Path
+from typing import Any
+
+from stages.paths import Store
+from stages.registry import PROGRAMS, QUARANTINE, STAGES, CrawlSpec
+
+DAGSTER_YAML = """\
+# The embedded default: SQLite storage in this folder, runs in-process.
+telemetry:
+  enabled: false
+"""
+
+
+class CliError(Exception):
+    """An error reported as one line, with exit code 1."""
+
+
+def _workdir_paths(workdir: str) -> tuple[Path, Path]:
+    root = Path(workdir).resolve()
+    home = root / "dagster"
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    return root, home
+
+
+def _read_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"config file {path} does not exist")
+    text = p.read_text()
+    if p.suffix == ".toml":
+        return tomllib.loads(text)
+    if p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        return yaml.safe_load(text) or {}
+    return json.loads(text)
+
+
+def build_spec(workdir: Path, crawl: str, sources: list[str], stages: str | None, config: dict[str, Any]) -> CrawlSpec:
+    """The crawl spec from the command line and config file; reuses the saved one when no
+    sources are given."""
+    from curation_dagster.resources import load_spec, spec_path
+
+    cfg_sources: dict[str, dict[str, Any]] = dict(config.get("sources", {}))
+    for item in sources:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url:
+            raise CliError(f"--source expects NAME=URL, got {item!r}")
+        cfg_sources[name] = {**cfg_sources.get(name, {}), "url": url}
+    if not cfg_sources:
+        if spec_path(workdir, crawl).exists():
+            saved = load_spec(workdir, crawl)
+            cfg_sources = {k: v.model_dump() for k, v in saved.sources.items()}
+        else:
+            raise CliError(f"crawl {crawl!r} is new: give its sources with --source NAME=URL")
+    missing = [name for name, s in cfg_sources.items() if "url" not in s]
+    if missing:
+        raise CliError(f"source(s) {', '.join(missing)} have no url")
+    stage_list = (
+        tuple(s.strip() for s in stages.split(",") if s.strip()) if stages else tuple(config.get("stages", STAGES))
+    )
+    return CrawlSpec(
+        crawl=crawl, sources=cfg_sources, stages=stage_list,
+        params=config.get("params", {}), keep=config.get("keep", {}),
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from curation_dagster.runner import run_crawl
+
+    workdir, home = _workdir_paths(args.workdir)
+    spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config))
+    report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force)
+    print_report(report)
+    return 0
+
+
+def _store(workdir: Path) -> Store:
+    return Store(str(workdir / "data"))
+
+
+def _ledger_dir(workdir: Path, crawl: str) -> tuple[Store, str, CrawlSpec]:
+    from curation_dagster.resources import load_spec, spec_path
+
+    if not spec_path(workdir, crawl).exists():
+        raise CliError(f"crawl {crawl!r} is unknown in {workdir}; run `curate run` first")
+    spec = load_spec(workdir, crawl)
+    store = _store(workdir)
+    key = spec.keys()[("removal_ledger", None)]
+    pdir = store.partition_dir("removal_ledger", key, crawl)
+    if store.read_manifest(pdir) is None:
+        raise CliError(f"crawl {crawl!r} has no removal ledger for its current parameters; run `curate run`")
+    return store, pdir, spec
+
+
+def load_report(workdir: Path, crawl: str) -> dict[str, Any]:
+    store, pdir, _ = _ledger_dir(workdir, crawl)
+    manifest = store.read_manifest(pdir)
+    assert manifest is not None
+    return manifest.report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    stages = list(STAGES)
+    table = Table(title=f"crawl {report['crawl']}: what each source lost at each stage")
+    for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *[s.upper() for s in stages], "KEPT", "KEPT %"]:
+        table.add_column(col, justify="left" if col == "SOURCE" else "right")
+    totals = {"input": 0, "kept": 0, "quarantined": 0, **{s: 0 for s in stages}}
+    for source, row in sorted(report["sources"].items()):
+        removed = [row["removed"].get(s, 0) for s in stages]
+        for s, n in zip(stages, removed, strict=True):
+            totals[s] += n
+        for k in ("input", "kept", "quarantined"):
+            totals[k] += row[k]
+        pct = 100.0 * row["kept"] / row["input"] if row["input"] else 0.0
+        table.add_row(source, str(row["input"]), str(row["quarantined"]), *map(str, removed), str(row["kept"]),
+                      f"{pct:.1f}")
+    pct = 100.0 * totals["kept"] / totals["input"] if totals["input"] else 0.0
+    table.add_row("TOTAL", str(totals["input"]), str(totals["quarantined"]), *[str(totals[s]) for s in stages],
+                  str(totals["kept"]), f"{pct:.1f}", style="bold")
+    Console().print(table)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    workdir, _ = _workdir_paths(args.workdir)
+    report = load_report(workdir, args.crawl)
+    if args.json:
+        out = {"crawl": report["crawl"], "sources": {
+            s: {"input": r["input"], "kept": r["kept"], "quarantined": r["quarantined"], "removed": r["removed"]}
+            for s, r in sorted(report["sources"].items())
+        }}
+        print(json.dumps(out, indent=1))
+    else:
+        print_report(report)
+    return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    workdir, _ = _workdir_paths(args.workdir)
+    store, pdir, _ = _ledger_dir(workdir, args.crawl)
+    table = store.read_table(pdir, "ledger")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(out)
+    print(f"{table.num_rows} ledger rows -> {out}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from curation_dagster.explain import explain
+
+    workdir, _ = _workdir_paths(args.workdir)
+    store, pdir, spec = _ledger_dir(workdir, args.crawl)
+    text, found = explain(store, spec, pdir, args.doc_id)
+    print(text)
+    return 0 if found else 1
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from stages.sample import build_sample
+
+    out = Path(args.out)
+    folders = build_sample(out, max_docs_per_source=args.max_docs, copies=args.copies)
+    config = {"sources": {name: {"url": str(path.resolve()), "text_field": "text", "id_field": "id",
+                                 "url_field": "url"} for name, path in folders.items()}}
+    (out / "curate.json").write_text(json.dumps(config, indent=1))
+    for name, path in folders.items():
+        print(f"{name}: {path}")
+    print(f"config with every source: {out / 'curate.json'}")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    workdir, home = _workdir_paths(args.workdir)
+    env = {**os.environ, "DAGSTER_HOME": str(home), "CURATE_WORKDIR": str(workdir)}
+    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "curation_dagster.definitions",
+           "-h", args.host, "-p", str(args.port)]
+    print(f"Dagster UI on http://{args.host}:{args.port} (instance {home})", flush=True)
+    os.execvpe(cmd[0], cmd, env)
+    return 0  # pragma: no cover
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="curate", description="Curate crawled text into LLM training data.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="materialize the asset graph for one crawl")
+    r.add_argument("--workdir", required=True)
+    r.add_argument("--crawl", required=True)
+    r.add_argument("--source", action="append", metavar="NAME=URL", help="a source of this crawl (repeat)")
+    r.add_argument("--stages", help=f"removal stages to run, comma-separated (default: all: {','.join(STAGES)})")
+    r.add_argument("--config", help="YAML/JSON/TOML with sources, params per program, keep, stages")
+    r.add_argument("--force", action="store_true", help="recompute every partition")
+    r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.set_defaults(fn=cmd_run)
+
+    rep = sub.add_parser("report", help="the source x stage table of a crawl")
+    rep.add_argument("--workdir", required=True)
+    rep.add_argument("--crawl", required=True)
+    rep.add_argument("--json", action="store_true")
+    rep.set_defaults(fn=cmd_report)
+
+    led = sub.add_parser("ledger", help="write the removal ledger of a crawl as Parquet")
+    led.add_argument("--workdir", required=True)
+    led.add_argument("--crawl", required=True)
+    led.add_argument("--out", required=True)
+    led.set_defaults(fn=cmd_ledger)
+
+    ex = sub.add_parser("explain", help="why a document was removed, and what it duplicated")
+    ex.add_argument("--workdir", required=True)
+    ex.add_argument("--crawl", required=True)
+    ex.add_argument("doc_id")
+    ex.set_defaults(fn=cmd_explain)
+
+    sa = sub.add_parser("sample", help="build a small real-text sample corpus from this Python installation")
+    sa.add_argument("--out", required=True)
+    sa.add_argument("--max-docs", type=int, default=1500, help="documents per source")
+    sa.add_argument("--copies", type=int, default=1, help="lightly varied copies of each document (larger corpora)")
+    sa.set_defaults(fn=cmd_sample)
+
+    ui = sub.add_parser("ui", help="open the Dagster UI on the workdir's instance")
+    ui.add_argument("--workdir", required=True)
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=3000)
+    ui.set_defaults(fn=cmd_ui)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", module="dagster")
+    warnings.filterwarnings("ignore", message=".*is currently in beta.*")
+    args = parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except CliError as exc:
+        print(f"curate: error: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, KeyError) as exc:  # pydantic validation, bad names, paths
+        msg = str(exc).strip().splitlines()
+        print(f"curate: error: {type(exc).__name__}: {' '.join(m.strip() for m in msg[:3])}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

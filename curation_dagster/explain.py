@@ -1,0 +1,55 @@
+"""``curate explain``: the per-document answer to "why was this removed?"."""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+
+from stages.paths import Store
+from stages.registry import CrawlSpec, plan_task
+
+SNIPPET = 300
+
+
+def _document(store: Store, spec: CrawlSpec, doc_id: str) -> dict[str, str | None] | None:
+    for source in sorted(spec.sources):
+        pdir = plan_task(store, spec, "raw_documents", source).output_dir
+        t = store.read_table(pdir, "documents", ["doc_id", "record_id", "source", "url", "text"])
+        hit = t.filter(pc.equal(t["doc_id"], doc_id))
+        if hit.num_rows:
+            return hit.to_pylist()[0]
+    return None
+
+
+def _snippet(text: str | None) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= SNIPPET else text[:SNIPPET] + " ..."
+
+
+def explain(store: Store, spec: CrawlSpec, ledger_dir: str, doc_id: str) -> tuple[str, bool]:
+    """(text to print, whether the document was found in the crawl)."""
+    ledger = store.read_table(ledger_dir, "ledger")
+    rows = ledger.filter(pc.equal(ledger["doc_id"], doc_id)).to_pylist()
+    doc = _document(store, spec, doc_id)
+    if not rows:
+        if doc is None:
+            return f"{doc_id}: not a document of crawl {spec.crawl}", False
+        return (f"{doc_id}: kept (source {doc['source']}, record_id {doc['record_id']})\n"
+                f"  text: {_snippet(doc['text'])}"), True
+    row = rows[0]
+    lines = [
+        f"{doc_id}: removed by stage '{row['stage']}' ({row['reason']})",
+        f"  source: {row['source']}   record_id: {row['record_id']}",
+    ]
+    if row["score"] is not None:
+        lines.append(f"  score: {row['score']:.4g}")
+    if row["detail"]:
+        lines.append(f"  detail: {row['detail']}")
+    if doc is not None:
+        lines.append(f"  text: {_snippet(doc['text'])}")
+    if row["duplicate_of"]:
+        kept = _document(store, spec, row["duplicate_of"])
+        lines.append(f"  duplicate of: {row['duplicate_of']} (record_id {row['duplicate_of_record_id']}, "
+                     f"source {kept['source'] if kept else '?'})")
+        if kept is not None:
+            lines.append(f"  kept text: {_snippet(kept['text'])}")
+    return "\n".join(lines), True

@@ -1,0 +1,44 @@
+"""Partitions: ``source`` x ``crawl`` for per-document assets, ``crawl`` for corpus-wide ones.
+
+Both dimensions are dynamic: ``curate run`` (or a recrawl sensor) adds a crawl and its sources.
+"""
+
+from __future__ import annotations
+
+from dagster import (
+    DynamicPartitionsDefinition,
+    MultiPartitionKey,
+    MultiPartitionsDefinition,
+    MultiToSingleDimensionPartitionMapping,
+    PartitionsDefinition,
+)
+
+CRAWL = "crawl"
+SOURCE = "source"
+
+crawl_partitions = DynamicPartitionsDefinition(name=CRAWL)
+source_partitions = DynamicPartitionsDefinition(name=SOURCE)
+source_crawl_partitions = MultiPartitionsDefinition({CRAWL: crawl_partitions, SOURCE: source_partitions})
+
+# source x crawl <-> crawl: a crawl-level asset reads every source of its crawl, and a
+# per-source asset reads the crawl-level partition of its own crawl.
+by_crawl = MultiToSingleDimensionPartitionMapping(partition_dimension_name=CRAWL)
+
+
+def partitions_for(level: str) -> PartitionsDefinition:
+    return source_crawl_partitions if level == "source" else crawl_partitions
+
+
+def partition_key(crawl: str, source: str | None) -> str:
+    """The Dagster partition key of a (crawl, source) partition (source None: crawl level)."""
+    return crawl if source is None else MultiPartitionKey({CRAWL: crawl, SOURCE: source})
+
+
+def split_key(key: str | MultiPartitionKey, level: str) -> tuple[str, str | None]:
+    """(crawl, source) of a partition key."""
+    if level == "source":
+        dims = key.keys_by_dimension if isinstance(key, MultiPartitionKey) else dict(
+            kv for kv in zip((CRAWL, SOURCE), str(key).split("|"), strict=True)
+        )
+        return dims[CRAWL], dims[SOURCE]
+    return str(key), None

@@ -1,0 +1,1 @@
+"""Stage programs of curation-dagster: pure data programs with no Dagster dependency."""

@@ -1,0 +1,5 @@
+import sys
+
+from stages.cli import main
+
+sys.exit(main())

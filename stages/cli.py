@@ -1,0 +1,60 @@
+"""``python -m stages PROGRAM --workdir DIR --crawl NAME [--source NAME]``: run one partition.
+
+The same entry point runs in a subprocess, a container or a Kubernetes pod. When launched by
+Dagster through Pipes (``DAGSTER_PIPES_CONTEXT`` set), it reports the materialization back over
+Pipes; otherwise it prints one JSON line with the output directory and whether it was cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from stages.params import ExecutionParams
+from stages.paths import Store
+from stages.registry import PROGRAMS, CrawlSpec, execute, metadata
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stages", description=__doc__)
+    parser.add_argument("program", choices=sorted(PROGRAMS))
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--crawl", required=True)
+    parser.add_argument("--source")
+    parser.add_argument("--data-root")
+    parser.add_argument("--batch-rows", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--force", action="store_true", help="recompute even if up to date")
+    args = parser.parse_args(argv)
+    spec_file = Path(args.workdir) / "crawls" / f"{args.crawl}.json"
+    try:
+        spec = CrawlSpec.model_validate_json(spec_file.read_text())
+    except FileNotFoundError:
+        print(f"error: crawl {args.crawl!r} has no spec at {spec_file}", file=sys.stderr)
+        return 2
+    store = Store(args.data_root or str(Path(args.workdir) / "data"))
+    execution = ExecutionParams(batch_rows=args.batch_rows, workers=args.workers)
+    if "DAGSTER_PIPES_CONTEXT" in os.environ:
+        from dagster_pipes import open_dagster_pipes  # only the Pipes entry point needs it
+
+        with open_dagster_pipes() as pipes:
+            outcome = execute(store, spec, args.program, args.source, execution, args.force)
+            pipes.report_asset_materialization(
+                metadata=metadata(outcome), data_version=outcome.manifest.data_version
+            )
+    else:
+        try:
+            outcome = execute(store, spec, args.program, args.source, execution, args.force)
+        except (FileNotFoundError, KeyError, ValueError) as exc:
+            print(f"error: {args.program}: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps({"program": args.program, "skipped": outcome.skipped, "seconds": outcome.seconds,
+                      "data_version": outcome.manifest.data_version}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pure kernels over columnar batches: no I/O, no logging, no globals."""

@@ -1,0 +1,165 @@
+"""Where outputs live and how they are committed: ``<root>/<program>/<params_key>/<crawl>[/<source>]``.
+
+A partition directory holds Parquet parts and a ``_manifest.json`` written last. Readers look
+only at the manifest and the files it names, so a killed writer never exposes a half-written
+partition, on a local disk or on object storage (which has no atomic rename): parts are written
+under fresh attempt-unique names first, and the manifest (one small object, replaced whole) is
+the commit. Parts of failed or superseded attempts are deleted after the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MANIFEST = "_manifest.json"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class UnsafeNameError(ValueError):
+    """A source or crawl name that could escape the data root or is not portable."""
+
+
+def check_name(kind: str, name: str) -> str:
+    """Return ``name`` if it is a safe path segment (letters, digits, ``._-``; no ``..``)."""
+    if not _NAME.match(name) or ".." in name:
+        raise UnsafeNameError(
+            f"invalid {kind} name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass
+class Manifest:
+    """What a committed partition holds. ``tables`` maps a table name to its part files."""
+
+    program: str
+    params_key: str
+    data_version: str
+    crawl: str
+    source: str | None
+    params: dict[str, Any]
+    tables: dict[str, list[str]] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, blob: str) -> Manifest:
+        return cls(**json.loads(blob))
+
+
+class Store:
+    """The data root, on any fsspec filesystem (local folder, ``s3://bucket/prefix``, ...)."""
+
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
+        self.root = path.rstrip("/")
+        self.is_local = "file" in (
+            self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        )
+
+    def partition_dir(self, program: str, key: str, crawl: str, source: str | None = None) -> str:
+        parts = [self.root, program, key, check_name("crawl", crawl)]
+        if source is not None:
+            parts.append(check_name("source", source))
+        return "/".join(parts)
+
+    def read_manifest(self, pdir: str) -> Manifest | None:
+        path = f"{pdir}/{MANIFEST}"
+        try:
+            with self.fs.open(path, "r") as fh:
+                return Manifest.from_json(fh.read())
+        except FileNotFoundError:
+            return None
+
+    def read_table(self, pdir: str, table: str, columns: list[str] | None = None) -> pa.Table:
+        """All rows of one committed table (empty tables keep their schema)."""
+        manifest = self.read_manifest(pdir)
+        if manifest is None:
+            raise FileNotFoundError(f"no committed output at {pdir} (its upstream has not run)")
+        return self._read_files(pdir, manifest.tables.get(table, []), columns)
+
+    def iter_batches(
+        self, pdir: str, table: str, columns: list[str] | None = None, batch_rows: int = 20_000
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream one committed table in record batches: memory bounded by ``batch_rows``."""
+        manifest = self.read_manifest(pdir)
+        if manifest is None:
+            raise FileNotFoundError(f"no committed output at {pdir}")
+        for name in manifest.tables.get(table, []):
+            with self.fs.open(f"{pdir}/{name}", "rb") as fh:
+                yield from pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns)
+
+    def _read_files(self, pdir: str, names: list[str], columns: list[str] | None) -> pa.Table:
+        tables = []
+        for name in names:
+            with self.fs.open(f"{pdir}/{name}", "rb") as fh:
+                tables.append(pq.read_table(fh, columns=columns))
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+    def writer(self, pdir: str) -> PartitionWriter:
+        return PartitionWriter(self, pdir)
+
+
+class PartitionWriter:
+    """Writes the parts of one partition attempt; ``commit`` publishes them with the manifest."""
+
+    def __init__(self, store: Store, pdir: str) -> None:
+        self.store = store
+        self.pdir = pdir
+        self.attempt = uuid.uuid4().hex[:12]
+        self.tables: dict[str, list[str]] = {}
+        self.rows: dict[str, int] = {}
+        self.schemas: dict[str, pa.Schema] = {}
+        store.fs.makedirs(pdir, exist_ok=True)
+
+    def write(self, table: str, data: pa.Table) -> None:
+        """Append one part to ``table`` (call repeatedly to stream; empty tables keep the schema)."""
+        names = self.tables.setdefault(table, [])
+        self.rows[table] = self.rows.get(table, 0) + data.num_rows
+        self.schemas.setdefault(table, data.schema)
+        if data.num_rows == 0 and names:
+            return
+        name = f"{table}-{self.attempt}-{len(names):05d}.parquet"
+        with self.store.fs.open(f"{self.pdir}/{name}", "wb") as fh:
+            pq.write_table(data, fh, compression="zstd")
+        names.append(name)
+
+    def commit(self, manifest: Manifest) -> Manifest:
+        """Write the manifest last (atomically), then remove parts no manifest names."""
+        manifest.tables = self.tables
+        manifest.rows = self.rows
+        blob = manifest.to_json()
+        fs, final = self.store.fs, f"{self.pdir}/{MANIFEST}"
+        if self.store.is_local:
+            tmp = f"{self.pdir}/.{MANIFEST}.{self.attempt}"
+            with open(tmp, "w") as fh:
+                fh.write(blob)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        else:
+            # One PUT replaces an object whole: readers see the old manifest or the new one.
+            with fs.open(final, "w") as fh:
+                fh.write(blob)
+        keep = {name for names in self.tables.values() for name in names} | {MANIFEST}
+        for path in fs.ls(self.pdir, detail=False):
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if name not in keep and not name.startswith(f".{MANIFEST}."):
+                fs.rm(path, recursive=True)
+        return manifest

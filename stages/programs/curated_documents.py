@@ -1,0 +1,53 @@
+"""curated_documents[source, crawl]: the output, raw documents minus every removal list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stages.programs.raw_documents import DOCUMENTS
+from stages.params import CuratedDocumentsParams, ExecutionParams
+from stages.paths import PartitionWriter
+from stages.registry import PROGRAMS, Inputs, Partition
+from stages.removal import applied_programs, removed_ids, survivors
+
+
+def removed_per_stage(inputs: Inputs, source: str) -> dict[str, int]:
+    """Documents of ``source`` removed by each stage; a document counts for the first stage only."""
+    seen = pa.array([], pa.string())
+    counts: dict[str, int] = {}
+    for program in applied_programs(inputs):
+        ids = removed_ids(inputs, program, source)
+        if len(seen):
+            ids = ids.filter(pc.invert(pc.is_in(ids, value_set=seen)))
+        stage = PROGRAMS[program].stage
+        assert stage is not None
+        counts[stage] = len(pc.unique(ids))
+        seen = pa.concat_arrays([seen, ids])
+    return counts
+
+
+def run(
+    params: CuratedDocumentsParams,
+    inputs: Inputs,
+    output: PartitionWriter,
+    partition: Partition,
+    execution: ExecutionParams,
+) -> dict[str, Any]:
+    """Report: input, kept, quarantined, removed per stage (input = kept + quarantined + removed)."""
+    assert partition.source is not None
+    kept = 0
+    for table in survivors(inputs, partition.source, None, execution.batch_rows):
+        output.write("documents", table)
+        kept += table.num_rows
+    if kept == 0:
+        output.write("documents", DOCUMENTS.empty_table())
+    raw = inputs.manifest("raw_documents", partition.source).report
+    return {
+        "input": raw["input"],
+        "kept": kept,
+        "quarantined": raw["quarantined"],
+        "removed": removed_per_stage(inputs, partition.source),
+    }

@@ -1,0 +1,100 @@
+"""filtered_documents[source, crawl]: heuristic scores and the keep decision per document.
+
+Scores and decisions are separate: scores depend only on the text and the scorer version and
+are cached under ``heuristic_scores/<scorer key>/<crawl>/<source>`` (keyed by the raw data's
+version), so changing a threshold re-keys this output but recomputes no score.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from stages.kernels import heuristics as H
+from stages.params import ExecutionParams, FilteredDocumentsParams
+from stages.paths import Manifest, PartitionWriter
+from stages.registry import Inputs, Partition
+
+SCORES = "heuristic_scores"
+
+
+def _score_table(texts: list[str]) -> pa.Table:
+    scores = H.score_documents(texts)
+    return pa.table({name: pa.array(scores[name], pa.float64()) for name in H.SCORE_NAMES})
+
+
+def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) -> pa.Table:
+    """doc_id + one float64 column per score, from the cache or computed (then cached)."""
+    assert partition.source is not None
+    raw_dir = inputs.dir("raw_documents", partition.source)
+    raw = inputs.manifest("raw_documents", partition.source)
+    key = hashlib.sha256(f"{H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
+    store = inputs.store
+    cache_dir = store.partition_dir(SCORES, key, partition.crawl, partition.source)
+    if store.read_manifest(cache_dir) is not None:
+        return store.read_table(cache_dir, "scores")
+    writer = store.writer(cache_dir)
+    batches = store.iter_batches(raw_dir, "documents", ["doc_id", "text"], execution.batch_rows)
+    tables = [(b.column(0), b.column(1).to_pylist()) for b in batches]
+    if execution.workers > 1 and len(tables) > 1:
+        with ProcessPoolExecutor(execution.workers) as pool:
+            scored = list(pool.map(_score_table, [texts for _, texts in tables]))
+    else:
+        scored = [_score_table(texts) for _, texts in tables]
+    for (ids, _), table in zip(tables, scored, strict=True):
+        writer.write("scores", table.add_column(0, "doc_id", ids))
+    if not tables:
+        writer.write("scores", _score_table([]).add_column(0, "doc_id", pa.array([], pa.string())))
+    writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source,
+                           {"scorer_version": H.SCORER_VERSION}))
+    return store.read_table(cache_dir, "scores")
+
+
+def run(
+    params: FilteredDocumentsParams,
+    inputs: Inputs,
+    output: PartitionWriter,
+    partition: Partition,
+    execution: ExecutionParams,
+) -> dict[str, Any]:
+    """Report: input, kept, removed, removed per rule (first failing), fails per rule (any)."""
+    assert partition.source is not None
+    if not params.enabled:
+        ids = inputs.store.read_table(inputs.dir("raw_documents", partition.source), "documents", ["doc_id"])
+        n = ids.num_rows
+        output.write("decisions", pa.table({
+            "doc_id": ids["doc_id"], "keep": pa.array(np.ones(n, bool)),
+            "reason": pa.nulls(n, pa.string()), "score": pa.nulls(n, pa.float64()),
+        }))
+        return {"enabled": False, "input": n, "kept": n, "removed": 0, "removed_per_reason": {}}
+    table = _scores(inputs, partition, execution)
+    scores = {name: table[name].to_numpy() for name in H.SCORE_NAMES}
+    keep, reason, fails = H.decide(scores, params)
+    # The value of the rule that removed the document, for the ledger's score column.
+    score = np.full(len(keep), np.nan)
+    for rule in H.RULE_TABLE:
+        rows = reason == rule.name
+        if rows.any():
+            score[rows] = scores[rule.score][rows]
+    decisions = pa.table({
+        "doc_id": table["doc_id"],
+        "keep": pa.array(keep, pa.bool_()),
+        "reason": pa.array(reason.tolist(), pa.string()),
+        "score": pa.array(score, pa.float64(), mask=np.isnan(score)),
+    })
+    output.write("decisions", decisions)
+    removed_per_reason: dict[str, int] = {}
+    for r in reason[~keep].tolist():
+        removed_per_reason[r] = removed_per_reason.get(r, 0) + 1
+    return {
+        "enabled": True,
+        "input": int(len(keep)),
+        "kept": int(keep.sum()),
+        "removed": int((~keep).sum()),
+        "removed_per_reason": dict(sorted(removed_per_reason.items())),
+        "fails_per_rule": {k: int(v) for k, v in sorted(fails.items()) if v},
+    }

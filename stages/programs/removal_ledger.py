@@ -1,0 +1,119 @@
+"""removal_ledger[crawl]: one row per removed or quarantined document, and the source x stage report.
+
+Columns: doc_id, record_id, source, stage, reason, duplicate_of, duplicate_of_record_id, score,
+detail. ``stage`` is ``quarantine`` or a removal stage word (``heuristic``, ``exact``, ...).
+The report is checked before it is committed: for every source
+``input == kept + quarantined + sum(removed)``, and the ledger holds exactly that many rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stages.params import ExecutionParams, RemovalLedgerParams
+from stages.paths import PartitionWriter
+from stages.registry import PROGRAMS, QUARANTINE, Inputs, Partition
+from stages.removal import applied_programs
+
+LEDGER = pa.schema([
+    ("doc_id", pa.string()),
+    ("record_id", pa.string()),
+    ("source", pa.string()),
+    ("stage", pa.string()),
+    ("reason", pa.string()),
+    ("duplicate_of", pa.string()),
+    ("duplicate_of_record_id", pa.string()),
+    ("score", pa.float64()),
+    ("detail", pa.string()),
+])
+
+
+class LedgerMismatch(RuntimeError):
+    """Counts that do not add up: a removal was lost or counted twice."""
+
+
+def _stage_rows(inputs: Inputs, program: str, sources: list[str]) -> pa.Table:
+    """doc_id, source, reason, duplicate_of, score of every document ``program`` removes."""
+    store = inputs.store
+    if program == "filtered_documents":
+        parts = []
+        for s in sources:
+            t = store.read_table(inputs.dir(program, s), "decisions", ["doc_id", "keep", "reason", "score"])
+            t = t.filter(pc.invert(t["keep"]))
+            parts.append(pa.table({
+                "doc_id": t["doc_id"], "source": pa.array([s] * t.num_rows, pa.string()),
+                "reason": t["reason"], "duplicate_of": pa.nulls(t.num_rows, pa.string()), "score": t["score"],
+            }))
+        return pa.concat_tables(parts) if parts else pa.table({})
+    t = store.read_table(inputs.dir(program, None), "removed", ["doc_id", "source", "reason", "duplicate_of", "score"])
+    return t
+
+
+def run(
+    params: RemovalLedgerParams,
+    inputs: Inputs,
+    output: PartitionWriter,
+    partition: Partition,
+    execution: ExecutionParams,
+) -> dict[str, Any]:
+    """Report: {"crawl", "sources": {source: {input, kept, quarantined, removed: {stage: n}}}}."""
+    store = inputs.store
+    sources = inputs.sources("raw_documents")
+    record_ids: dict[str, str | None] = {}
+    for s in sources:
+        t = store.read_table(inputs.dir("raw_documents", s), "documents", ["doc_id", "record_id"])
+        record_ids.update(zip(t["doc_id"].to_pylist(), t["record_id"].to_pylist(), strict=True))
+    ledger_counts: Counter[tuple[str, str]] = Counter()
+    for s in sources:
+        q = store.read_table(inputs.dir("raw_documents", s), "quarantine")
+        n = q.num_rows
+        output.write("ledger", pa.table({
+            "doc_id": q["doc_id"], "record_id": q["record_id"], "source": q["source"],
+            "stage": pa.array([QUARANTINE] * n, pa.string()), "reason": q["reason"],
+            "duplicate_of": pa.nulls(n, pa.string()), "duplicate_of_record_id": pa.nulls(n, pa.string()),
+            "score": pa.nulls(n, pa.float64()), "detail": q["detail"],
+        }, schema=LEDGER))
+        ledger_counts[(s, QUARANTINE)] += n
+    seen: set[str] = set()
+    for program in applied_programs(inputs):
+        stage = PROGRAMS[program].stage
+        assert stage is not None
+        t = _stage_rows(inputs, program, sources)
+        if t.num_rows == 0:
+            continue
+        rows = [r for r in t.to_pylist() if r["doc_id"] not in seen]
+        seen.update(r["doc_id"] for r in rows)
+        dup = [r["duplicate_of"] for r in rows]
+        output.write("ledger", pa.table({
+            "doc_id": [r["doc_id"] for r in rows],
+            "record_id": [record_ids.get(r["doc_id"]) for r in rows],
+            "source": [r["source"] for r in rows],
+            "stage": [stage] * len(rows),
+            "reason": [r["reason"] for r in rows],
+            "duplicate_of": dup,
+            "duplicate_of_record_id": [record_ids.get(d) if d else None for d in dup],
+            "score": [r["score"] for r in rows],
+            "detail": [None] * len(rows),
+        }, schema=LEDGER))
+        ledger_counts.update((r["source"], stage) for r in rows)
+    if not output.tables.get("ledger"):
+        output.write("ledger", LEDGER.empty_table())
+
+    report: dict[str, Any] = {"crawl": partition.crawl, "sources": {}}
+    for s in sources:
+        cur = inputs.manifest("curated_documents", s).report
+        entry = {"input": cur["input"], "kept": cur["kept"], "quarantined": cur["quarantined"],
+                 "removed": cur["removed"]}
+        total = entry["kept"] + entry["quarantined"] + sum(entry["removed"].values())
+        if total != entry["input"]:
+            raise LedgerMismatch(f"source {s}: input {entry['input']} != kept + quarantined + removed = {total}")
+        for stage, n in [(QUARANTINE, entry["quarantined"]), *entry["removed"].items()]:
+            if ledger_counts[(s, stage)] != n:
+                raise LedgerMismatch(f"source {s}, stage {stage}: ledger has {ledger_counts[(s, stage)]} rows, "
+                                     f"curated counts {n}")
+        report["sources"][s] = entry
+    return report

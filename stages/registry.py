@@ -1,0 +1,303 @@
+"""The stage programs, their dependencies and resources, and how one crawl is planned and run.
+
+One name per concept: a program's ``name`` is its asset key, its module under
+``stages/programs/``, the path segment of its outputs and its ``python -m stages`` word.
+Removal programs also carry a ``stage`` word (``heuristic``, ``exact``, ...): the name used by
+``curate run --stages``, the report and the ledger's ``stage`` column.
+
+This module imports no kernels: program modules are loaded only when a task executes, so the
+orchestration package can plan a crawl without numba, torch or a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stages import params as P
+from stages.paths import Manifest, PartitionWriter, Store, check_name
+
+Level = Literal["source", "crawl"]
+QUARANTINE = "quarantine"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one task of a program needs; turned into a pod spec by the orchestration package."""
+
+    cpu: float = 1.0
+    memory_gib: float = 2.0
+    gpu: int = 0
+    image: Literal["cpu", "gpu"] = "cpu"
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    level: Level
+    params: type[P.StageParams]
+    deps: tuple[str, ...]
+    description: str
+    group: str
+    stage: str | None = None  # removal stage word, for programs whose output removes documents
+    uses_keep_rule: bool = False
+    resources: Resources = field(default_factory=Resources)
+
+
+PROGRAMS: dict[str, Program] = {
+    p.name: p
+    for p in (
+        Program(
+            "raw_documents", "source", P.RawDocumentsParams, (),
+            "Records of one source in one crawl, with a stable doc_id; bad records quarantined.",
+            group="ingest",
+        ),
+        Program(
+            "filtered_documents", "source", P.FilteredDocumentsParams, ("raw_documents",),
+            "Heuristic scores (Gopher quality/repetition, C4 lines) and the keep decision per document.",
+            group="filter", stage="heuristic",
+        ),
+        Program(
+            "exact_duplicates", "crawl", P.ExactDuplicatesParams, ("raw_documents", "filtered_documents"),
+            "Removal list of documents whose normalized text hash equals a kept document's.",
+            group="dedup", stage="exact", uses_keep_rule=True, resources=Resources(memory_gib=4.0),
+        ),
+        Program(
+            "curated_documents", "source", P.CuratedDocumentsParams,
+            ("raw_documents", "filtered_documents", "exact_duplicates"),
+            "The curated output: raw documents minus every removal list.",
+            group="output",
+        ),
+        Program(
+            "removal_ledger", "crawl", P.RemovalLedgerParams,
+            ("raw_documents", "filtered_documents", "exact_duplicates", "curated_documents"),
+            "One row per removed or quarantined document, and the source x stage counts.",
+            group="output",
+        ),
+    )
+}
+
+# Removal stages in pipeline order (cheapest first): the first stage that removes a document
+# is the one the ledger names.
+STAGES: dict[str, str] = {p.stage: p.name for p in PROGRAMS.values() if p.stage}
+
+
+def removal_programs() -> list[Program]:
+    return [PROGRAMS[name] for name in STAGES.values()]
+
+
+class CrawlSpec(BaseModel):
+    """Everything that defines one crawl's outputs: its sources and every stage's parameters."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    crawl: str
+    sources: dict[str, P.RawDocumentsParams]
+    stages: tuple[str, ...] = Field(default_factory=lambda: tuple(STAGES))
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    keep: P.KeepParams = Field(default_factory=P.KeepParams)
+
+    def model_post_init(self, __context: Any) -> None:
+        check_name("crawl", self.crawl)
+        for name in self.sources:
+            check_name("source", name)
+        unknown = set(self.stages) - set(STAGES)
+        if unknown:
+            raise ValueError(f"unknown stage(s) {sorted(unknown)}; known: {', '.join(STAGES)}")
+        bad = set(self.params) - set(PROGRAMS)
+        if bad:
+            raise ValueError(f"params for unknown program(s) {sorted(bad)}; known: {', '.join(PROGRAMS)}")
+
+    def program_params(self, program: str, source: str | None = None) -> P.StageParams:
+        prog = PROGRAMS[program]
+        if program == "raw_documents":
+            assert source is not None
+            return self.sources[source]
+        values = dict(self.params.get(program, {}))
+        if prog.stage is not None:
+            values["enabled"] = prog.stage in self.stages
+        return prog.params(**values)
+
+    def partitions(self, program: str) -> list[str | None]:
+        return list(sorted(self.sources)) if PROGRAMS[program].level == "source" else [None]
+
+    def upstream(self, program: str, source: str | None) -> list[tuple[str, str | None]]:
+        """(program, source) pairs this partition reads: same source, fan-in, or fan-out."""
+        out: list[tuple[str, str | None]] = []
+        for dep in PROGRAMS[program].deps:
+            if PROGRAMS[dep].level == "crawl":
+                out.append((dep, None))
+            elif source is not None:
+                out.append((dep, source))
+            else:
+                out.extend((dep, s) for s in sorted(self.sources))
+        return out
+
+    def keys(self) -> dict[tuple[str, str | None], str]:
+        """params_key of every (program, source) partition of this crawl, in dependency order."""
+        keys: dict[tuple[str, str | None], str] = {}
+        for name in PROGRAMS:  # PROGRAMS is in topological order
+            for source in self.partitions(name):
+                up = {f"{d}/{s or ''}": keys[(d, s)] for d, s in self.upstream(name, source)}
+                if PROGRAMS[name].uses_keep_rule:
+                    up["keep"] = P.params_key("keep", self.keep)
+                keys[(name, source)] = P.params_key(name, self.program_params(name, source), up)
+        return keys
+
+
+class Inputs:
+    """The committed upstream partitions of one task, by program and source."""
+
+    def __init__(self, store: Store, dirs: dict[str, dict[str | None, str]]) -> None:
+        self.store = store
+        self.dirs = dirs
+
+    def dir(self, program: str, source: str | None = None) -> str:
+        return self.dirs[program][source]
+
+    def sources(self, program: str) -> list[str]:
+        return [s for s in self.dirs[program] if s is not None]
+
+    def manifest(self, program: str, source: str | None = None) -> Manifest:
+        m = self.store.read_manifest(self.dir(program, source))
+        if m is None:
+            raise FileNotFoundError(f"{program}[{source or 'crawl'}] has not been materialized")
+        return m
+
+
+@dataclass(frozen=True)
+class Partition:
+    crawl: str
+    source: str | None
+    spec: CrawlSpec
+
+
+class ProgramModule(Protocol):
+    def run(
+        self,
+        params: Any,
+        inputs: Inputs,
+        output: PartitionWriter,
+        partition: Partition,
+        execution: P.ExecutionParams,
+    ) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Task:
+    """One partition of one program, fully resolved."""
+
+    program: str
+    source: str | None
+    crawl: str
+    params: P.StageParams
+    key: str
+    output_dir: str
+    input_dirs: dict[str, dict[str | None, str]]
+
+
+def plan_task(store: Store, spec: CrawlSpec, program: str, source: str | None) -> Task:
+    if program not in PROGRAMS:
+        raise KeyError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
+    if PROGRAMS[program].level == "source" and source not in spec.sources:
+        raise KeyError(f"source {source!r} is not part of crawl {spec.crawl!r}")
+    keys = spec.keys()
+    input_dirs: dict[str, dict[str | None, str]] = {}
+    for dep, s in spec.upstream(program, source):
+        input_dirs.setdefault(dep, {})[s] = store.partition_dir(dep, keys[(dep, s)], spec.crawl, s)
+    src = source if PROGRAMS[program].level == "source" else None
+    return Task(
+        program=program,
+        source=src,
+        crawl=spec.crawl,
+        params=spec.program_params(program, src),
+        key=keys[(program, src)],
+        output_dir=store.partition_dir(program, keys[(program, src)], spec.crawl, src),
+        input_dirs=input_dirs,
+    )
+
+
+def load_program(name: str) -> ProgramModule:
+    return importlib.import_module(f"stages.programs.{name}")  # type: ignore[return-value]
+
+
+def data_version(store: Store, task: Task) -> str:
+    """Identity of the data a task would produce: its key plus its inputs' data versions.
+
+    ``raw_documents`` fingerprints its input files instead (names, sizes, mtimes/ETags), so a
+    rerun on unchanged inputs recomputes nothing and a changed file recomputes everything below.
+    """
+    parts: list[str] = [task.key]
+    if task.program == "raw_documents":
+        parts.append(load_program("raw_documents").fingerprint(task.params))  # type: ignore[attr-defined]
+    for program, by_source in sorted(task.input_dirs.items()):
+        for source, pdir in sorted(by_source.items(), key=lambda kv: kv[0] or ""):
+            m = store.read_manifest(pdir)
+            if m is None:
+                raise FileNotFoundError(
+                    f"{program}[{source or task.crawl}] must be materialized before {task.program}"
+                )
+            parts.append(f"{program}/{source}={m.data_version}")
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Outcome:
+    manifest: Manifest
+    skipped: bool
+    seconds: float
+
+
+def execute(
+    store: Store, spec: CrawlSpec, program: str, source: str | None,
+    execution: P.ExecutionParams | None = None, force: bool = False,
+) -> Outcome:
+    """Run one partition unless an up-to-date committed output exists; commit it atomically."""
+    t0 = time.perf_counter()
+    task = plan_task(store, spec, program, source)
+    version = data_version(store, task)
+    existing = store.read_manifest(task.output_dir)
+    if existing is not None and existing.data_version == version and not force:
+        return Outcome(existing, True, time.perf_counter() - t0)
+    writer = store.writer(task.output_dir)
+    module = load_program(program)
+    report = module.run(
+        task.params, Inputs(store, task.input_dirs), writer,
+        Partition(spec.crawl, task.source, spec), execution or P.ExecutionParams(),
+    )
+    report["seconds"] = round(time.perf_counter() - t0, 3)
+    manifest = Manifest(
+        program=program, params_key=task.key, data_version=version, crawl=spec.crawl,
+        source=task.source, params=task.params.canonical(), report=report,
+    )
+    writer.commit(manifest)
+    return Outcome(manifest, False, time.perf_counter() - t0)
+
+
+def metadata(outcome: Outcome) -> dict[str, Any]:
+    """Materialization metadata of one partition (plain JSON values, so Dagster and Dagster
+    Pipes publish the same thing): rows in/out, removals per reason, params, params_key."""
+    m = outcome.manifest
+    meta: dict[str, Any] = {
+        "params_key": m.params_key,
+        "data_version": m.data_version,
+        "params": m.params,
+        "rows": m.rows,
+        "cached": outcome.skipped,
+        "seconds": round(outcome.seconds, 3),
+    }
+    for name in ("input", "kept", "documents", "quarantined", "removed", "enabled"):
+        if name in m.report and not isinstance(m.report[name], dict):
+            meta[name] = m.report[name]
+    for name in ("removed_per_reason", "removed_per_source", "quarantine_reasons", "fails_per_rule"):
+        if name in m.report:
+            meta[name] = m.report[name]
+    if isinstance(m.report.get("removed"), dict):
+        meta["removed_per_stage"] = m.report["removed"]
+    meta["report"] = m.report
+    return meta

@@ -1,0 +1,72 @@
+"""Removal lists: the one table format every removing program writes, and how it is applied.
+
+Programs never delete. ``filtered_documents`` writes a decision per document; every dedup
+program writes a ``removed`` table (schema ``REMOVED``) naming each removed document, the
+reason, the kept document it duplicated and a score. Later programs see only the survivors of
+earlier ones (``survivors``), so a duplicate group never keeps a document a cheaper stage has
+already removed, and every removed document is attributed to exactly one stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stages.registry import STAGES, Inputs
+
+REMOVED = pa.schema([
+    ("doc_id", pa.string()),
+    ("source", pa.string()),
+    ("reason", pa.string()),
+    ("duplicate_of", pa.string()),
+    ("duplicate_of_source", pa.string()),
+    ("score", pa.float64()),
+])
+
+
+def removed_ids(inputs: Inputs, program: str, source: str) -> pa.Array:
+    """doc_ids that ``program`` removes from ``source`` (string array)."""
+    if program == "filtered_documents":
+        t = inputs.store.read_table(inputs.dir(program, source), "decisions", ["doc_id", "keep"])
+        return t.filter(pc.invert(t["keep"]))["doc_id"].combine_chunks()
+    crawl_dir = inputs.dir(program, None)
+    t = inputs.store.read_table(crawl_dir, "removed", ["doc_id", "source"])
+    return t.filter(pc.equal(t["source"], source))["doc_id"].combine_chunks()
+
+
+def applied_programs(inputs: Inputs) -> list[str]:
+    """The removing programs among a task's inputs, in pipeline order."""
+    return [name for name in STAGES.values() if name in inputs.dirs]
+
+
+def survivors(
+    inputs: Inputs, source: str, columns: list[str] | None, batch_rows: int = 20_000
+) -> Iterator[pa.Table]:
+    """Batches of ``raw_documents`` rows of ``source`` that no input removal list removes."""
+    drop = [removed_ids(inputs, name, source) for name in applied_programs(inputs)]
+    dropped = pa.chunked_array(drop, type=pa.string()).combine_chunks() if drop else pa.array([], pa.string())
+    for batch in inputs.store.iter_batches(inputs.dir("raw_documents", source), "documents", columns, batch_rows):
+        table = pa.Table.from_batches([batch])
+        if len(dropped):
+            table = table.filter(pc.invert(pc.is_in(table["doc_id"], value_set=dropped)))
+        yield table
+
+
+def removal_table(
+    doc_id: np.ndarray, source: np.ndarray, reason: str, duplicate_of: np.ndarray | None,
+    duplicate_of_source: np.ndarray | None, score: np.ndarray | None,
+) -> pa.Table:
+    """A ``REMOVED`` table from equal-length arrays (None columns become nulls)."""
+    n = len(doc_id)
+    return pa.table({
+        "doc_id": pa.array(doc_id, pa.string()),
+        "source": pa.array(source, pa.string()),
+        "reason": pa.array([reason] * n, pa.string()),
+        "duplicate_of": pa.array(duplicate_of, pa.string()) if duplicate_of is not None else pa.nulls(n, pa.string()),
+        "duplicate_of_source": (pa.array(duplicate_of_source, pa.string()) if duplicate_of_source is not None
+                                else pa.nulls(n, pa.string())),
+        "score": pa.array(score, pa.float64()) if score is not None else pa.nulls(n, pa.float64()),
+    }, schema=REMOVED)
