@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stages.paths import Store
-from stages.registry import PROGRAMS, QUARANTINE, STAGES, CrawlSpec
+from stages.registry import QUARANTINE, STAGES, CrawlSpec
 
 DAGSTER_YAML = """\
 # The embedded default: SQLite storage in this folder, runs in-process.

@@ -50,6 +50,24 @@ class Program:
     resources: Resources = field(default_factory=Resources)
 
 
+# The programs between ingestion and output, in dependency order. Those with a ``stage`` remove
+# documents, in pipeline order (cheapest first): each sees only the survivors of the removers
+# before it, and the first stage that removes a document is the one the ledger names. Add a
+# program here; the output programs below pick its removal list up.
+_MIDDLE: tuple[Program, ...] = (
+    Program(
+        "filtered_documents", "source", P.FilteredDocumentsParams, ("raw_documents",),
+        "Heuristic scores (Gopher quality/repetition, C4 lines) and the keep decision per document.",
+        group="filter", stage="heuristic",
+    ),
+    Program(
+        "exact_duplicates", "crawl", P.ExactDuplicatesParams, ("raw_documents", "filtered_documents"),
+        "Removal list of documents whose normalized text hash equals a kept document's.",
+        group="dedup", stage="exact", uses_keep_rule=True, resources=Resources(memory_gib=4.0),
+    ),
+)
+_REMOVERS = tuple(p.name for p in _MIDDLE if p.stage)
+
 PROGRAMS: dict[str, Program] = {
     p.name: p
     for p in (
@@ -58,25 +76,15 @@ PROGRAMS: dict[str, Program] = {
             "Records of one source in one crawl, with a stable doc_id; bad records quarantined.",
             group="ingest",
         ),
+        *_MIDDLE,
         Program(
-            "filtered_documents", "source", P.FilteredDocumentsParams, ("raw_documents",),
-            "Heuristic scores (Gopher quality/repetition, C4 lines) and the keep decision per document.",
-            group="filter", stage="heuristic",
-        ),
-        Program(
-            "exact_duplicates", "crawl", P.ExactDuplicatesParams, ("raw_documents", "filtered_documents"),
-            "Removal list of documents whose normalized text hash equals a kept document's.",
-            group="dedup", stage="exact", uses_keep_rule=True, resources=Resources(memory_gib=4.0),
-        ),
-        Program(
-            "curated_documents", "source", P.CuratedDocumentsParams,
-            ("raw_documents", "filtered_documents", "exact_duplicates"),
+            "curated_documents", "source", P.CuratedDocumentsParams, ("raw_documents", *_REMOVERS),
             "The curated output: raw documents minus every removal list.",
             group="output",
         ),
         Program(
             "removal_ledger", "crawl", P.RemovalLedgerParams,
-            ("raw_documents", "filtered_documents", "exact_duplicates", "curated_documents"),
+            ("raw_documents", *_REMOVERS, "curated_documents"),
             "One row per removed or quarantined document, and the source x stage counts.",
             group="output",
         ),

@@ -1,8 +1,9 @@
 """Removal lists: the one table format every removing program writes, and how it is applied.
 
-Programs never delete. ``filtered_documents`` writes a decision per document; every dedup
-program writes a ``removed`` table (schema ``REMOVED``) naming each removed document, the
-reason, the kept document it duplicated and a score. Later programs see only the survivors of
+Programs never delete. Every removing program writes a ``removed`` table (schema ``REMOVED``)
+naming each removed document, the reason, the kept document it duplicated (dedup) and a score
+(the value that decided it) — in each source partition for per-source programs, in the crawl
+partition for corpus-wide ones. Later programs see only the survivors of
 earlier ones (``survivors``), so a duplicate group never keeps a document a cheaper stage has
 already removed, and every removed document is attributed to exactly one stage.
 """
@@ -15,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stages.registry import STAGES, Inputs
+from stages.registry import PROGRAMS, STAGES, Inputs
 
 REMOVED = pa.schema([
     ("doc_id", pa.string()),
@@ -27,14 +28,19 @@ REMOVED = pa.schema([
 ])
 
 
+def removed_table(inputs: Inputs, program: str, source: str, columns: list[str] | None = None) -> pa.Table:
+    """The ``removed`` rows of ``program`` for ``source``: from its source partition
+    (per-source removers) or filtered out of its crawl partition (corpus-wide removers)."""
+    cols = None if columns is None else sorted(set(columns) | {"source"})
+    if PROGRAMS[program].level == "source":
+        return inputs.store.read_table(inputs.dir(program, source), "removed", cols)
+    t = inputs.store.read_table(inputs.dir(program, None), "removed", cols)
+    return t.filter(pc.equal(t["source"], source))
+
+
 def removed_ids(inputs: Inputs, program: str, source: str) -> pa.Array:
     """doc_ids that ``program`` removes from ``source`` (string array)."""
-    if program == "filtered_documents":
-        t = inputs.store.read_table(inputs.dir(program, source), "decisions", ["doc_id", "keep"])
-        return t.filter(pc.invert(t["keep"]))["doc_id"].combine_chunks()
-    crawl_dir = inputs.dir(program, None)
-    t = inputs.store.read_table(crawl_dir, "removed", ["doc_id", "source"])
-    return t.filter(pc.equal(t["source"], source))["doc_id"].combine_chunks()
+    return removed_table(inputs, program, source, ["doc_id"])["doc_id"].combine_chunks()
 
 
 def applied_programs(inputs: Inputs) -> list[str]:
@@ -57,16 +63,18 @@ def survivors(
 
 def removal_table(
     doc_id: np.ndarray, source: np.ndarray, reason: str, duplicate_of: np.ndarray | None,
-    duplicate_of_source: np.ndarray | None, score: np.ndarray | None,
+    duplicate_of_source: np.ndarray | None, score: np.ndarray | None, reasons: np.ndarray | None = None,
 ) -> pa.Table:
-    """A ``REMOVED`` table from equal-length arrays (None columns become nulls)."""
+    """A ``REMOVED`` table from equal-length arrays (None columns become nulls); ``reasons``
+    gives a reason per row instead of the one ``reason``."""
     n = len(doc_id)
     return pa.table({
         "doc_id": pa.array(doc_id, pa.string()),
         "source": pa.array(source, pa.string()),
-        "reason": pa.array([reason] * n, pa.string()),
+        "reason": pa.array(reasons if reasons is not None else [reason] * n, pa.string()),
         "duplicate_of": pa.array(duplicate_of, pa.string()) if duplicate_of is not None else pa.nulls(n, pa.string()),
         "duplicate_of_source": (pa.array(duplicate_of_source, pa.string()) if duplicate_of_source is not None
                                 else pa.nulls(n, pa.string())),
-        "score": pa.array(score, pa.float64()) if score is not None else pa.nulls(n, pa.float64()),
+        "score": (pa.array(score, pa.float64(), from_pandas=True) if score is not None
+                  else pa.nulls(n, pa.float64())),
     }, schema=REMOVED)

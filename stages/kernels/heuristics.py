@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import re
 import string
+from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import count
@@ -145,9 +146,6 @@ _TEXT_SCORES: tuple[str, ...] = (
     "curly_brackets",
 )
 
-# Columns of the per-word attribute table built by _word_attrs.
-_ATTRS = ("length", "stripped_length", "stripped_nonempty", "has_alpha", "stop_word")
-
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -171,9 +169,10 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
     n_words = np.zeros(n, dtype=np.int64)
     n_distinct = np.zeros(n, dtype=np.int64)
     text_scores = np.zeros((n, len(_TEXT_SCORES)), dtype=np.float64)
-    local_ids: list[int] = []  # per word: index of the word among its document's distinct words
+    # Typed arrays, not lists: 8 bytes per word instead of a pointer plus an int object.
+    local_ids = array("q")  # per word: index of the word among its document's distinct words
     distinct_words: list[str] = []  # per document, its distinct words in first-seen order
-    distinct_counts: list[int] = []
+    distinct_counts = array("q")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
@@ -194,22 +193,24 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
 
     # Distinct (document, word) pairs: attributes are computed once per distinct word of the batch.
     doc_of_distinct = np.repeat(np.arange(n), n_distinct)
-    weights = np.asarray(distinct_counts, dtype=np.float64)
+    id_count = np.frombuffer(distinct_counts, dtype=np.int64)
+    weights = id_count.astype(np.float64)
     vocab = dict(zip(dict.fromkeys(distinct_words), count()))
-    vocab_attrs = np.array([_word_attrs(w) for w in vocab], dtype=np.int64).reshape(-1, len(_ATTRS))
-    attrs = vocab_attrs[np.fromiter(map(vocab.__getitem__, distinct_words), np.int64, len(distinct_words))]
+    vocab_id = np.fromiter(map(vocab.__getitem__, distinct_words), np.int64, len(distinct_words))
+    attrs = {name: column[vocab_id] for name, column in _word_attrs(list(vocab)).items()}
 
     def per_doc(attr: str) -> FloatArray:
-        return _sum_per_doc(doc_of_distinct, weights * attrs[:, _ATTRS.index(attr)], n)
+        return _sum_per_doc(doc_of_distinct, weights * attrs[attr], n)
 
     out["mean_word_length"] = _ratio(per_doc("stripped_length"), per_doc("stripped_nonempty"))
     out["alpha_words_frac"] = _ratio(per_doc("has_alpha"), n_words)
     out["stop_word_count"] = per_doc("stop_word")
 
     # Word ids unique across the batch, so n-grams of different documents never compare equal.
-    word_id = np.asarray(local_ids, dtype=np.int64) + np.repeat(np.cumsum(n_distinct) - n_distinct, n_words)
-    word_len = attrs[:, _ATTRS.index("length")][word_id]
-    id_count = np.asarray(distinct_counts, dtype=np.int64)
+    word_id = np.frombuffer(local_ids, dtype=np.int64) + np.repeat(
+        np.cumsum(n_distinct) - n_distinct, n_words
+    )
+    word_len = attrs["length"][word_id]
     top, dup = _ngram_repetition(word_id, word_len, id_count[word_id] >= 2, n_words)
     for n_gram, chars in top.items():
         out[f"top_{n_gram}gram_char_frac"] = np.minimum(_ratio(chars, n_chars), 1.0)
@@ -264,12 +265,23 @@ def _sum_per_doc(doc: IntArray, values: npt.NDArray[np.floating] | IntArray, n_d
     return np.bincount(doc, weights=values, minlength=n_docs).astype(np.float64, copy=False)
 
 
-def _word_attrs(word: str) -> tuple[int, int, int, int, int]:
-    """The ``_ATTRS`` of one word: length, stripped length and non-empty, has alpha, stop word."""
-    stripped = word.strip(PUNCTUATION)
+def _word_attrs(words: list[str]) -> dict[str, IntArray]:
+    """int64 (len(words),) columns: length, stripped length, has an alphabetic char, is a stop word.
+
+    Column-wise with C-level ``map`` rather than a call per word: this runs once per distinct word.
+    """
+    size = len(words)
+    stripped = [w.strip(PUNCTUATION) for w in words]
+    stripped_length = np.fromiter(map(len, stripped), np.int64, size)
     # isalpha() first: the common all-letter word skips the per-char scan.
-    has_alpha = word.isalpha() or any(c.isalpha() for c in word)
-    return len(word), len(stripped), int(bool(stripped)), int(has_alpha), int(stripped.lower() in STOP_WORDS)
+    has_alpha = [w.isalpha() or any(map(str.isalpha, w)) for w in words]
+    return {
+        "length": np.fromiter(map(len, words), np.int64, size),
+        "stripped_length": stripped_length,
+        "stripped_nonempty": (stripped_length > 0).astype(np.int64),
+        "has_alpha": np.fromiter(has_alpha, np.int64, size),
+        "stop_word": np.fromiter(map(STOP_WORDS.__contains__, map(str.lower, stripped)), np.int64, size),
+    }
 
 
 def _text_scores(text: str) -> tuple[float, ...]:

@@ -7,9 +7,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stages.programs.raw_documents import DOCUMENTS
 from stages.params import CuratedDocumentsParams, ExecutionParams
 from stages.paths import PartitionWriter
+from stages.programs.raw_documents import DOCUMENTS
 from stages.registry import PROGRAMS, Inputs, Partition
 from stages.removal import applied_programs, removed_ids, survivors
 

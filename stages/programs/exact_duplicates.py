@@ -12,10 +12,9 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from stages.kernels.exact import duplicate_groups, text_hashes
 from stages.keep import pick_survivors
+from stages.kernels.exact import duplicate_groups, text_hashes
 from stages.params import ExactDuplicatesParams, ExecutionParams
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -58,8 +57,8 @@ def run(
     per_source = Counter(source_arr[removed].tolist())
     return {
         "enabled": True,
-        "input": int(len(doc_id)),
-        "removed": int(len(removed)),
-        "groups": int(len(np.unique(groups[dup]))),
+        "input": len(doc_id),
+        "removed": len(removed),
+        "groups": len(np.unique(groups[dup])),
         "removed_per_source": dict(sorted(per_source.items())),
     }

@@ -18,6 +18,7 @@ from stages.kernels import heuristics as H
 from stages.params import ExecutionParams, FilteredDocumentsParams
 from stages.paths import Manifest, PartitionWriter
 from stages.registry import Inputs, Partition
+from stages.removal import REMOVED, removal_table
 
 SCORES = "heuristic_scores"
 
@@ -70,6 +71,7 @@ def run(
             "doc_id": ids["doc_id"], "keep": pa.array(np.ones(n, bool)),
             "reason": pa.nulls(n, pa.string()), "score": pa.nulls(n, pa.float64()),
         }))
+        output.write("removed", REMOVED.empty_table())
         return {"enabled": False, "input": n, "kept": n, "removed": 0, "removed_per_reason": {}}
     table = _scores(inputs, partition, execution)
     scores = {name: table[name].to_numpy() for name in H.SCORE_NAMES}
@@ -87,12 +89,17 @@ def run(
         "score": pa.array(score, pa.float64(), mask=np.isnan(score)),
     })
     output.write("decisions", decisions)
+    gone = ~keep
+    output.write("removed", removal_table(
+        table["doc_id"].to_numpy(zero_copy_only=False)[gone], np.full(int(gone.sum()), partition.source, object),
+        "", None, None, score[gone], reasons=reason[gone],
+    ))
     removed_per_reason: dict[str, int] = {}
     for r in reason[~keep].tolist():
         removed_per_reason[r] = removed_per_reason.get(r, 0) + 1
     return {
         "enabled": True,
-        "input": int(len(keep)),
+        "input": len(keep),
         "kept": int(keep.sum()),
         "removed": int((~keep).sum()),
         "removed_per_reason": dict(sorted(removed_per_reason.items())),

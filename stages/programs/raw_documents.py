@@ -192,8 +192,7 @@ def _as_str(value: Any) -> str | None:
 def _jsonl_records(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[tuple[int, bytes]]:
     """(line number, line bytes) of a JSONL file; compression inferred from the suffix."""
     with fs.open(path, "rb", compression="infer") as fh:
-        for lineno, line in enumerate(fh, 1):
-            yield lineno, line
+        yield from enumerate(fh, 1)
 
 
 def run(

@@ -12,12 +12,11 @@ from collections import Counter
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from stages.params import ExecutionParams, RemovalLedgerParams
 from stages.paths import PartitionWriter
 from stages.registry import PROGRAMS, QUARANTINE, Inputs, Partition
-from stages.removal import applied_programs
+from stages.removal import applied_programs, removed_table
 
 LEDGER = pa.schema([
     ("doc_id", pa.string()),
@@ -34,23 +33,6 @@ LEDGER = pa.schema([
 
 class LedgerMismatch(RuntimeError):
     """Counts that do not add up: a removal was lost or counted twice."""
-
-
-def _stage_rows(inputs: Inputs, program: str, sources: list[str]) -> pa.Table:
-    """doc_id, source, reason, duplicate_of, score of every document ``program`` removes."""
-    store = inputs.store
-    if program == "filtered_documents":
-        parts = []
-        for s in sources:
-            t = store.read_table(inputs.dir(program, s), "decisions", ["doc_id", "keep", "reason", "score"])
-            t = t.filter(pc.invert(t["keep"]))
-            parts.append(pa.table({
-                "doc_id": t["doc_id"], "source": pa.array([s] * t.num_rows, pa.string()),
-                "reason": t["reason"], "duplicate_of": pa.nulls(t.num_rows, pa.string()), "score": t["score"],
-            }))
-        return pa.concat_tables(parts) if parts else pa.table({})
-    t = store.read_table(inputs.dir(program, None), "removed", ["doc_id", "source", "reason", "duplicate_of", "score"])
-    return t
 
 
 def run(
@@ -82,10 +64,11 @@ def run(
     for program in applied_programs(inputs):
         stage = PROGRAMS[program].stage
         assert stage is not None
-        t = _stage_rows(inputs, program, sources)
-        if t.num_rows == 0:
+        cols = ["doc_id", "source", "reason", "duplicate_of", "score"]
+        rows = [r for s in sources for r in removed_table(inputs, program, s, cols).to_pylist()
+                if r["doc_id"] not in seen]
+        if not rows:
             continue
-        rows = [r for r in t.to_pylist() if r["doc_id"] not in seen]
         seen.update(r["doc_id"] for r in rows)
         dup = [r["duplicate_of"] for r in rows]
         output.write("ledger", pa.table({
