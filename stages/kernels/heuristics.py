@@ -158,8 +158,9 @@ def score_text(text: str) -> dict[str, float]:
 def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
     """Every score of ``SCORE_NAMES`` for a batch: name -> float64 (n,), row i for ``texts[i]``.
 
-    Word statistics and n-gram repetition are computed over the whole batch at once (numpy over
-    the concatenated words), so the per-document Python work is one split and one Counter.
+    Line and paragraph scores are per-document Python; word statistics and n-gram repetition
+    are computed over the whole batch at once (numpy over the concatenated words), so the
+    per-word Python work is one split, one Counter and one id lookup.
     """
     n = len(texts)
     out = {name: np.zeros(n, dtype=np.float64) for name in SCORE_NAMES}
@@ -187,24 +188,13 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
         n_distinct[i] = len(counts)
         text_scores[i] = _text_scores(text)
     for column, name in enumerate(_TEXT_SCORES):
-        out[name] = text_scores[:, column]
+        out[name] = np.ascontiguousarray(text_scores[:, column])
     out["symbol_word_ratio"] = _ratio(out["symbol_word_ratio"], n_words)
     out["word_count"] = n_words.astype(np.float64)
 
-    # Distinct (document, word) pairs: attributes are computed once per distinct word of the batch.
-    doc_of_distinct = np.repeat(np.arange(n), n_distinct)
     id_count = np.frombuffer(distinct_counts, dtype=np.int64)
-    weights = id_count.astype(np.float64)
-    vocab = dict(zip(dict.fromkeys(distinct_words), count()))
-    vocab_id = np.fromiter(map(vocab.__getitem__, distinct_words), np.int64, len(distinct_words))
-    attrs = {name: column[vocab_id] for name, column in _word_attrs(list(vocab)).items()}
-
-    def per_doc(attr: str) -> FloatArray:
-        return _sum_per_doc(doc_of_distinct, weights * attrs[attr], n)
-
-    out["mean_word_length"] = _ratio(per_doc("stripped_length"), per_doc("stripped_nonempty"))
-    out["alpha_words_frac"] = _ratio(per_doc("has_alpha"), n_words)
-    out["stop_word_count"] = per_doc("stop_word")
+    attrs = _distinct_word_attrs(distinct_words)
+    out.update(_word_scores(attrs, id_count, n_distinct, n_words))
 
     # Word ids unique across the batch, so n-grams of different documents never compare equal.
     word_id = np.frombuffer(local_ids, dtype=np.int64) + np.repeat(
@@ -263,6 +253,35 @@ def _ratio(num: npt.NDArray[np.floating] | IntArray, den: npt.NDArray[np.floatin
 def _sum_per_doc(doc: IntArray, values: npt.NDArray[np.floating] | IntArray, n_docs: int) -> FloatArray:
     """float64 (n_docs,): the sum of ``values`` per document index ``doc``."""
     return np.bincount(doc, weights=values, minlength=n_docs).astype(np.float64, copy=False)
+
+
+def _distinct_word_attrs(distinct_words: list[str]) -> dict[str, IntArray]:
+    """``_word_attrs`` of each (document, distinct word), computed once per distinct batch word."""
+    vocab = dict(zip(dict.fromkeys(distinct_words), count()))
+    vocab_id = np.fromiter(map(vocab.__getitem__, distinct_words), np.int64, len(distinct_words))
+    return {name: column[vocab_id] for name, column in _word_attrs(list(vocab)).items()}
+
+
+def _word_scores(
+    attrs: Mapping[str, IntArray], id_count: IntArray, n_distinct: IntArray, n_words: IntArray
+) -> dict[str, FloatArray]:
+    """mean_word_length, alpha_words_frac, stop_word_count: float64 (n,) each.
+
+    ``attrs`` and ``id_count`` (D,) are per (document, distinct word), grouped by document;
+    ``n_distinct`` and ``n_words`` (n,) are per document.
+    """
+    n = len(n_words)
+    doc = np.repeat(np.arange(n), n_distinct)
+    weights = id_count.astype(np.float64)
+
+    def per_doc(attr: str) -> FloatArray:
+        return _sum_per_doc(doc, weights * attrs[attr], n)
+
+    return {
+        "mean_word_length": _ratio(per_doc("stripped_length"), per_doc("stripped_nonempty")),
+        "alpha_words_frac": _ratio(per_doc("has_alpha"), n_words),
+        "stop_word_count": per_doc("stop_word"),
+    }
 
 
 def _word_attrs(words: list[str]) -> dict[str, IntArray]:
