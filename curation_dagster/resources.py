@@ -52,7 +52,7 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     data_root: str | None = None  # default <workdir>/data; any fsspec URL (s3://bucket/prefix)
     mode: Literal["in_process", "pipes"] = "in_process"
     batch_rows: int = 20_000
-    workers: int = 1
+    workers: int = 0  # 0 = every core
 
     def root(self) -> str:
         return self.data_root or str(Path(self.workdir) / "data")

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source")
     parser.add_argument("--data-root")
     parser.add_argument("--batch-rows", type=int, default=20_000)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=0, help="0 = every core")
     parser.add_argument("--force", action="store_true", help="recompute even if up to date")
     args = parser.parse_args(argv)
     spec_file = Path(args.workdir) / "crawls" / f"{args.crawl}.json"
@@ -42,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
         with open_dagster_pipes() as pipes:
             outcome = execute(store, spec, args.program, args.source, execution, args.force)
-            pipes.report_asset_materialization(
-                metadata=metadata(outcome), data_version=outcome.manifest.data_version
-            )
+            # Pipes reads a dict value as a {raw_value, type} schema: mark dicts and lists as JSON.
+            meta = {k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v
+                    for k, v in metadata(outcome).items()}
+            pipes.report_asset_materialization(metadata=meta, data_version=outcome.manifest.data_version)
     else:
         try:
             outcome = execute(store, spec, args.program, args.source, execution, args.force)

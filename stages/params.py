@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -124,8 +125,11 @@ class ExecutionParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     batch_rows: int = 20_000
-    workers: int = 1
+    workers: int = 0  # processes for parallel kernels; 0 = every core
     backend: Literal["auto", "cpu", "gpu"] = "cpu"
+
+    def resolved_workers(self) -> int:
+        return self.workers if self.workers > 0 else (os.cpu_count() or 1)
 
 
 def params_key(program: str, params: StageParams, upstream: dict[str, str] | None = None) -> str:

@@ -8,11 +8,14 @@ version), so changing a threshold re-keys this output but recomputes no score.
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ProcessPoolExecutor
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stages.kernels import heuristics as H
 from stages.params import ExecutionParams, FilteredDocumentsParams
@@ -28,6 +31,21 @@ def _score_table(texts: list[str]) -> pa.Table:
     return pa.table({name: pa.array(scores[name], pa.float64()) for name in H.SCORE_NAMES})
 
 
+CHUNK_CHARS = 4_000_000  # text per scoring task: long documents still spread over every worker
+
+
+def _chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Re-cut record batches into pieces of about ``CHUNK_CHARS`` characters of text."""
+    for batch in batches:
+        lengths = pc.utf8_length(batch.column(1)).to_numpy(zero_copy_only=False)
+        bounds = np.searchsorted(np.cumsum(lengths), np.arange(CHUNK_CHARS, lengths.sum() + CHUNK_CHARS, CHUNK_CHARS))
+        start = 0
+        for stop in sorted(set(np.minimum(bounds + 1, len(lengths)).tolist())):
+            if stop > start:
+                yield batch.slice(start, stop - start)
+                start = stop
+
+
 def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) -> pa.Table:
     """doc_id + one float64 column per score, from the cache or computed (then cached)."""
     assert partition.source is not None
@@ -39,16 +57,23 @@ def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) ->
     if store.read_manifest(cache_dir) is not None:
         return store.read_table(cache_dir, "scores")
     writer = store.writer(cache_dir)
-    batches = store.iter_batches(raw_dir, "documents", ["doc_id", "text"], execution.batch_rows)
-    tables = [(b.column(0), b.column(1).to_pylist()) for b in batches]
-    if execution.workers > 1 and len(tables) > 1:
-        with ProcessPoolExecutor(execution.workers) as pool:
-            scored = list(pool.map(_score_table, [texts for _, texts in tables]))
+    batches = _chunks(store.iter_batches(raw_dir, "documents", ["doc_id", "text"], execution.batch_rows))
+    workers = execution.resolved_workers()
+    if workers > 1:
+        # Bounded look-ahead: at most 2 batches per worker in flight, so memory stays flat.
+        with ProcessPoolExecutor(workers) as pool:
+            pending: deque[tuple[pa.Array, Future[pa.Table]]] = deque()
+            for batch in batches:
+                pending.append((batch.column(0), pool.submit(_score_table, batch.column(1).to_pylist())))
+                if len(pending) >= 2 * workers:
+                    ids, fut = pending.popleft()
+                    writer.write("scores", fut.result().add_column(0, "doc_id", ids))
+            for ids, fut in pending:
+                writer.write("scores", fut.result().add_column(0, "doc_id", ids))
     else:
-        scored = [_score_table(texts) for _, texts in tables]
-    for (ids, _), table in zip(tables, scored, strict=True):
-        writer.write("scores", table.add_column(0, "doc_id", ids))
-    if not tables:
+        for batch in batches:
+            writer.write("scores", _score_table(batch.column(1).to_pylist()).add_column(0, "doc_id", batch.column(0)))
+    if not writer.tables:
         writer.write("scores", _score_table([]).add_column(0, "doc_id", pa.array([], pa.string())))
     writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source,
                            {"scorer_version": H.SCORER_VERSION}))
