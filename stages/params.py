@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class StageParams(BaseModel):
@@ -96,6 +96,87 @@ class ExactDuplicatesParams(StageParams):
     lowercase: bool = False
 
 
+class MinhashSignaturesParams(StageParams):
+    """MinHash signatures of the documents that survived the heuristic and exact stages.
+
+    Character (code point) ``shingle``-grams, ``num_perm`` hash functions derived from ``seed``;
+    the hash family is written down in docs/minhash.md. Part of stage ``fuzzy``.
+    """
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+    shingle: int = Field(24, ge=1, le=1024)
+    num_perm: int = Field(260, ge=1, le=4096)
+    seed: int = 42
+
+
+LSH_PRESETS: dict[str, tuple[int, int]] = {
+    # name: (bands, rows). "seed" is the 20 x 13 setting of the source documents (threshold
+    # ~0.79, no verification needed to match other tools); "recall" puts the S-curve's knee at
+    # ~0.48, so nearly every pair at 0.8 becomes a candidate and exact verification decides.
+    "seed": (20, 13),
+    "balanced": (26, 10),
+    "recall": (52, 5),
+}
+
+
+def lsh_curve(bands: int, rows: int, points: int = 21) -> list[tuple[float, float]]:
+    """(s, P(s)) with P(s) = 1 - (1 - s**rows)**bands: the chance that two documents of Jaccard
+    s share at least one band, at ``points`` evenly spaced s in [0, 1]."""
+    grid = [i / (points - 1) for i in range(points)]
+    return [(s, 1.0 - (1.0 - s**rows) ** bands) for s in grid]
+
+
+def lsh_threshold(bands: int, rows: int) -> float:
+    """(1/bands)**(1/rows): the Jaccard near which the S-curve is steepest."""
+    return float((1.0 / bands) ** (1.0 / rows))
+
+
+class LshBucketsParams(StageParams):
+    """LSH banding: ``bands`` x ``rows`` signature values (bands * rows <= num_perm), processed
+    band by band; one anchor per bucket keeps edges linear in bucket size."""
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+    bands: int = Field(52, ge=1)
+    rows: int = Field(5, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        """``preset: NAME`` (a key of ``LSH_PRESETS``) sets bands and rows."""
+        if isinstance(data, dict) and "preset" in data:
+            data = dict(data)
+            name = data.pop("preset")
+            if name not in LSH_PRESETS:
+                raise ValueError(f"unknown LSH preset {name!r}; known: {', '.join(LSH_PRESETS)}")
+            data["bands"], data["rows"] = LSH_PRESETS[name]
+        return data
+
+
+class DuplicateComponentsParams(StageParams):
+    """Candidate edges -> (optionally verified) edges -> connected components.
+
+    ``verify="jaccard"`` accepts an edge only if the exact Jaccard similarity of the two shingle
+    sets is >= ``threshold``; this removes the false-positive chains that merge unrelated
+    boilerplate-heavy pages into giant clusters. ``max_leaders`` bounds the comparisons per
+    bucket member when its anchor is not a true partner.
+    """
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+    verify: Literal["jaccard", "none"] = "jaccard"
+    threshold: float = Field(0.8, gt=0.0, le=1.0)
+    max_leaders: int = Field(8, ge=1)
+
+
+class FuzzyDuplicatesParams(StageParams):
+    """One survivor per duplicate component by the shared keep rule; the rest are removed."""
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+
+
 class CuratedDocumentsParams(StageParams):
     """The curated output of one source: raw documents minus every removal list."""
 
@@ -145,3 +226,117 @@ def params_key(program: str, params: StageParams, upstream: dict[str, str] | Non
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _with_fingerprints(data: Any, items: str, suffixes: tuple[str, ...] | None = None) -> Any:
+    """Fill ``fingerprint`` of every entry of ``data[items]`` from the content of its ``path``
+    (``stages.fingerprint``), so a changed model or benchmark file re-keys the output. Skipped
+    when the stage is disabled: a run without the stage never touches (or needs) the files."""
+    if not isinstance(data, dict) or not data.get("enabled", True) or not data.get(items):
+        return data
+    from stages.fingerprint import fingerprint
+
+    entries = []
+    for entry in data[items]:
+        values = entry.model_dump() if isinstance(entry, BaseModel) else dict(entry)
+        if "path" in values:
+            values["fingerprint"] = fingerprint(str(values["path"]), suffixes)
+        entries.append(values)
+    return {**data, items: entries}
+
+
+class QualityClassifier(BaseModel):
+    """One classifier of the quality cascade: a local model, the score it gives, the thresholds.
+
+    ``kind="fasttext"``: a fastText ``.bin``; the score is the probability of ``label`` (e.g.
+    ``__label__hq`` for DCLM's filter). ``kind="hf"``: a local Hugging Face sequence-classification
+    directory; with one output (regression, e.g. FineWeb-Edu) the score is that logit, with
+    several the softmax probability of ``label`` (a name of ``config.id2label`` or an index).
+    A document is kept when ``min_score <= score <= max_score`` (``None`` = unbounded); the
+    ``*_per_source`` maps override them per source. ``fingerprint`` is computed from the model
+    files' content and never given by hand.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    kind: Literal["fasttext", "hf"]
+    path: str
+    label: str | None = None
+    min_score: float | None = None
+    max_score: float | None = None
+    min_score_per_source: dict[str, float] = Field(default_factory=dict)
+    max_score_per_source: dict[str, float] = Field(default_factory=dict)
+    max_tokens: int = Field(512, ge=8, le=65_536)  # hf: truncation length (changes the scores)
+    fingerprint: str = ""
+
+    def bounds(self, source: str | None) -> tuple[float | None, float | None]:
+        """(min_score, max_score) for ``source``."""
+        lo = self.min_score_per_source.get(source, self.min_score) if source else self.min_score
+        hi = self.max_score_per_source.get(source, self.max_score) if source else self.max_score
+        return lo, hi
+
+
+class QualityScoresParams(StageParams):
+    """Quality classifiers as a cascade: each classifier scores only the documents the ones
+    before it kept, so a cheap fastText model in front spares the transformer the obvious junk.
+    No classifiers configured: the stage runs and removes nothing ("no model configured")."""
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+    classifiers: tuple[QualityClassifier, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fingerprints(cls, data: Any) -> Any:
+        return _with_fingerprints(data, "classifiers")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> QualityScoresParams:
+        names = [c.name for c in self.classifiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"classifier names must be unique, got {names}")
+        return self
+
+
+BENCHMARK_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".parquet")
+
+
+class Benchmark(BaseModel):
+    """One benchmark set: local JSONL(.gz/.zst)/Parquet file(s) (a file, directory or glob).
+
+    Every string (or list of strings, nested lists flattened) in ``fields`` of a row is text to
+    protect; ``id_field`` names the example (default: its row number). ``fingerprint`` is
+    computed from the files' content and never given by hand.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    path: str
+    fields: tuple[str, ...] = ("question", "answers", "passages")
+    id_field: str | None = "id"
+    fingerprint: str = ""
+
+
+class ContaminatedDocumentsParams(StageParams):
+    """Benchmark decontamination: word ``ngram``-grams of normalized text (NFKC, case-folded,
+    punctuation removed) hashed to 64 bits; a document is removed when it shares at least
+    ``min_matches`` distinct n-grams with one benchmark example. No benchmarks configured: the
+    stage runs and removes nothing."""
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+    benchmarks: tuple[Benchmark, ...] = ()
+    ngram: int = Field(13, ge=3, le=64)
+    min_matches: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fingerprints(cls, data: Any) -> Any:
+        return _with_fingerprints(data, "benchmarks", BENCHMARK_SUFFIXES)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ContaminatedDocumentsParams:
+        names = [b.name for b in self.benchmarks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"benchmark names must be unique, got {names}")
+        return self

@@ -140,6 +140,10 @@ class PartitionWriter:
             pq.write_table(data, fh, compression="zstd")
         names.append(name)
 
+    def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
+        """Rows this attempt has written to ``table`` so far (for multi-pass programs)."""
+        return self.store._read_files(self.pdir, self.tables.get(table, []), columns)
+
     def commit(self, manifest: Manifest) -> Manifest:
         """Write the manifest last (atomically), then remove parts no manifest names."""
         manifest.tables = self.tables

@@ -46,6 +46,7 @@ class Program:
     description: str
     group: str
     stage: str | None = None  # removal stage word, for programs whose output removes documents
+    part_of: str | None = None  # the stage word of the chain an intermediate program belongs to
     uses_keep_rule: bool = False
     resources: Resources = field(default_factory=Resources)
 
@@ -64,6 +65,27 @@ _MIDDLE: tuple[Program, ...] = (
         "exact_duplicates", "crawl", P.ExactDuplicatesParams, ("raw_documents", "filtered_documents"),
         "Removal list of documents whose normalized text hash equals a kept document's.",
         group="dedup", stage="exact", uses_keep_rule=True, resources=Resources(memory_gib=4.0),
+    ),
+    Program(
+        "minhash_signatures", "source", P.MinhashSignaturesParams,
+        ("raw_documents", "filtered_documents", "exact_duplicates"),
+        "MinHash signatures (character shingles) of the documents that survived heuristic and exact dedup.",
+        group="dedup", part_of="fuzzy", resources=Resources(cpu=2.0, memory_gib=4.0),
+    ),
+    Program(
+        "lsh_buckets", "crawl", P.LshBucketsParams, ("minhash_signatures",),
+        "LSH band keys (the bucket index) and one anchor edge per bucket member, band by band.",
+        group="dedup", part_of="fuzzy", resources=Resources(cpu=2.0, memory_gib=8.0),
+    ),
+    Program(
+        "duplicate_components", "crawl", P.DuplicateComponentsParams, ("raw_documents", "lsh_buckets"),
+        "Candidate edges checked against exact Jaccard, then connected components.",
+        group="dedup", part_of="fuzzy", resources=Resources(cpu=2.0, memory_gib=8.0),
+    ),
+    Program(
+        "fuzzy_duplicates", "crawl", P.FuzzyDuplicatesParams, ("raw_documents", "duplicate_components"),
+        "Removal list of near-duplicates: one survivor per component, each removed one names it.",
+        group="dedup", stage="fuzzy", uses_keep_rule=True, resources=Resources(memory_gib=4.0),
     ),
 )
 _REMOVERS = tuple(p.name for p in _MIDDLE if p.stage)
@@ -127,8 +149,8 @@ class CrawlSpec(BaseModel):
             assert source is not None
             return self.sources[source]
         values = dict(self.params.get(program, {}))
-        if prog.stage is not None:
-            values["enabled"] = prog.stage in self.stages
+        if prog.stage is not None or prog.part_of is not None:
+            values["enabled"] = (prog.stage or prog.part_of) in self.stages
         return prog.params(**values)
 
     def partitions(self, program: str) -> list[str | None]:

@@ -1,0 +1,62 @@
+"""fuzzy_duplicates[crawl]: one survivor per near-duplicate component, the rest removed.
+
+The survivor is chosen by the shared keep rule (``stages.keep``: source priority, then doc_id),
+so it never depends on worker count or order. Each removed document names its survivor in
+``duplicate_of``; ``score`` is the exact Jaccard similarity of the two (it can be below the
+verification threshold when the two are linked through a chain of near-duplicates).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from stages.keep import pick_survivors
+from stages.params import ExecutionParams, FuzzyDuplicatesParams
+from stages.paths import PartitionWriter
+from stages.registry import Inputs, Partition
+from stages.removal import REMOVED, removal_table, texts_of
+
+
+def run(
+    params: FuzzyDuplicatesParams,
+    inputs: Inputs,
+    output: PartitionWriter,
+    partition: Partition,
+    execution: ExecutionParams,
+) -> dict[str, Any]:
+    """Report: documents in components, removed, removed per source."""
+    comps = inputs.store.read_table(inputs.dir("duplicate_components"), "components")
+    if not params.enabled or comps.num_rows == 0:
+        output.write("removed", REMOVED.empty_table())
+        return {"enabled": params.enabled, "input": comps.num_rows, "removed": 0, "removed_per_source": {}}
+    from stages.kernels.lsh import pair_jaccard
+    from stages.kernels.minhash import from_arrow
+
+    doc_id = np.asarray(comps["doc_id"].to_numpy(zero_copy_only=False), dtype="S32")
+    source = np.asarray(comps["source"].to_numpy(zero_copy_only=False), dtype=object)
+    priority = np.array([partition.spec.keep.source_priority.get(s, 0) for s in source], np.int64)
+    survivor = pick_survivors(comps["component"].to_numpy(), priority, doc_id)
+    removed = np.flatnonzero(survivor != np.arange(len(survivor)))
+    keep_of = survivor[removed]
+
+    # Exact Jaccard of each removed document with its survivor, for the ledger's score.
+    ids, texts = texts_of(inputs, comps["doc_id"], execution.batch_rows)
+    row = {d: i for i, d in enumerate(ids.to_pylist())}
+    order = np.array([row[d] for d in doc_id.astype(str)], np.int64)
+    shingle = int(inputs.manifest("duplicate_components").report.get("shingle", 24))
+    score = pair_jaccard(from_arrow(texts), order[removed], order[keep_of], shingle=shingle)
+
+    output.write("removed", removal_table(
+        doc_id[removed].astype(str), source[removed], "near_duplicate",
+        doc_id[keep_of].astype(str), source[keep_of], score.astype(np.float64),
+    ))
+    return {
+        "enabled": True,
+        "input": int(comps.num_rows),
+        "removed": len(removed),
+        "components": len(np.unique(survivor)),
+        "removed_per_source": dict(sorted(Counter(source[removed].tolist()).items())),
+    }
