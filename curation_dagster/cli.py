@@ -5,7 +5,9 @@
     curate ledger --workdir DIR --crawl NAME --out FILE.parquet
     curate explain --workdir DIR --crawl NAME DOC_ID
     curate sample --out DIR
+    curate decontam-report --workdir DIR --crawl NAME [--json]
     curate ui --workdir DIR [--port 3000]
+    curate k8s render [--asset NAME] [--crawl NAME] [--source NAME] [--templates DIR]
 """
 
 from __future__ import annotations
@@ -88,11 +90,14 @@ def build_spec(workdir: Path, crawl: str, sources: list[str], stages: str | None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from curation_dagster.runner import run_crawl
+    from curation_dagster.runner import RunFailed, run_crawl
 
     workdir, home = _workdir_paths(args.workdir)
     spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config))
-    report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force)
+    try:
+        report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force)
+    except RunFailed as exc:  # one line, no traceback: the step's error is in the Dagster event log
+        raise CliError(str(exc)) from exc
     print_report(report)
     return 0
 
@@ -192,10 +197,33 @@ def cmd_sample(args: argparse.Namespace) -> int:
     folders = build_sample(out, max_docs_per_source=args.max_docs, copies=args.copies)
     config = {"sources": {name: {"url": str(path.resolve()), "text_field": "text", "id_field": "id",
                                  "url_field": "url"} for name, path in folders.items()}}
+    # A small benchmark made of lightly edited docstring passages, so the sample run shows decontam.
+    from stages.benchmarks import SAMPLE_BENCHMARK, sample_benchmark
+
+    bench = sample_benchmark(folders["docstrings"], out / "benchmarks" / f"{SAMPLE_BENCHMARK}.jsonl")
+    config["params"] = {"contaminated_documents": {"benchmarks": [
+        {"name": SAMPLE_BENCHMARK, "path": str(bench.resolve())}]}}
     (out / "curate.json").write_text(json.dumps(config, indent=1))
     for name, path in folders.items():
         print(f"{name}: {path}")
     print(f"config with every source: {out / 'curate.json'}")
+    return 0
+
+
+def cmd_decontam_report(args: argparse.Namespace) -> int:
+    from curation_dagster.decontam_report import decontam_report, print_decontam_report
+    from curation_dagster.resources import load_spec, spec_path
+
+    workdir, _ = _workdir_paths(args.workdir)
+    if not spec_path(workdir, args.crawl).exists():
+        raise CliError(f"crawl {args.crawl!r} is unknown in {workdir}; run `curate run` first")
+    report = decontam_report(_store(workdir), load_spec(workdir, args.crawl))
+    if report is None:
+        raise CliError(f"crawl {args.crawl!r} has no decontam output for its current parameters; run `curate run`")
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print_decontam_report(args.crawl, report)
     return 0
 
 
@@ -207,6 +235,17 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"Dagster UI on http://{args.host}:{args.port} (instance {home})", flush=True)
     os.execvpe(cmd[0], cmd, env)
     return 0  # pragma: no cover
+
+
+def cmd_k8s_render(args: argparse.Namespace) -> int:
+    from curation_dagster import k8s
+
+    if args.templates:
+        for path in k8s.write_templates(args.templates):
+            print(path)
+        return 0
+    print(k8s.render_cli(args.workdir, args.data_root, args.asset, args.crawl, args.source), end="")
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -247,11 +286,28 @@ def parser() -> argparse.ArgumentParser:
     sa.add_argument("--copies", type=int, default=1, help="lightly varied copies of each document (larger corpora)")
     sa.set_defaults(fn=cmd_sample)
 
+    dr = sub.add_parser("decontam-report", help="per benchmark: documents removed, from which sources")
+    dr.add_argument("--workdir", required=True)
+    dr.add_argument("--crawl", required=True)
+    dr.add_argument("--json", action="store_true")
+    dr.set_defaults(fn=cmd_decontam_report)
+
     ui = sub.add_parser("ui", help="open the Dagster UI on the workdir's instance")
     ui.add_argument("--workdir", required=True)
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=3000)
     ui.set_defaults(fn=cmd_ui)
+
+    k8s = sub.add_parser("k8s", help="Kubernetes: the pods that stage partitions run in")
+    k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True)
+    kr = k8s_sub.add_parser("render", help="print the exact pod manifests that would be submitted, as YAML")
+    kr.add_argument("--asset", help="one asset (default: every asset)")
+    kr.add_argument("--workdir", default=os.environ.get("CURATE_WORKDIR", "/workdir"))
+    kr.add_argument("--data-root", default=os.environ.get("CURATE_DATA_ROOT"))
+    kr.add_argument("--crawl", default="example")
+    kr.add_argument("--source", default="example")
+    kr.add_argument("--templates", metavar="DIR", help="write the generated k8s/ files (pod templates, RayCluster)")
+    kr.set_defaults(fn=cmd_k8s_render)
     return p
 
 

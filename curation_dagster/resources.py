@@ -50,7 +50,7 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
 
     workdir: str
     data_root: str | None = None  # default <workdir>/data; any fsspec URL (s3://bucket/prefix)
-    mode: Literal["in_process", "pipes"] = "in_process"
+    mode: Literal["in_process", "pipes", "k8s"] = "in_process"  # k8s: one pod per partition
     batch_rows: int = 20_000
     workers: int = 0  # 0 = every core
 
@@ -78,11 +78,19 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
         """Run one partition (skipped when its committed output is up to date) and describe it."""
         spec = self.spec(crawl)
         if source is not None and source not in spec.sources:
-            raise Failure(f"source {source!r} is not part of crawl {crawl!r} (sources: {', '.join(spec.sources)})")
+            # The source dimension is shared by every crawl, so source x crawl holds pairs that
+            # are no partition of the crawl. Recording them as empty keeps backfills of any
+            # source x crawl range and the eager automation of fan-in assets from waiting on them.
+            context.log.info(f"{program}[{crawl}|{source}]: source {source!r} is not part of crawl {crawl!r}")
+            return MaterializeResult(metadata={"in_crawl": False, "crawl_sources": sorted(spec.sources)})
         if self.mode == "pipes":
             client = PipesSubprocessClient()
             result = client.run(context=context, command=[sys.executable, *self.command(program, crawl, source)])
             return result.get_materialize_result()
+        if self.mode == "k8s":
+            from curation_dagster.k8s import materialize_in_pod  # imports kubernetes only here
+
+            return materialize_in_pod(context, self, program, crawl, source)
         try:
             outcome = execute(self.store(), spec, program, source, self.execution())
         except (FileNotFoundError, KeyError, ValueError) as exc:
