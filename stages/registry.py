@@ -15,7 +15,7 @@ import hashlib
 import importlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -87,6 +87,42 @@ _MIDDLE: tuple[Program, ...] = (
         "Removal list of near-duplicates: one survivor per component, each removed one names it.",
         group="dedup", stage="fuzzy", uses_keep_rule=True, resources=Resources(memory_gib=4.0),
     ),
+    # Embeddings see only the heuristic survivors (per source, so exact/fuzzy parameter changes
+    # never re-embed); clusters and duplicates read the removal lists of every earlier remover.
+    Program(
+        "document_embeddings", "source", P.DocumentEmbeddingsParams, ("raw_documents", "filtered_documents"),
+        "Sentence embeddings (L2-normalised, length-bucketed batches) of the heuristic survivors.",
+        group="dedup", part_of="semantic", resources=Resources(cpu=4.0, memory_gib=8.0, gpu=1, image="gpu"),
+    ),
+    Program(
+        "semantic_clusters", "crawl", P.SemanticClustersParams,
+        ("document_embeddings", "exact_duplicates", "fuzzy_duplicates"),
+        "k-means clusters (fit on a sample, oversized clusters split again) of the exact/fuzzy survivors.",
+        group="dedup", part_of="semantic", resources=Resources(cpu=4.0, memory_gib=16.0, gpu=1, image="gpu"),
+    ),
+    Program(
+        "semantic_duplicates", "crawl", P.SemanticDuplicatesParams,
+        ("semantic_clusters", "exact_duplicates", "fuzzy_duplicates"),
+        "Removal list of documents within eps cosine of an earlier-ranked document of their cluster.",
+        group="dedup", stage="semantic", uses_keep_rule=True,
+        resources=Resources(cpu=4.0, memory_gib=8.0, gpu=1, image="gpu"),
+    ),
+    Program(
+        "quality_scores", "source", P.QualityScoresParams, ("raw_documents",),
+        "Classifier scores (fastText / local Hugging Face models, as a cascade) and a removal list.",
+        group="classify", stage="quality", resources=Resources(cpu=4.0, memory_gib=8.0),
+    ),
+    Program(
+        "contaminated_documents", "crawl", P.ContaminatedDocumentsParams, ("raw_documents",),
+        "Removal list of documents sharing benchmark n-grams, over all sources, before the output.",
+        group="classify", stage="decontam", resources=Resources(memory_gib=8.0),
+    ),
+)
+# quality and decontam read the survivors of every remover before them, whichever land before them.
+_MIDDLE = tuple(
+    replace(p, deps=(*p.deps, *(q.name for q in _MIDDLE[:i] if q.stage and q.name not in p.deps)))
+    if p.name in ("quality_scores", "contaminated_documents") else p
+    for i, p in enumerate(_MIDDLE)
 )
 _REMOVERS = tuple(p.name for p in _MIDDLE if p.stage)
 
@@ -331,3 +367,14 @@ def metadata(outcome: Outcome) -> dict[str, Any]:
         meta["removed_per_stage"] = m.report["removed"]
     meta["report"] = m.report
     return meta
+
+
+def execute_crawl(
+    store: Store, spec: CrawlSpec, execution: P.ExecutionParams | None = None, force: bool = False
+) -> dict[tuple[str, str | None], Outcome]:
+    """Every partition of a crawl in dependency order, without Dagster (tests, benchmarks, pods)."""
+    return {
+        (name, source): execute(store, spec, name, source, execution, force)
+        for name in PROGRAMS
+        for source in spec.partitions(name)
+    }
