@@ -6,6 +6,7 @@
     curate explain --workdir DIR --crawl NAME DOC_ID
     curate sample --out DIR
     curate decontam-report --workdir DIR --crawl NAME [--json]
+    curate semantic-audit --workdir DIR --crawl NAME [--out FILE.html|FILE.md] [--per-band N]
     curate ui --workdir DIR [--port 3000]
     curate k8s render [--asset NAME] [--crawl NAME] [--source NAME] [--templates DIR]
 """
@@ -60,10 +61,28 @@ def _read_config(path: str | None) -> dict[str, Any]:
     return json.loads(text)
 
 
-def build_spec(workdir: Path, crawl: str, sources: list[str], stages: str | None, config: dict[str, Any]) -> CrawlSpec:
-    """The crawl spec from the command line and config file; reuses the saved one when no
-    sources are given."""
-    from curation_dagster.resources import load_spec, spec_path
+def build_spec(
+    workdir: Path, crawl: str, sources: list[str], stages: str | None, config: dict[str, Any],
+    against: str | None = None,
+) -> CrawlSpec:
+    """The crawl spec from the command line and config file. With neither sources nor a config,
+    the saved spec of the crawl is reused as it is (``--stages`` may still change it)."""
+    from curation_dagster.resources import earlier_crawls, load_spec, prior_specs, spec_path
+
+    saved = load_spec(workdir, crawl) if spec_path(workdir, crawl).exists() else None
+    stage_list = tuple(s.strip() for s in stages.split(",") if s.strip()) if stages else None
+    if against is not None:
+        names = [] if against.strip() in ("", "none") else [a.strip() for a in against.split(",") if a.strip()]
+        dedup_against = prior_specs(workdir, names)
+    elif saved is not None:
+        dedup_against = saved.dedup_against
+    else:  # a new crawl is deduplicated against every crawl registered before it
+        dedup_against = prior_specs(workdir, earlier_crawls(workdir, crawl))
+    if saved is not None and not sources and not config:
+        update: dict[str, Any] = {"dedup_against": dedup_against}
+        if stage_list is not None:
+            update["stages"] = stage_list
+        return CrawlSpec.model_validate({**saved.model_dump(), **update})
 
     cfg_sources: dict[str, dict[str, Any]] = dict(config.get("sources", {}))
     for item in sources:
@@ -72,20 +91,15 @@ def build_spec(workdir: Path, crawl: str, sources: list[str], stages: str | None
             raise CliError(f"--source expects NAME=URL, got {item!r}")
         cfg_sources[name] = {**cfg_sources.get(name, {}), "url": url}
     if not cfg_sources:
-        if spec_path(workdir, crawl).exists():
-            saved = load_spec(workdir, crawl)
-            cfg_sources = {k: v.model_dump() for k, v in saved.sources.items()}
-        else:
+        if saved is None:
             raise CliError(f"crawl {crawl!r} is new: give its sources with --source NAME=URL")
+        cfg_sources = {k: v.model_dump() for k, v in saved.sources.items()}
     missing = [name for name, s in cfg_sources.items() if "url" not in s]
     if missing:
         raise CliError(f"source(s) {', '.join(missing)} have no url")
-    stage_list = (
-        tuple(s.strip() for s in stages.split(",") if s.strip()) if stages else tuple(config.get("stages", STAGES))
-    )
     return CrawlSpec(
-        crawl=crawl, sources=cfg_sources, stages=stage_list,
-        params=config.get("params", {}), keep=config.get("keep", {}),
+        crawl=crawl, sources=cfg_sources, stages=stage_list or tuple(config.get("stages", STAGES)),
+        params=config.get("params", {}), keep=config.get("keep", {}), dedup_against=dedup_against,
     )
 
 
@@ -93,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from curation_dagster.runner import RunFailed, run_crawl
 
     workdir, home = _workdir_paths(args.workdir)
-    spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config))
+    spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against)
     try:
         report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force)
     except RunFailed as exc:  # one line, no traceback: the step's error is in the Dagster event log
@@ -195,7 +209,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     folders = build_sample(out, max_docs_per_source=args.max_docs, copies=args.copies)
-    config = {"sources": {name: {"url": str(path.resolve()), "text_field": "text", "id_field": "id",
+    config: dict[str, Any] = {"sources": {name: {"url": str(path.resolve()), "text_field": "text", "id_field": "id",
                                  "url_field": "url"} for name, path in folders.items()}}
     # A small benchmark made of lightly edited docstring passages, so the sample run shows decontam.
     from stages.benchmarks import SAMPLE_BENCHMARK, sample_benchmark
@@ -224,6 +238,18 @@ def cmd_decontam_report(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         print_decontam_report(args.crawl, report)
+    return 0
+
+
+def cmd_semantic_audit(args: argparse.Namespace) -> int:
+    from curation_dagster.semantic_audit import AuditError, write_audit
+
+    workdir, _ = _workdir_paths(args.workdir)
+    try:
+        path = write_audit(workdir, args.crawl, Path(args.out) if args.out else None, args.per_band, args.seed)
+    except AuditError as exc:
+        raise CliError(str(exc)) from exc
+    print(f"semantic audit -> {path}")
     return 0
 
 
@@ -258,6 +284,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--source", action="append", metavar="NAME=URL", help="a source of this crawl (repeat)")
     r.add_argument("--stages", help=f"removal stages to run, comma-separated (default: all: {','.join(STAGES)})")
     r.add_argument("--config", help="YAML/JSON/TOML with sources, params per program, keep, stages")
+    r.add_argument("--against", metavar="CRAWLS",
+                   help="earlier crawls to dedup against, comma-separated, or 'none' "
+                        "(default for a new crawl: every crawl registered before it)")
     r.add_argument("--force", action="store_true", help="recompute every partition")
     r.add_argument("--quiet", action="store_true", help="no progress display")
     r.set_defaults(fn=cmd_run)
@@ -291,6 +320,14 @@ def parser() -> argparse.ArgumentParser:
     dr.add_argument("--crawl", required=True)
     dr.add_argument("--json", action="store_true")
     dr.set_defaults(fn=cmd_decontam_report)
+
+    sm = sub.add_parser("semantic-audit", help="sampled pairs per similarity band, to choose semantic eps")
+    sm.add_argument("--workdir", required=True)
+    sm.add_argument("--crawl", required=True)
+    sm.add_argument("--out", help="report path, .html (default <workdir>/semantic-audit-<crawl>.html) or .md")
+    sm.add_argument("--per-band", type=int, default=4, help="pairs shown per similarity band")
+    sm.add_argument("--seed", type=int, default=0, help="seed of the pair sample")
+    sm.set_defaults(fn=cmd_semantic_audit)
 
     ui = sub.add_parser("ui", help="open the Dagster UI on the workdir's instance")
     ui.add_argument("--workdir", required=True)

@@ -11,8 +11,12 @@ SNIPPET = 300
 
 
 def _document(store: Store, spec: CrawlSpec, doc_id: str) -> dict[str, str | None] | None:
-    for source in sorted(spec.sources):
-        pdir = plan_task(store, spec, "raw_documents", source).output_dir
+    """A document of this crawl or of an earlier crawl it was deduplicated against."""
+    dirs = [plan_task(store, spec, "raw_documents", source).output_dir for source in sorted(spec.sources)]
+    for crawl, outputs in sorted(spec.dedup_against.items()):
+        dirs += [store.partition_dir("raw_documents", key, crawl, name.partition("/")[2])
+                 for name, key in sorted(outputs.items()) if name.startswith("raw_documents/")]
+    for pdir in dirs:
         t = store.read_table(pdir, "documents", ["doc_id", "record_id", "source", "url", "text"])
         hit = t.filter(pc.equal(t["doc_id"], doc_id))
         if hit.num_rows:
@@ -46,7 +50,10 @@ def explain(store: Store, spec: CrawlSpec, ledger_dir: str, doc_id: str) -> tupl
         lines.append(f"  detail: {row['detail']}")
     if doc is not None:
         lines.append(f"  text: {_snippet(doc['text'])}")
-    if row["duplicate_of"]:
+    if row["duplicate_of"] and str(row["reason"]).startswith("benchmark:"):
+        # decontam: duplicate_of names "<benchmark>:<example_id>", score the shared n-grams
+        lines.append(f"  benchmark example: {row['duplicate_of']} (shares {row['score']:.0f} n-grams)")
+    elif row["duplicate_of"]:
         kept = _document(store, spec, row["duplicate_of"])
         lines.append(f"  duplicate of: {row['duplicate_of']} (record_id {row['duplicate_of_record_id']}, "
                      f"source {kept['source'] if kept else '?'})")

@@ -22,7 +22,7 @@ from dagster import (
 
 from stages.params import ExecutionParams
 from stages.paths import Store
-from stages.registry import CrawlSpec, execute, metadata
+from stages.registry import CrawlSpec, execute, metadata, prior_outputs
 
 
 def spec_path(workdir: str | Path, crawl: str) -> Path:
@@ -43,6 +43,17 @@ def save_spec(workdir: str | Path, spec: CrawlSpec) -> Path:
     tmp.write_text(json.dumps(json.loads(spec.model_dump_json()), indent=1, sort_keys=True))
     tmp.replace(path)
     return path
+
+
+def earlier_crawls(workdir: str | Path, crawl: str) -> list[str]:
+    """Crawls registered in ``workdir`` before ``crawl`` was (by spec file time), oldest first."""
+    specs = sorted((Path(workdir) / "crawls").glob("*.json"), key=lambda p: (p.stat().st_mtime, p.stem))
+    return [p.stem for p in specs if p.stem != crawl]
+
+
+def prior_specs(workdir: str | Path, crawls: list[str]) -> dict[str, dict[str, str]]:
+    """``CrawlSpec.dedup_against`` for the named earlier crawls: the keys of their outputs."""
+    return {c: prior_outputs(load_spec(workdir, c)) for c in crawls}
 
 
 class CurationResource(ConfigurableResource):  # type: ignore[type-arg]

@@ -13,14 +13,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, materialize
+from dagster import (
+    AssetCheckSeverity,
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterEventType,
+    DagsterInstance,
+    materialize,
+)
 
 from curation_dagster.assets import ASSETS
+from curation_dagster.checks import CHECKS, blocking_failures
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource, save_spec
 from stages.registry import PROGRAMS, CrawlSpec, data_version, plan_task
 
-QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+# CRITICAL: a failed step is reported once, as RunFailed's one line, not as Dagster's ERROR
+# log with a stack trace on stderr (the instance's event log still records it for the UI).
+QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 class RunFailed(RuntimeError):
@@ -54,8 +64,13 @@ def _failure(result: Any) -> str:
         if event.event_type == DagsterEventType.STEP_FAILURE:
             err = event.event_specific_data.error
             cause = err.cause if err.cause is not None and "Failure" not in err.cls_name else None
-            msg = (cause or err).message.strip().splitlines()
-            return msg[-1] if msg else err.cls_name
+            info = cause or err
+            msg = info.message.strip().splitlines()
+            if not msg:
+                return info.cls_name
+            # The message is "module.ClassName: text"; the text alone reads as one line.
+            head, sep, rest = msg[-1].partition(": ")
+            return rest if sep and head.split(".")[-1] == info.cls_name else msg[-1]
     return "run failed"
 
 
@@ -79,20 +94,33 @@ def run_crawl(
     ) as progress:
         bar = progress.add_task(f"crawl {spec.crawl}", total=len(steps))
         for program, source in steps:
-            label = escape(f"{program}[{source}]" if source else f"{program}[{spec.crawl}]")
+            name = f"{program}[{source}]" if source else f"{program}[{spec.crawl}]"
+            label = escape(name)
             progress.update(bar, description=f"{label:<40}")
             if not force and _up_to_date(instance, resource, spec, program, source):
+                # An up-to-date partition is not rerun, but its blocking checks still hold the
+                # crawl back until their bound is raised or the stage fixed.
+                for check, verdict in blocking_failures(resource, program, spec.crawl, source):
+                    raise RunFailed(f"{name}: check {check} failed: {verdict.description}")
                 progress.console.print(f"  = {label} up to date")
                 progress.advance(bar)
                 continue
             t0 = time.perf_counter()
             result = materialize(
-                ASSETS, selection=[program], partition_key=partition_key(spec.crawl, source),
+                [*ASSETS, *CHECKS], selection=[program], partition_key=partition_key(spec.crawl, source),
                 instance=instance, resources={"curation": resource}, raise_on_error=False,
                 run_config=QUIET_LOGS, tags={"curate/crawl": spec.crawl},
             )
+            failed_checks = [e for e in result.get_asset_check_evaluations() if not e.passed]
+            for check in failed_checks:
+                if check.severity == AssetCheckSeverity.ERROR and check.blocking:
+                    raise RunFailed(f"{name}: check {check.check_name} failed: {check.description}")
             if not result.success:
-                raise RunFailed(f"{label}: {_failure(result)}")
+                msg = _failure(result)
+                raise RunFailed(msg if msg.startswith(name) else f"{name}: {msg}")
+            for check in failed_checks:
+                progress.console.print(f"  ! {label} check {check.check_name} ({check.severity.value}): "
+                                       f"{escape(check.description or '')}")
             report = _manifest_report(resource, spec, program, source)
             progress.console.print(f"  + {label} {_summary(report)} ({time.perf_counter() - t0:.1f}s)")
             progress.advance(bar)

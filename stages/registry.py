@@ -47,6 +47,7 @@ class Program:
     group: str
     stage: str | None = None  # removal stage word, for programs whose output removes documents
     part_of: str | None = None  # the stage word of the chain an intermediate program belongs to
+    reads_prior: bool = False  # reads the kept documents of earlier crawls (incremental dedup)
     uses_keep_rule: bool = False
     resources: Resources = field(default_factory=Resources)
 
@@ -75,17 +76,17 @@ _MIDDLE: tuple[Program, ...] = (
     Program(
         "lsh_buckets", "crawl", P.LshBucketsParams, ("minhash_signatures",),
         "LSH band keys (the bucket index) and one anchor edge per bucket member, band by band.",
-        group="dedup", part_of="fuzzy", resources=Resources(cpu=2.0, memory_gib=8.0),
+        group="dedup", part_of="fuzzy", reads_prior=True, resources=Resources(cpu=2.0, memory_gib=8.0),
     ),
     Program(
         "duplicate_components", "crawl", P.DuplicateComponentsParams, ("raw_documents", "lsh_buckets"),
         "Candidate edges checked against exact Jaccard, then connected components.",
-        group="dedup", part_of="fuzzy", resources=Resources(cpu=2.0, memory_gib=8.0),
+        group="dedup", part_of="fuzzy", reads_prior=True, resources=Resources(cpu=2.0, memory_gib=8.0),
     ),
     Program(
         "fuzzy_duplicates", "crawl", P.FuzzyDuplicatesParams, ("raw_documents", "duplicate_components"),
         "Removal list of near-duplicates: one survivor per component, each removed one names it.",
-        group="dedup", stage="fuzzy", uses_keep_rule=True, resources=Resources(memory_gib=4.0),
+        group="dedup", stage="fuzzy", uses_keep_rule=True, reads_prior=True, resources=Resources(memory_gib=4.0),
     ),
     # Embeddings see only the heuristic survivors (per source, so exact/fuzzy parameter changes
     # never re-embed); clusters and duplicates read the removal lists of every earlier remover.
@@ -144,7 +145,7 @@ PROGRAMS: dict[str, Program] = {
             "removal_ledger", "crawl", P.RemovalLedgerParams,
             ("raw_documents", *_REMOVERS, "curated_documents"),
             "One row per removed or quarantined document, and the source x stage counts.",
-            group="output",
+            group="output", reads_prior=True,
         ),
     )
 }
@@ -167,6 +168,9 @@ class CrawlSpec(BaseModel):
     stages: tuple[str, ...] = Field(default_factory=lambda: tuple(STAGES))
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     keep: P.KeepParams = Field(default_factory=P.KeepParams)
+    # Earlier crawls whose kept documents this crawl is deduplicated against, each with the keys
+    # of the outputs read from it (``prior_outputs``); fixed when the crawl is first registered.
+    dedup_against: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     def model_post_init(self, __context: Any) -> None:
         check_name("crawl", self.crawl)
@@ -212,16 +216,33 @@ class CrawlSpec(BaseModel):
                 up = {f"{d}/{s or ''}": keys[(d, s)] for d, s in self.upstream(name, source)}
                 if PROGRAMS[name].uses_keep_rule:
                     up["keep"] = P.params_key("keep", self.keep)
+                if PROGRAMS[name].reads_prior and self.dedup_against:
+                    up["prior"] = json.dumps(self.dedup_against, sort_keys=True)
                 keys[(name, source)] = P.params_key(name, self.program_params(name, source), up)
         return keys
 
 
-class Inputs:
-    """The committed upstream partitions of one task, by program and source."""
+def prior_outputs(spec: CrawlSpec) -> dict[str, str]:
+    """Keys of the outputs a later crawl reads from ``spec``'s crawl: its raw and curated
+    documents per source and its bucket index (``lsh_buckets``), as {"program/source": key}."""
+    keys = spec.keys()
+    out = {"lsh_buckets/": keys[("lsh_buckets", None)]}
+    for source in sorted(spec.sources):
+        out[f"raw_documents/{source}"] = keys[("raw_documents", source)]
+        out[f"curated_documents/{source}"] = keys[("curated_documents", source)]
+    return out
 
-    def __init__(self, store: Store, dirs: dict[str, dict[str | None, str]]) -> None:
+
+class Inputs:
+    """The committed upstream partitions of one task, by program and source; ``prior`` holds
+    the output dirs of earlier crawls ({crawl: {"program/source": dir}}) for incremental dedup."""
+
+    def __init__(
+        self, store: Store, dirs: dict[str, dict[str | None, str]], prior: dict[str, dict[str, str]] | None = None
+    ) -> None:
         self.store = store
         self.dirs = dirs
+        self.prior = prior or {}
 
     def dir(self, program: str, source: str | None = None) -> str:
         return self.dirs[program][source]
@@ -265,6 +286,7 @@ class Task:
     key: str
     output_dir: str
     input_dirs: dict[str, dict[str | None, str]]
+    prior_dirs: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def plan_task(store: Store, spec: CrawlSpec, program: str, source: str | None) -> Task:
@@ -277,6 +299,13 @@ def plan_task(store: Store, spec: CrawlSpec, program: str, source: str | None) -
     for dep, s in spec.upstream(program, source):
         input_dirs.setdefault(dep, {})[s] = store.partition_dir(dep, keys[(dep, s)], spec.crawl, s)
     src = source if PROGRAMS[program].level == "source" else None
+    prior_dirs: dict[str, dict[str, str]] = {}
+    if PROGRAMS[program].reads_prior:
+        for crawl, outputs in spec.dedup_against.items():
+            prior_dirs[crawl] = {}
+            for name, key in outputs.items():
+                prog, _, src_name = name.partition("/")
+                prior_dirs[crawl][name] = store.partition_dir(prog, key, crawl, src_name or None)
     return Task(
         program=program,
         source=src,
@@ -285,6 +314,7 @@ def plan_task(store: Store, spec: CrawlSpec, program: str, source: str | None) -
         key=keys[(program, src)],
         output_dir=store.partition_dir(program, keys[(program, src)], spec.crawl, src),
         input_dirs=input_dirs,
+        prior_dirs=prior_dirs,
     )
 
 
@@ -309,6 +339,12 @@ def data_version(store: Store, task: Task) -> str:
                     f"{program}[{source or task.crawl}] must be materialized before {task.program}"
                 )
             parts.append(f"{program}/{source}={m.data_version}")
+    for crawl, outputs in sorted(task.prior_dirs.items()):
+        for name, pdir in sorted(outputs.items()):
+            m = store.read_manifest(pdir)
+            if m is None:
+                raise FileNotFoundError(f"earlier crawl {crawl}: {name} is not materialized (needed by {task.program})")
+            parts.append(f"{crawl}:{name}={m.data_version}")
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -333,7 +369,7 @@ def execute(
     writer = store.writer(task.output_dir)
     module = load_program(program)
     report = module.run(
-        task.params, Inputs(store, task.input_dirs), writer,
+        task.params, Inputs(store, task.input_dirs, task.prior_dirs), writer,
         Partition(spec.crawl, task.source, spec), execution or P.ExecutionParams(),
     )
     report["seconds"] = round(time.perf_counter() - t0, 3)

@@ -80,14 +80,22 @@ def removal_table(
     }, schema=REMOVED)
 
 
+def raw_dirs(inputs: Inputs) -> list[str]:
+    """``raw_documents`` partitions a task may read texts from: its crawl's and, for incremental
+    dedup, those of the earlier crawls it is deduplicated against."""
+    dirs = [inputs.dir("raw_documents", s) for s in inputs.sources("raw_documents")]
+    for outputs in inputs.prior.values():
+        dirs.extend(d for name, d in sorted(outputs.items()) if name.startswith("raw_documents/"))
+    return dirs
+
+
 def texts_of(inputs: Inputs, doc_ids: pa.Array, batch_rows: int = 20_000) -> tuple[pa.Array, pa.Array]:
-    """(doc_id, text) of the given documents, read from ``raw_documents`` of every source,
-    in no particular order; memory holds only the requested texts."""
+    """(doc_id, text) of the given documents, read from ``raw_documents`` (this crawl's and any
+    earlier crawl's it reads), in no particular order; memory holds only the requested texts."""
     wanted = doc_ids if isinstance(doc_ids, pa.Array) else pa.array(doc_ids, pa.string())
     ids: list[pa.Array] = []
     texts: list[pa.Array] = []
-    for source in inputs.sources("raw_documents"):
-        pdir = inputs.dir("raw_documents", source)
+    for pdir in raw_dirs(inputs):
         for batch in inputs.store.iter_batches(pdir, "documents", ["doc_id", "text"], batch_rows):
             hit = pc.is_in(batch.column(0), value_set=wanted)
             if pc.any(hit).as_py():

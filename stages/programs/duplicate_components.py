@@ -21,7 +21,8 @@ from stages.registry import Inputs, Partition
 from stages.removal import texts_of
 
 COMPONENTS = pa.schema([
-    ("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("component", pa.int64()),
+    ("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string()),
+    ("component", pa.int64()),
 ])
 EDGES = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("jaccard", pa.float32())])
 
@@ -84,7 +85,8 @@ def run(
     idx = np.flatnonzero(member)
     output.write("components", pa.table({
         "node": idx, "doc_id": nodes["doc_id"].combine_chunks().take(pa.array(idx)),
-        "source": nodes["source"].combine_chunks().take(pa.array(idx)), "component": label[idx],
+        "source": nodes["source"].combine_chunks().take(pa.array(idx)),
+        "crawl": nodes["crawl"].combine_chunks().take(pa.array(idx)), "component": label[idx],
     }, schema=COMPONENTS))
     comp_sizes = sizes[sizes > 1]
     top = np.sort(comp_sizes)[::-1][:10]

@@ -37,10 +37,16 @@ def run(
 
     doc_id = np.asarray(comps["doc_id"].to_numpy(zero_copy_only=False), dtype="S32")
     source = np.asarray(comps["source"].to_numpy(zero_copy_only=False), dtype=object)
+    crawl = np.asarray(comps["crawl"].to_numpy(zero_copy_only=False), dtype=object)
+    earlier = crawl != partition.crawl
+    # Documents kept by an earlier crawl always win (they are already published), and are never
+    # removed here: only this crawl's documents can be.
     priority = np.array([partition.spec.keep.source_priority.get(s, 0) for s in source], np.int64)
+    priority = np.where(earlier, np.iinfo(np.int64).min, priority)
     survivor = pick_survivors(comps["component"].to_numpy(), priority, doc_id)
-    removed = np.flatnonzero(survivor != np.arange(len(survivor)))
+    removed = np.flatnonzero((survivor != np.arange(len(survivor))) & ~earlier)
     keep_of = survivor[removed]
+    kept_source = np.where(earlier[keep_of], crawl[keep_of] + "/" + source[keep_of], source[keep_of])
 
     # Exact Jaccard of each removed document with its survivor, for the ledger's score.
     ids, texts = texts_of(inputs, comps["doc_id"], execution.batch_rows)
@@ -49,14 +55,17 @@ def run(
     shingle = int(inputs.manifest("duplicate_components").report.get("shingle", 24))
     score = pair_jaccard(from_arrow(texts), order[removed], order[keep_of], shingle=shingle)
 
-    output.write("removed", removal_table(
-        doc_id[removed].astype(str), source[removed], "near_duplicate",
-        doc_id[keep_of].astype(str), source[keep_of], score.astype(np.float64),
-    ))
+    table = removal_table(
+        doc_id[removed].astype(str), source[removed], "", doc_id[keep_of].astype(str), kept_source,
+        score.astype(np.float64),
+        reasons=np.where(earlier[keep_of], "near_duplicate_of_earlier_crawl", "near_duplicate"),
+    )
+    output.write("removed", table)
     return {
         "enabled": True,
         "input": int(comps.num_rows),
         "removed": len(removed),
         "components": len(np.unique(survivor)),
         "removed_per_source": dict(sorted(Counter(source[removed].tolist()).items())),
+        "removed_as_earlier_crawl_duplicates": int(earlier[keep_of].sum()),
     }

@@ -14,17 +14,49 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stages.params import ExecutionParams, LshBucketsParams, lsh_curve, lsh_threshold
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
 
-NODES = pa.schema([("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string())])
+NODES = pa.schema([("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string())])
 EDGES = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("band", pa.int32())])
 
 
 def band_column(band: int) -> str:
     return f"b{band:03d}"
+
+
+def _add_prior(
+    inputs: Inputs, output: PartitionWriter, crawl: str, node: int, params: LshBucketsParams, base: dict[str, Any]
+) -> int:
+    """Append the kept documents of an earlier crawl from its persisted bucket index (no
+    signature is recomputed). Returns the next free node id."""
+    outputs = inputs.prior[crawl]
+    store = inputs.store
+    pdir = outputs["lsh_buckets/"]
+    manifest = store.read_manifest(pdir)
+    assert manifest is not None
+    same = {k: manifest.report.get(k) for k in ("bands", "rows", "shingle", "num_perm", "seed")}
+    mine = {k: base.get(k) for k in same}
+    if same != mine:
+        raise ValueError(f"crawl {crawl}'s bucket index was built with {same}, this crawl uses {mine}: "
+                         "incremental dedup needs the same MinHash and LSH parameters")
+    kept = [store.read_table(d, "documents", ["doc_id"])["doc_id"] for name, d in sorted(outputs.items())
+            if name.startswith("curated_documents/")]
+    kept_ids = pa.chunked_array([c for t in kept for c in t.chunks], pa.string()).combine_chunks()
+    nodes = store.read_table(pdir, "nodes")
+    keys = store.read_table(pdir, "band_keys")
+    own = pc.and_(pc.equal(nodes["crawl"], crawl), pc.is_in(nodes["doc_id"], value_set=kept_ids))
+    nodes, keys = nodes.filter(own), keys.filter(own)
+    n = nodes.num_rows
+    ids = np.arange(node, node + n, dtype=np.int64)
+    output.write("nodes", pa.table({"node": ids, "doc_id": nodes["doc_id"], "source": nodes["source"],
+                                    "crawl": nodes["crawl"]}, schema=NODES))
+    output.write("band_keys", keys.set_column(0, "node", pa.array(ids)))
+    base.setdefault("prior_documents", {})[crawl] = n
+    return node + n
 
 
 def run(
@@ -46,7 +78,8 @@ def run(
     from stages.programs.minhash_signatures import signature_matrix
 
     sig_params = inputs.manifest("minhash_signatures", inputs.sources("minhash_signatures")[0]).params
-    num_perm, base["shingle"] = sig_params["num_perm"], sig_params["shingle"]
+    num_perm = sig_params["num_perm"]
+    base.update(shingle=sig_params["shingle"], num_perm=num_perm, seed=sig_params["seed"])
     if params.bands * params.rows > num_perm:
         raise ValueError(f"bands x rows = {params.bands * params.rows} exceeds num_perm = {num_perm}")
     node = 0
@@ -57,11 +90,14 @@ def run(
             ids = np.arange(node, node + n, dtype=np.int64)
             keys = band_keys(signature_matrix(batch.column(1), num_perm), params.bands, params.rows)
             output.write("nodes", pa.table({"node": ids, "doc_id": batch.column(0),
-                                            "source": pa.array([source] * n, pa.string())}, schema=NODES))
+                                            "source": pa.array([source] * n, pa.string()),
+                                            "crawl": pa.array([partition.crawl] * n, pa.string())}, schema=NODES))
             cols = {"node": pa.array(ids)}
             cols.update({band_column(b): pa.array(keys[:, b]) for b in range(params.bands)})
             output.write("band_keys", pa.table(cols))
             node += n
+    for crawl in sorted(inputs.prior):
+        node = _add_prior(inputs, output, crawl, node, params, base)
     if node == 0:
         output.write("nodes", NODES.empty_table())
         output.write("edges", EDGES.empty_table())

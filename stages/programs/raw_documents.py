@@ -26,6 +26,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
+import zstandard
 
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import PartitionWriter
@@ -191,8 +192,42 @@ def _as_str(value: Any) -> str | None:
 
 def _jsonl_records(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[tuple[int, bytes]]:
     """(line number, line bytes) of a JSONL file; compression inferred from the suffix."""
+    if path.lower().endswith(".zst"):
+        yield from enumerate(_zstd_lines(fs, path), 1)
+        return
     with fs.open(path, "rb", compression="infer") as fh:
         yield from enumerate(fh, 1)
+
+
+def _zstd_lines(fs: fsspec.AbstractFileSystem, path: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """Lines of a .zst file, across every frame; a file that ends inside a frame raises EOFError.
+
+    Not fsspec's ``compression="infer"``: its zstandard fallback (Python < 3.14 without
+    backports.zstd) returns a reader without ``readline`` that stops after the first frame and
+    ends a truncated file silently, with a partial last line.
+    """
+    dctx = zstandard.ZstdDecompressor()
+    dobj = dctx.decompressobj()
+    in_frame = False
+    rest = b""
+    with fs.open(path, "rb") as raw:
+        while data := raw.read(chunk):
+            while data:
+                in_frame = True
+                out = dobj.decompress(data)
+                data = b""
+                if dobj.eof:
+                    in_frame = False
+                    data = dobj.unused_data
+                    dobj = dctx.decompressobj()
+                if out:
+                    *lines, rest = (rest + out).split(b"\n")
+                    for line in lines:
+                        yield line + b"\n"
+    if in_frame:
+        raise EOFError(f"{path.rsplit('/', 1)[-1]} ends inside a zstd frame (truncated)")
+    if rest:
+        yield rest
 
 
 def run(

@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stages.params import ExecutionParams, RemovalLedgerParams
 from stages.paths import PartitionWriter
@@ -33,6 +34,18 @@ LEDGER = pa.schema([
 
 class LedgerMismatch(RuntimeError):
     """Counts that do not add up: a removal was lost or counted twice."""
+
+
+def _prior_record_ids(inputs: Inputs, doc_ids: set[str]) -> dict[str, str | None]:
+    wanted = pa.array(sorted(doc_ids), pa.string())
+    found: dict[str, str | None] = {}
+    for outputs in inputs.prior.values():
+        for name, pdir in sorted(outputs.items()):
+            if name.startswith("raw_documents/"):
+                t = inputs.store.read_table(pdir, "documents", ["doc_id", "record_id"])
+                t = t.filter(pc.is_in(t["doc_id"], value_set=wanted))
+                found.update(zip(t["doc_id"].to_pylist(), t["record_id"].to_pylist(), strict=True))
+    return found
 
 
 def run(
@@ -71,6 +84,9 @@ def run(
             continue
         seen.update(r["doc_id"] for r in rows)
         dup = [r["duplicate_of"] for r in rows]
+        missing = {d for d in dup if d and d not in record_ids}
+        if missing and inputs.prior:  # duplicates of documents kept by an earlier crawl
+            record_ids.update(_prior_record_ids(inputs, missing))
         output.write("ledger", pa.table({
             "doc_id": [r["doc_id"] for r in rows],
             "record_id": [record_ids.get(r["doc_id"]) for r in rows],

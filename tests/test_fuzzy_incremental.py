@@ -1,0 +1,90 @@
+"""Incremental recrawls: a new crawl is deduplicated against the kept documents of an earlier
+one through the earlier crawl's persisted bucket index, and only new documents are removed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from stages.paths import MANIFEST, Store
+from stages.registry import CrawlSpec, execute_crawl, plan_task, prior_outputs
+from stages.sample import build_sample
+
+
+def _write(path: Path, records: list[dict[str, str]]) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _ids(store: Store, spec: CrawlSpec, program: str, table: str, source: str | None = None) -> set[str]:
+    return set(store.read_table(plan_task(store, spec, program, source).output_dir, table)["doc_id"].to_pylist())
+
+
+@pytest.fixture(scope="module")
+def crawls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("incremental")
+    folders = build_sample(root / "sample", max_docs_per_source=300)
+    docs = []
+    for part in sorted(folders["docstrings"].iterdir()):
+        data = gzip.decompress(part.read_bytes()) if part.suffix == ".gz" else part.read_bytes()
+        docs.extend(json.loads(line) for line in data.decode().splitlines() if line.strip())
+    docs = [d for d in docs if len(d["text"]) > 400][:120]
+    first, rest = docs[:80], docs[80:]
+    _write(root / "c1" / "web", first)
+    # The recrawl: 30 pages unchanged, 20 lightly edited, 40 new (of which 2 exact copies of each other).
+    edited = [{"id": d["id"], "text": d["text"].replace(" the ", " a ", 1) + "\nUpdated."} for d in first[30:50]]
+    new = rest + [dict(rest[0], id="copy-of-first-new")]
+    _write(root / "c2" / "web", first[:30] + edited + new)
+    store = Store(str(root / "data"))
+    spec1 = CrawlSpec(crawl="c1", sources={"web": {"url": str(root / "c1" / "web"), "id_field": "id"}},
+                      stages=("fuzzy",))
+    execute_crawl(store, spec1)
+    stamps = {p: os.stat(p).st_mtime_ns for p in (root / "data").rglob(MANIFEST)}
+    spec2 = CrawlSpec(crawl="c2", sources={"web": {"url": str(root / "c2" / "web"), "id_field": "id"}},
+                      stages=("fuzzy",), dedup_against={"c1": prior_outputs(spec1)})
+    execute_crawl(store, spec2)
+    return {"store": store, "spec1": spec1, "spec2": spec2, "stamps": stamps, "new": len(new)}
+
+
+def test_only_new_documents_are_removed(crawls: dict[str, object]) -> None:
+    store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
+    assert isinstance(store, Store) and isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
+    removed = store.read_table(plan_task(store, spec2, "fuzzy_duplicates", None).output_dir, "removed")
+    c1_kept = _ids(store, spec1, "curated_documents", "documents", "web")
+    c2_docs = _ids(store, spec2, "raw_documents", "documents", "web")
+    assert set(removed["doc_id"].to_pylist()) <= c2_docs
+    earlier = removed.filter(pc.equal(removed["reason"], "near_duplicate_of_earlier_crawl"))
+    # 30 unchanged + 20 lightly edited pages duplicate crawl c1's kept pages
+    assert earlier.num_rows == 50
+    assert set(earlier["duplicate_of"].to_pylist()) <= c1_kept
+    assert set(earlier["duplicate_of_source"].to_pylist()) == {"c1/web"}
+    within = removed.filter(pc.equal(removed["reason"], "near_duplicate"))
+    assert within.num_rows == 1  # the exact copy among the new pages
+    kept = _ids(store, spec2, "curated_documents", "documents", "web")
+    assert len(kept) == crawls["new"] - 1
+
+
+def test_earlier_crawl_is_not_recomputed(crawls: dict[str, object]) -> None:
+    store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
+    stamps = crawls["stamps"]
+    assert isinstance(stamps, dict) and isinstance(store, Store)
+    assert isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
+    for path, stamp in stamps.items():
+        assert os.stat(path).st_mtime_ns == stamp, f"{path} was rewritten by the recrawl"
+    lsh = store.read_manifest(plan_task(store, spec2, "lsh_buckets", None).output_dir)
+    assert lsh is not None and lsh.report["prior_documents"] == {
+        "c1": len(_ids(store, spec1, "curated_documents", "documents", "web"))
+    }
+
+
+def test_changed_lsh_params_are_refused(crawls: dict[str, object], tmp_path: Path) -> None:
+    store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
+    assert isinstance(store, Store) and isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
+    spec3 = spec2.model_copy(update={"params": {"lsh_buckets": {"preset": "seed"}}})
+    with pytest.raises(ValueError, match="same MinHash and LSH parameters"):
+        execute_crawl(store, spec3)
