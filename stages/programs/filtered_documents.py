@@ -8,9 +8,7 @@ version), so changing a threshold re-keys this output but recomputes no score.
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -18,12 +16,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.kernels import heuristics as H
+from stages.parallel import zip_results
 from stages.params import ExecutionParams, FilteredDocumentsParams
 from stages.paths import Manifest, PartitionWriter
 from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table
 
 SCORES = "heuristic_scores"
+
+
+def _score_batch(batch: pa.RecordBatch) -> pa.Table:
+    return _score_table(batch.column(1).to_pylist())
 
 
 def _score_table(texts: list[str]) -> pa.Table:
@@ -58,21 +61,8 @@ def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) ->
         return store.read_table(cache_dir, "scores")
     writer = store.writer(cache_dir)
     batches = _chunks(store.iter_batches(raw_dir, "documents", ["doc_id", "text"], execution.batch_rows))
-    workers = execution.resolved_workers()
-    if workers > 1:
-        # Bounded look-ahead: at most 2 batches per worker in flight, so memory stays flat.
-        with ProcessPoolExecutor(workers) as pool:
-            pending: deque[tuple[pa.Array, Future[pa.Table]]] = deque()
-            for batch in batches:
-                pending.append((batch.column(0), pool.submit(_score_table, batch.column(1).to_pylist())))
-                if len(pending) >= 2 * workers:
-                    ids, fut = pending.popleft()
-                    writer.write("scores", fut.result().add_column(0, "doc_id", ids))
-            for ids, fut in pending:
-                writer.write("scores", fut.result().add_column(0, "doc_id", ids))
-    else:
-        for batch in batches:
-            writer.write("scores", _score_table(batch.column(1).to_pylist()).add_column(0, "doc_id", batch.column(0)))
+    for batch, scores in zip_results(batches, _score_batch, execution):
+        writer.write("scores", scores.add_column(0, "doc_id", batch.column(0)))
     if not writer.tables:
         writer.write("scores", _score_table([]).add_column(0, "doc_id", pa.array([], pa.string())))
     writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source,
