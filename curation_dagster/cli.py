@@ -1,10 +1,12 @@
 """``curate``: run a crawl through the Dagster asset graph and ask it why sources shrank.
 
     curate run --workdir DIR --crawl NAME --source NAME=URL [...] [--stages LIST] [--config FILE]
+               [--data-root URL] [--executor ray] [--ray-address ADDR]
     curate report --workdir DIR --crawl NAME [--json]
     curate ledger --workdir DIR --crawl NAME --out FILE.parquet
     curate explain --workdir DIR --crawl NAME DOC_ID
     curate sample --out DIR
+    curate lsh-curve --bands B --rows R
     curate decontam-report --workdir DIR --crawl NAME [--json]
     curate semantic-audit --workdir DIR --crawl NAME [--out FILE.html|FILE.md] [--per-band N]
     curate ui --workdir DIR [--port 3000]
@@ -22,6 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from stages.params import LSH_PRESETS
 from stages.paths import Store
 from stages.registry import QUARANTINE, STAGES, CrawlSpec
 
@@ -104,12 +107,18 @@ def build_spec(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from curation_dagster.resources import DATA_ROOT_FILE, CurationResource
     from curation_dagster.runner import RunFailed, run_crawl
 
     workdir, home = _workdir_paths(args.workdir)
     spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against)
+    if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
+        (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")
+    executor = args.executor or ("ray" if args.ray_address else "local")
+    resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
+                                ray_address=args.ray_address)
     try:
-        report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force)
+        report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force, resource=resource)
     except RunFailed as exc:  # one line, no traceback: the step's error is in the Dagster event log
         raise CliError(str(exc)) from exc
     print_report(report)
@@ -117,7 +126,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _store(workdir: Path) -> Store:
-    return Store(str(workdir / "data"))
+    from curation_dagster.resources import CurationResource
+
+    return CurationResource(workdir=str(workdir)).store()  # the data root `curate run` recorded
 
 
 def _ledger_dir(workdir: Path, crawl: str) -> tuple[Store, str, CrawlSpec]:
@@ -253,12 +264,32 @@ def cmd_semantic_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lsh_curve(args: argparse.Namespace) -> int:
+    from stages.params import LSH_PRESETS, lsh_curve, lsh_threshold
+
+    bands, rows = LSH_PRESETS[args.preset] if args.preset else (args.bands, args.rows)
+    if not bands or not rows or bands < 1 or rows < 1:
+        raise CliError("give --bands B --rows R (both >= 1) or --preset NAME")
+    print(f"bands={bands} rows={rows} hashes={bands * rows}  threshold (1/b)^(1/r) = {lsh_threshold(bands, rows):.4f}")
+    print(f"{'s':>5}  {'P(candidate)':>12}")
+    for s, p in lsh_curve(bands, rows, args.points):
+        print(f"{s:5.2f}  {p:12.6f}  {'#' * round(p * 40)}")
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     workdir, home = _workdir_paths(args.workdir)
     env = {**os.environ, "DAGSTER_HOME": str(home), "CURATE_WORKDIR": str(workdir)}
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "curation_dagster.definitions",
            "-h", args.host, "-p", str(args.port)]
     print(f"Dagster UI on http://{args.host}:{args.port} (instance {home})", flush=True)
+    # A shell starts a background job (`curate ui &` in a script) with SIGINT ignored; dagster
+    # dev maps SIGTERM to the SIGINT handler, so it would ignore both and orphan its webserver,
+    # daemon and code servers. Default handlers survive exec: SIGINT/SIGTERM then shut it down.
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
     os.execvpe(cmd[0], cmd, env)
     return 0  # pragma: no cover
 
@@ -289,6 +320,14 @@ def parser() -> argparse.ArgumentParser:
                         "(default for a new crawl: every crawl registered before it)")
     r.add_argument("--force", action="store_true", help="recompute every partition")
     r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.add_argument("--data-root", metavar="URL",
+                   help="where outputs go: a folder or fsspec URL (s3://bucket/prefix); remembered by the workdir "
+                        "(default: $CURATE_DATA_ROOT, the last one given, or WORKDIR/data). Storage options: "
+                        "the standard AWS environment/profile, or JSON in $CURATE_STORAGE_OPTIONS")
+    r.add_argument("--executor", choices=["local", "ray"],
+                   help="where fanned-out work runs: a process pool, or Ray tasks (the default with --ray-address)")
+    r.add_argument("--ray-address", metavar="ADDR",
+                   help="an existing Ray cluster (ray://head:10001, auto); default: Ray started on this machine")
     r.set_defaults(fn=cmd_run)
 
     rep = sub.add_parser("report", help="the source x stage table of a crawl")
@@ -328,6 +367,13 @@ def parser() -> argparse.ArgumentParser:
     sm.add_argument("--per-band", type=int, default=4, help="pairs shown per similarity band")
     sm.add_argument("--seed", type=int, default=0, help="seed of the pair sample")
     sm.set_defaults(fn=cmd_semantic_audit)
+
+    lc = sub.add_parser("lsh-curve", help="print the LSH S-curve P(s) = 1 - (1 - s^r)^b and its threshold")
+    lc.add_argument("--bands", type=int)
+    lc.add_argument("--rows", type=int)
+    lc.add_argument("--preset", choices=sorted(LSH_PRESETS), help="a named (bands, rows) setting")
+    lc.add_argument("--points", type=int, default=21)
+    lc.set_defaults(fn=cmd_lsh_curve)
 
     ui = sub.add_parser("ui", help="open the Dagster UI on the workdir's instance")
     ui.add_argument("--workdir", required=True)

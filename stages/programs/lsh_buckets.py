@@ -5,34 +5,59 @@ Pass 1 streams every source's signatures once and writes ``nodes`` (node, doc_id
 dedups against. Pass 2 reads one band column at a time (memory: 8 bytes per document), groups
 equal keys and links each bucket member to the bucket's anchor, its lowest node (SEDD's band
 by band streaming instead of a global shuffle; one anchor per bucket keeps a giant bucket of
-boilerplate pages linear). Bands are independent, so they can run as separate tasks.
+boilerplate pages linear). Bands are independent: pass 2 runs one task per group of
+``BANDS_PER_TASK`` bands (``stages.parallel``: a process pool, or Ray tasks on other machines),
+each reading only its band columns from the ``band_keys`` parts this attempt wrote. Edges are
+written band by band in band order whichever executor ran them, so the output is identical.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.parallel import zip_results
 from stages.params import ExecutionParams, LshBucketsParams, lsh_curve, lsh_threshold
-from stages.paths import PartitionWriter
+from stages.paths import PartitionWriter, Store
 from stages.registry import Inputs, Partition
 
 NODES = pa.schema([("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string())])
 EDGES = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("band", pa.int32())])
 
 
+BANDS_PER_TASK = 4  # memory of one task: (1 + 4) x 8 bytes per document read, 4 bands of edges
+
+
 def band_column(band: int) -> str:
     return f"b{band:03d}"
 
 
-def _add_prior(
-    inputs: Inputs, output: PartitionWriter, crawl: str, node: int, params: LshBucketsParams, base: dict[str, Any]
-) -> int:
-    """Append the kept documents of an earlier crawl from its persisted bucket index (no
-    signature is recomputed). Returns the next free node id."""
+@dataclass(frozen=True)
+class _BandGroup:
+    """Anchor edges of a group of bands, read from part files of ``band_keys`` (picklable: the
+    store carries its filesystem and storage options, so a Ray task on another node reads the
+    same objects)."""
+
+    store: Store
+    pdir: str
+    parts: tuple[str, ...]
+
+    def __call__(self, bands: list[int]) -> list[tuple[np.ndarray, np.ndarray, Any]]:
+        """(src int64, dst int64, BucketStats) per band of ``bands``, in that order."""
+        from stages.kernels.lsh import band_edges
+
+        t = self.store._read_files(self.pdir, list(self.parts), ["node", *map(band_column, bands)])
+        ids = t.column(0).to_numpy()
+        return [band_edges(t.column(1 + i).to_numpy(), ids) for i in range(len(bands))]
+
+
+def _prior_rows(inputs: Inputs, crawl: str, base: dict[str, Any]) -> tuple[pa.Table, pa.Table]:
+    """(nodes, band_keys) of the documents an earlier crawl kept, from its persisted bucket index
+    (no signature is recomputed); band_keys' ``node`` column is replaced by ``doc_id``."""
     outputs = inputs.prior[crawl]
     store = inputs.store
     pdir = outputs["lsh_buckets/"]
@@ -46,17 +71,30 @@ def _add_prior(
     kept = [store.read_table(d, "documents", ["doc_id"])["doc_id"] for name, d in sorted(outputs.items())
             if name.startswith("curated_documents/")]
     kept_ids = pa.chunked_array([c for t in kept for c in t.chunks], pa.string()).combine_chunks()
-    nodes = store.read_table(pdir, "nodes")
+    nodes = store.read_table(pdir, "nodes").sort_by("node")  # node i is row i
     keys = store.read_table(pdir, "band_keys")
-    own = pc.and_(pc.equal(nodes["crawl"], crawl), pc.is_in(nodes["doc_id"], value_set=kept_ids))
-    nodes, keys = nodes.filter(own), keys.filter(own)
-    n = nodes.num_rows
-    ids = np.arange(node, node + n, dtype=np.int64)
-    output.write("nodes", pa.table({"node": ids, "doc_id": nodes["doc_id"], "source": nodes["source"],
-                                    "crawl": nodes["crawl"]}, schema=NODES))
-    output.write("band_keys", keys.set_column(0, "node", pa.array(ids)))
-    base.setdefault("prior_documents", {})[crawl] = n
-    return node + n
+    doc_of_key = nodes["doc_id"].combine_chunks().take(keys["node"].combine_chunks())
+    crawl_of_key = nodes["crawl"].combine_chunks().take(keys["node"].combine_chunks())
+    own_key = pc.and_(pc.equal(crawl_of_key, crawl), pc.is_in(doc_of_key, value_set=kept_ids))
+    keys = keys.set_column(0, "doc_id", doc_of_key).filter(own_key)
+    nodes = nodes.filter(pc.and_(pc.equal(nodes["crawl"], crawl), pc.is_in(nodes["doc_id"], value_set=kept_ids)))
+    base.setdefault("prior_documents", {})[crawl] = nodes.num_rows
+    return nodes.drop_columns(["node"]), keys
+
+
+def _canonical_nodes(inputs: Inputs, crawl: str, prior: list[pa.Table]) -> pa.Table:
+    """Every document of the index, numbered by the rank of its doc_id: node ids (and so the
+    anchor of every bucket) never depend on source order, sharding or arrival order."""
+    parts = []
+    for source in inputs.sources("minhash_signatures"):
+        ids = inputs.store.read_table(inputs.dir("minhash_signatures", source), "signatures", ["doc_id"])["doc_id"]
+        n = len(ids)
+        parts.append(pa.table({"doc_id": ids, "source": pa.array([source] * n, pa.string()),
+                               "crawl": pa.array([crawl] * n, pa.string())}))
+    tables = [t.cast(NODES.remove(0)) for t in (*parts, *prior)]
+    table = pa.concat_tables(tables) if tables else NODES.remove(0).empty_table()
+    table = table.sort_by("doc_id")
+    return table.add_column(0, "node", pa.array(np.arange(table.num_rows, dtype=np.int64))).cast(NODES)
 
 
 def run(
@@ -74,7 +112,7 @@ def run(
         output.write("nodes", NODES.empty_table())
         output.write("edges", EDGES.empty_table())
         return {"enabled": False, **base, "nodes": 0, "edges": 0}
-    from stages.kernels.lsh import band_edges, band_keys
+    from stages.kernels.lsh import band_keys
     from stages.programs.minhash_signatures import signature_matrix
 
     sig_params = inputs.manifest("minhash_signatures", inputs.sources("minhash_signatures")[0]).params
@@ -82,33 +120,32 @@ def run(
     base.update(shingle=sig_params["shingle"], num_perm=num_perm, seed=sig_params["seed"])
     if params.bands * params.rows > num_perm:
         raise ValueError(f"bands x rows = {params.bands * params.rows} exceeds num_perm = {num_perm}")
-    node = 0
+    prior = [_prior_rows(inputs, crawl, base) for crawl in sorted(inputs.prior)]
+    nodes = _canonical_nodes(inputs, partition.crawl, [p[0] for p in prior])
+    output.write("nodes", nodes)
+    node = nodes.num_rows
+    if node == 0:
+        output.write("edges", EDGES.empty_table())
+        return {"enabled": True, **base, "nodes": 0, "edges": 0}
+    node_ids = nodes["doc_id"].combine_chunks()
     for source in inputs.sources("minhash_signatures"):
         pdir = inputs.dir("minhash_signatures", source)
         for batch in inputs.store.iter_batches(pdir, "signatures", None, execution.batch_rows):
-            n = batch.num_rows
-            ids = np.arange(node, node + n, dtype=np.int64)
             keys = band_keys(signature_matrix(batch.column(1), num_perm), params.bands, params.rows)
-            output.write("nodes", pa.table({"node": ids, "doc_id": batch.column(0),
-                                            "source": pa.array([source] * n, pa.string()),
-                                            "crawl": pa.array([partition.crawl] * n, pa.string())}, schema=NODES))
-            cols = {"node": pa.array(ids)}
+            cols = {"node": pc.index_in(batch.column(0), value_set=node_ids).cast(pa.int64())}
             cols.update({band_column(b): pa.array(keys[:, b]) for b in range(params.bands)})
             output.write("band_keys", pa.table(cols))
-            node += n
-    for crawl in sorted(inputs.prior):
-        node = _add_prior(inputs, output, crawl, node, params, base)
-    if node == 0:
-        output.write("nodes", NODES.empty_table())
-        output.write("edges", EDGES.empty_table())
-        return {"enabled": True, **base, "nodes": 0, "edges": 0}
+    for _, keys in prior:
+        output.write("band_keys", keys.set_column(0, "node", pc.index_in(keys["doc_id"], value_set=node_ids)
+                                                  .cast(pa.int64())))
     stats = None
-    for band in range(params.bands):
-        t = output.read("band_keys", ["node", band_column(band)])
-        src, dst, band_stats = band_edges(t.column(1).to_numpy(), t.column(0).to_numpy())
-        stats = band_stats if stats is None else stats.merge(band_stats)
-        output.write("edges", pa.table({"src": src, "dst": dst, "band": np.full(len(src), band, np.int32)},
-                                       schema=EDGES))
+    groups = [list(range(b, min(b + BANDS_PER_TASK, params.bands))) for b in range(0, params.bands, BANDS_PER_TASK)]
+    job = _BandGroup(output.store, output.pdir, tuple(output.tables["band_keys"]))
+    for bands, results in zip_results(groups, job, execution):
+        for band, (src, dst, band_stats) in zip(bands, results, strict=True):
+            stats = band_stats if stats is None else stats.merge(band_stats)
+            output.write("edges", pa.table({"src": src, "dst": dst, "band": np.full(len(src), band, np.int32)},
+                                           schema=EDGES))
     assert stats is not None
     summary = stats.as_dict()
     return {"enabled": True, **base, "nodes": node, "edges": summary["edges"],

@@ -1,0 +1,468 @@
+"""LSH over MinHash signatures: band keys, buckets to anchor edges, exact verification, components.
+
+Band by band, as SEDD does instead of a global shuffle: ``band_keys`` gives every document one
+uint64 key per band, ``band_edges`` groups ONE band's keys (a sort, memory O(n) for that band)
+and links every bucket member to the bucket's anchor (its lowest id), so a bucket of m documents
+yields m - 1 edges however large it is. ``verify_candidates`` checks the edges of all bands
+against the true Jaccard of the shingle sets (with a bounded fallback to bucket-mates for
+members that fail against their anchor), ``connected_components`` turns the kept edges into
+groups.
+See ``docs/minhash.md`` for the definitions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit, prange
+
+from stages.kernels.minhash import (
+    _U64_1,
+    BAND_SEED_MULT,
+    Docs,
+    Utf8Batch,
+    _decode,
+    _fmix64,
+    _pow_base,
+    _readonly,
+    _roll,
+    as_utf8,
+)
+
+SIZE_CLASSES = 40  # bucket-size histogram: class c counts buckets with 2**c <= size < 2**(c + 1)
+_PAIRS_PER_GROUP = 256  # pairs verified against one hashing of their dst (see _jaccard64)
+
+
+# --- band keys -----------------------------------------------------------------------------------
+
+
+@njit(cache=True, parallel=True)
+def _band_keys_kernel(sigs: Any, bands: int, rows: int, out: Any) -> None:
+    for i in prange(sigs.shape[0]):
+        for band in range(bands):
+            h = _fmix64(np.uint64(band + 1) * np.uint64(BAND_SEED_MULT))
+            for j in range(rows):
+                h = _fmix64(h ^ np.uint64(sigs[i, band * rows + j]))
+            out[i, band] = h
+
+
+def band_keys(sigs: npt.NDArray[np.uint32], bands: int, rows: int) -> npt.NDArray[np.uint64]:
+    """uint64 (n, bands): one bucket key per document and band.
+
+    sigs: uint32 (n, num_perm) with ``bands * rows <= num_perm``; band t covers columns
+    ``t*rows .. (t+1)*rows - 1``. Key: ``h = fmix64((t + 1) * BAND_SEED_MULT mod 2**64)``, then
+    ``h = fmix64(h XOR v)`` for each of the band's ``rows`` values v in column order. Keys of
+    different bands differ, so bands may share one table.
+    """
+    sigs = _readonly(np.ascontiguousarray(sigs, dtype=np.uint32))
+    if sigs.ndim != 2:
+        raise ValueError("sigs must be 2-D (n, num_perm)")
+    if bands < 1 or rows < 1 or bands * rows > sigs.shape[1]:
+        raise ValueError(f"need 1 <= bands * rows <= num_perm = {sigs.shape[1]}")
+    out = np.empty((sigs.shape[0], bands), dtype=np.uint64)
+    if sigs.shape[0]:
+        _band_keys_kernel(sigs, bands, rows, out)
+    return out
+
+
+# --- buckets to edges ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    """What one band's (or, merged, several bands') buckets looked like.
+
+    size_hist: int64 (SIZE_CLASSES,), class c = buckets with 2**c <= size < 2**(c+1) (class 0
+    holds the singletons). largest: up to ``top`` (size, key) pairs of buckets with 2+ members,
+    biggest first, ties by key.
+    """
+
+    docs: int
+    buckets: int
+    edges: int
+    size_hist: npt.NDArray[np.int64]
+    largest: tuple[tuple[int, int], ...] = field(default=())
+
+    def merge(self, other: BucketStats, top: int = 10) -> BucketStats:
+        """Counts summed, largest buckets of both (keys of different bands never coincide)."""
+        largest = sorted(self.largest + other.largest, key=lambda sk: (-sk[0], sk[1]))[:top]
+        return BucketStats(
+            docs=self.docs + other.docs,
+            buckets=self.buckets + other.buckets,
+            edges=self.edges + other.edges,
+            size_hist=self.size_hist + other.size_hist,
+            largest=tuple(largest),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (for asset metadata)."""
+        last = int(np.flatnonzero(self.size_hist)[-1]) + 1 if self.size_hist.any() else 0
+        return {
+            "docs": self.docs,
+            "buckets": self.buckets,
+            "edges": self.edges,
+            "size_hist": {f"{1 << c}-{(1 << (c + 1)) - 1}": int(self.size_hist[c]) for c in range(last)},
+            "largest": [{"size": s, "key": f"{k:016x}"} for s, k in self.largest],
+        }
+
+
+def band_edges(
+    keys: npt.NDArray[np.uint64], ids: npt.NDArray[np.int64], *, top: int = 10
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], BucketStats]:
+    """Anchor edges of ONE band: (src int64 (e,), dst int64 (e,), stats).
+
+    keys: uint64 (n,) this band's key per document; ids: int64 (n,) node ids (distinct).
+    Documents with equal keys form a bucket; its anchor is the member with the lowest id and
+    every other member gets one edge ``src=member -> dst=anchor``: e = n - buckets edges, O(n log n)
+    time, O(n) memory however large a bucket grows. Edges come grouped by bucket (ascending
+    key), members in ascending id.
+    """
+    keys = np.asarray(keys, dtype=np.uint64)
+    ids = np.asarray(ids, dtype=np.int64)
+    if keys.shape != ids.shape or keys.ndim != 1:
+        raise ValueError("keys and ids must be 1-D of equal length")
+    n = keys.shape[0]
+    if n == 0:
+        stats = BucketStats(0, 0, 0, np.zeros(SIZE_CLASSES, np.int64), ())
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), stats
+    order = np.lexsort((ids, keys))
+    k_sorted = keys[order]
+    id_sorted = ids[order]
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(k_sorted[1:], k_sorted[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    bucket = np.cumsum(first) - 1  # bucket index of each sorted row
+    member = ~first
+    src = id_sorted[member]
+    dst = id_sorted[starts][bucket[member]]
+
+    sizes = np.diff(np.append(starts, n))
+    size_class = np.floor(np.log2(sizes)).astype(np.int64)
+    hist = np.bincount(size_class, minlength=SIZE_CLASSES)[:SIZE_CLASSES].astype(np.int64)
+    multi = np.flatnonzero(sizes > 1)
+    big = multi[np.lexsort((k_sorted[starts[multi]], -sizes[multi]))[:top]]
+    largest = tuple((int(sizes[i]), int(k_sorted[starts[i]])) for i in big)
+    stats = BucketStats(n, int(starts.shape[0]), int(src.shape[0]), hist, largest)
+    return src, dst, stats
+
+
+# --- exact verification --------------------------------------------------------------------------
+
+
+@njit(inline="always")
+def _table_cap(m: int) -> int:
+    cap = 16
+    while cap < 2 * m:
+        cap *= 2
+    return cap
+
+
+@njit
+def _shingles(data: Any, lo: int, hi: int, k: int, bk: Any, cps: Any, hs: Any) -> int:
+    """Every shingle hash H of one document (repeats included) into ``hs``; returns how many.
+
+    H = 0 is stored as 1, since 0 marks an empty slot of the set below: a 2**-64 event per
+    shingle. Buffers hold ``hi - lo`` entries.
+    """
+    n = _decode(data, lo, hi, cps)
+    ns = max(n - k + 1, 1) if n else 0
+    if ns:
+        _roll(cps, n, k, 0, ns, np.uint64(0), bk, hs, np.uint64(0))
+    for i in range(ns):
+        if hs[i] == 0:
+            hs[i] = _U64_1
+    return ns
+
+
+@njit
+def _pair_group(data: Any, offsets: Any, k: int, members: Any, g0: int, g1: int, out: Any) -> None:
+    """out[p] = Jaccard(members[p], members[g0]) for p in g0+1 .. g1-1; out[g0] = 1.
+
+    One open-addressing table holds the anchor's set; slot i is (key, stamp) at
+    ``table[2i], table[2i+1]``. Member q (1, 2, ...) probes each of its shingles once: a key
+    with stamp != q is an anchor shingle seen for the first time (intersection + 1, stamp it
+    q), a key with stamp q a repeat, an empty slot a shingle only the member has (insert it,
+    stamped q). The member's insertions are undone in reverse order afterwards, which restores
+    the linear-probing table exactly.
+    """
+    bk = _pow_base(k)
+    anchor = members[g0]
+    a_size = offsets[anchor + 1] - offsets[anchor]
+    m_size = 1
+    for p in range(g0 + 1, g1):
+        m_size = max(m_size, offsets[members[p] + 1] - offsets[members[p]])
+    cps = np.empty(max(a_size, m_size), dtype=np.uint32)
+    hs = np.empty(max(a_size, m_size), dtype=np.uint64)
+    undo = np.empty(m_size, dtype=np.int64)
+    ns = _shingles(data, offsets[anchor], offsets[anchor + 1], k, bk, cps, hs)
+    cap = _table_cap(ns + m_size)
+    mask = np.uint64(cap - 1)
+    table = np.zeros(2 * cap, dtype=np.uint64)
+    na = 0
+    for i in range(ns):
+        h = hs[i]
+        slot = np.int64(h & mask)
+        while table[2 * slot] != 0 and table[2 * slot] != h:
+            slot = (slot + 1) & (cap - 1)
+        if table[2 * slot] == 0:
+            table[2 * slot] = h
+            na += 1
+    out[g0] = 1.0
+    for p in range(g0 + 1, g1):
+        q = np.uint64(p - g0)
+        row = members[p]
+        m = _shingles(data, offsets[row], offsets[row + 1], k, bk, cps, hs)
+        inter = 0
+        nb = 0
+        nu = 0
+        for i in range(m):
+            h = hs[i]
+            slot = np.int64(h & mask)
+            while True:
+                cur = table[2 * slot]
+                if cur == h:
+                    if table[2 * slot + 1] != q:
+                        table[2 * slot + 1] = q
+                        inter += 1
+                        nb += 1
+                    break
+                if cur == 0:
+                    table[2 * slot] = h
+                    table[2 * slot + 1] = q
+                    undo[nu] = slot
+                    nu += 1
+                    nb += 1
+                    break
+                slot = (slot + 1) & (cap - 1)
+        for u in range(nu - 1, -1, -1):
+            table[2 * undo[u]] = 0
+        union = na + nb - inter
+        out[p] = 1.0 if union == 0 else inter / union
+
+
+@njit(cache=True, parallel=True)
+def _pair_kernel(data: Any, offsets: Any, k: int, members: Any, group_start: Any, out: Any) -> None:
+    """Exact Jaccard of each member with its group's anchor (``_pair_group``), groups in parallel.
+
+    ``members[group_start[g]:group_start[g+1]]`` are document rows, the first being the anchor.
+    """
+    for g in prange(group_start.shape[0] - 1):
+        _pair_group(data, offsets, k, members, group_start[g], group_start[g + 1], out)
+
+
+def _check_rows(n: int, *arrays: npt.NDArray[np.int64]) -> None:
+    for arr in arrays:
+        if arr.shape[0] and (arr.min() < 0 or arr.max() >= n):
+            raise ValueError(f"row index out of range [0, {n})")
+
+
+def _as_pairs(src: Any, dst: Any, *more: Any) -> list[npt.NDArray[np.int64]]:
+    arrays = [np.asarray(a, dtype=np.int64) for a in (src, dst, *more)]
+    if any(a.ndim != 1 or a.shape != arrays[0].shape for a in arrays):
+        raise ValueError("edge arrays must be 1-D of equal length")
+    return arrays
+
+
+def _jaccard64(batch: Utf8Batch, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], shingle: int) -> Any:
+    """float64 (e,) exact Jaccard per pair; up to _PAIRS_PER_GROUP pairs share one hashing of their dst."""
+    _check_rows(len(batch), src, dst)
+    out = np.empty(src.shape[0], dtype=np.float64)
+    e = src.shape[0]
+    if e == 0:
+        return out
+    order = np.lexsort((src, dst))
+    d = dst[order]
+    new = np.empty(e, dtype=bool)
+    new[0] = True
+    np.not_equal(d[1:], d[:-1], out=new[1:])
+    # a dst with many pairs is split into chunks (its set rebuilt per chunk) so threads share it
+    run_start = np.maximum.accumulate(np.where(new, np.arange(e), 0))
+    new |= (np.arange(e) - run_start) % _PAIRS_PER_GROUP == 0
+    gi = np.cumsum(new) - 1
+    ngroups = int(gi[-1]) + 1
+    # group g is members[gs[g]:gs[g+1]] = [its dst, then its sources]
+    gs = np.zeros(ngroups + 1, dtype=np.int64)
+    np.cumsum(np.bincount(gi, minlength=ngroups) + 1, out=gs[1:])
+    members = np.empty(e + ngroups, dtype=np.int64)
+    members[gs[:-1]] = d[new]
+    pos = np.arange(e, dtype=np.int64) + gi + 1
+    members[pos] = src[order]
+    jac = np.empty(members.shape[0], dtype=np.float64)
+    _pair_kernel(batch.data, batch.offsets, shingle, members, gs, jac)
+    out[order] = jac[pos]
+    return out
+
+
+def pair_jaccard(
+    docs: Docs, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], *, shingle: int = 24
+) -> npt.NDArray[np.float32]:
+    """float32 (e,): exact Jaccard of the shingle sets of ``docs[src[j]]`` and ``docs[dst[j]]``.
+
+    src, dst: int64 (e,) row indices into ``docs``. Sets are of 64-bit shingle hashes (see
+    ``shingle_hashes``); two empty texts have Jaccard 1 (identical), empty vs. non-empty 0.
+    """
+    src, dst = _as_pairs(src, dst)
+    return _jaccard64(as_utf8(docs), src, dst, shingle).astype(np.float32)
+
+
+def jaccard_verify(
+    docs: Docs,
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    *,
+    shingle: int = 24,
+    threshold: float = 0.8,
+) -> npt.NDArray[np.bool_]:
+    """bool (e,): the pair's exact Jaccard >= threshold (compared in float64)."""
+    src, dst = _as_pairs(src, dst)
+    return _jaccard64(as_utf8(docs), src, dst, shingle) >= threshold
+
+
+def _fallback_pairs(
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    band: npt.NDArray[np.int64],
+    orphan: npt.NDArray[np.bool_],
+    max_fallback: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Up to ``max_fallback`` bucket-mates per orphan member, as canonical (high, low) pairs.
+
+    In each bucket (band, anchor) the members are in id order; a member at index i (of c) is
+    offered the mates i+1, i+2, ... (wrapping round, anchor excluded). An orphan's offers from
+    all its buckets are taken by band, then by distance, repeats dropped, the first
+    ``max_fallback`` kept.
+    """
+    order = np.lexsort((src, dst, band))
+    s, d, b = src[order], dst[order], band[order]
+    e = s.shape[0]
+    new = np.empty(e, dtype=bool)
+    new[0] = True
+    new[1:] = (d[1:] != d[:-1]) | (b[1:] != b[:-1])
+    starts = np.flatnonzero(new)
+    gi = np.cumsum(new) - 1
+    count = np.diff(np.append(starts, e))[gi]  # members (anchor excluded) in the row's bucket
+    index = np.arange(e) - starts[gi]
+    rows = np.flatnonzero(orphan[s] & (count > 1))
+    offers = np.minimum(count[rows] - 1, max_fallback)
+    rep = np.repeat(rows, offers)
+    step = np.arange(rep.shape[0]) - np.repeat(np.cumsum(offers) - offers, offers) + 1
+    mate = s[starts[gi[rep]] + (index[rep] + step) % count[rep]]
+    who = s[rep]
+    pick = np.lexsort((step, b[rep], who))
+    who, mate = who[pick], mate[pick]
+    # keep the first offer of each (orphan, mate), then the first max_fallback per orphan
+    _, first = np.unique(np.stack([who, mate], axis=1), axis=0, return_index=True)
+    first.sort()
+    who, mate = who[first], mate[first]
+    head = np.empty(who.shape[0], dtype=bool)
+    if head.shape[0]:
+        head[0] = True
+        head[1:] = who[1:] != who[:-1]
+    rank = np.arange(who.shape[0]) - np.maximum.accumulate(np.where(head, np.arange(who.shape[0]), 0))
+    keep = rank < max_fallback
+    pairs = np.unique(np.stack([np.maximum(who, mate)[keep], np.minimum(who, mate)[keep]], axis=1), axis=0)
+    return pairs[:, 0].copy(), pairs[:, 1].copy()
+
+
+def verify_candidates(
+    docs: Docs,
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    band: npt.NDArray[np.int64],
+    *,
+    shingle: int = 24,
+    threshold: float = 0.8,
+    max_fallback: int = 8,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """Exactly verified edges: (src int64 (v,), dst int64 (v,), jaccard float32 (v,)).
+
+    src, dst, band: int64 (e,) the anchor edges of all bands (``band_edges`` output of band t
+    with ``band = t``), ids being row indices into ``docs``; a bucket is a (band, dst) pair.
+
+    1. Every distinct (member, anchor) pair is verified once, however many bands proposed it;
+       pairs with Jaccard >= threshold are kept.
+    2. A member left with no kept edge at all (an *orphan*: its anchors were chained to it by
+       LSH, or the bucket is boilerplate) is compared with up to ``max_fallback`` of its
+       bucket-mates (see ``_fallback_pairs``), so a member that fails against the anchor but
+       duplicates another member still joins that member's group. Cost: at most
+       ``max_fallback`` extra comparisons per orphan, whatever the bucket size.
+    Kept edges are (higher id, lower id) for fallback pairs and (member, anchor) otherwise.
+    """
+    src, dst, band = _as_pairs(src, dst, band)
+    batch = as_utf8(docs)
+    _check_rows(len(batch), src, dst)
+    if max_fallback < 0:
+        raise ValueError("max_fallback must be >= 0")
+    if src.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    pairs = np.unique(np.stack([src, dst], axis=1), axis=0)
+    ps, pd = pairs[:, 0].copy(), pairs[:, 1].copy()
+    jac = _jaccard64(batch, ps, pd, shingle)
+    ok = jac >= threshold
+    out_s, out_d, out_j = [ps[ok]], [pd[ok]], [jac[ok]]
+    if max_fallback:
+        linked = np.zeros(len(batch), dtype=bool)
+        linked[ps[ok]] = True
+        linked[pd[ok]] = True
+        fs, fd = _fallback_pairs(src, dst, band, ~linked, max_fallback)
+        # a mate pair that is also an anchor pair was verified in step 1
+        tried = np.isin(fs * len(batch) + fd, np.concatenate([ps * len(batch) + pd, pd * len(batch) + ps]))
+        fs, fd = fs[~tried], fd[~tried]
+        fj = _jaccard64(batch, fs, fd, shingle)
+        ok = fj >= threshold
+        out_s.append(fs[ok])
+        out_d.append(fd[ok])
+        out_j.append(fj[ok])
+    return np.concatenate(out_s), np.concatenate(out_d), np.concatenate(out_j).astype(np.float32)
+
+
+# --- components and the S-curve ------------------------------------------------------------------
+
+
+def connected_components(
+    n: int,
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """int64 (n,): component label per node, the smallest node index in its component.
+
+    src, dst: int64 (e,) undirected edges between nodes 0..n-1 (duplicates and self-loops are
+    fine). The label does not depend on edge order, so re-sharded inputs label alike.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components as scipy_cc
+
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    if src.shape != dst.shape:
+        raise ValueError("src and dst must have equal length")
+    _check_rows(n, src, dst)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    graph = coo_matrix((np.ones(src.shape[0], dtype=np.int8), (src, dst)), shape=(n, n)).tocsr()
+    _, labels = scipy_cc(graph, directed=True, connection="weak")
+    _, first = np.unique(labels, return_index=True)  # first node of each label = its minimum
+    return first[labels].astype(np.int64)
+
+
+def lsh_curve(bands: int, rows: int, points: int | Sequence[float] = 21) -> list[tuple[float, float]]:
+    """(s, P(s)) pairs with P(s) = 1 - (1 - s**rows)**bands: the chance that two documents of
+    Jaccard s share at least one band. ``points``: how many evenly spaced s in [0, 1], or the s
+    values themselves."""
+    if bands < 1 or rows < 1:
+        raise ValueError("bands and rows must be >= 1")
+    grid = np.linspace(0.0, 1.0, points) if isinstance(points, int) else np.asarray(points, float)
+    return [(float(s), float(1.0 - (1.0 - s**rows) ** bands)) for s in grid]
+
+
+def lsh_threshold(bands: int, rows: int) -> float:
+    """(1/bands)**(1/rows): the Jaccard near which the S-curve is steepest."""
+    if bands < 1 or rows < 1:
+        raise ValueError("bands and rows must be >= 1")
+    return math.pow(1.0 / bands, 1.0 / rows)
