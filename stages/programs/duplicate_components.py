@@ -45,6 +45,14 @@ def _texts_for(
     return from_arrow(ordered), row_of
 
 
+def _distinct(x: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of an int64 array (sort + neighbour compare)."""
+    x = np.sort(x)
+    keep = np.ones(x.shape[0], dtype=bool)
+    keep[1:] = x[1:] != x[:-1]
+    return x[keep]
+
+
 def run(
     params: DuplicateComponentsParams,
     inputs: Inputs,
@@ -67,16 +75,16 @@ def run(
     dst = cand["dst"].to_numpy()
     band = cand["band"].to_numpy().astype(np.int64)
     n = nodes.num_rows
-    candidates = len(np.unique(src * max(n, 1) + dst)) if len(src) else 0
+    candidates = len(_distinct(src * max(n, 1) + dst))
     if params.verify == "jaccard" and len(src):
-        wanted = np.unique(np.concatenate([src, dst]))
+        wanted = _distinct(np.concatenate([src, dst]))
         batch, row_of = _texts_for(inputs, nodes, wanted, execution)
         vs, vd, jac = verify_candidates(batch, row_of[src], row_of[dst], band, shingle=shingle,
                                         threshold=params.threshold, max_fallback=params.max_leaders)
         e_src, e_dst = wanted[vs], wanted[vd]
     else:
-        pairs = np.unique(np.stack([src, dst], axis=1), axis=0) if len(src) else np.zeros((0, 2), np.int64)
-        e_src, e_dst = pairs[:, 0], pairs[:, 1]
+        packed = _distinct(src * max(n, 1) + dst)
+        e_src, e_dst = packed // max(n, 1), packed % max(n, 1)
         jac = np.full(len(e_src), np.nan, np.float32)
     output.write("edges", pa.table({"src": e_src, "dst": e_dst, "jaccard": jac}, schema=EDGES))
     label = connected_components(n, e_src, e_dst)
