@@ -22,7 +22,7 @@ import sys
 import tomllib
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from stages.params import LSH_PRESETS
 from stages.paths import Store
@@ -114,7 +114,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against)
     if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
         (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")
-    executor = args.executor or ("ray" if args.ray_address else "local")
+    executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
+        else "local"
     resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
                                 ray_address=args.ray_address)
     try:
