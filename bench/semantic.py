@@ -1,0 +1,257 @@
+"""Semantic dedup benchmarks: embedding docs/s, pairwise pairs/s, and accuracy against all-pairs.
+
+    python bench/semantic.py embed    [--docs 600] [--max-tokens 256] [--device cpu] [--repeats 3]
+    python bench/semantic.py pairwise [--rows 8192] [--device cpu]
+    python bench/semantic.py accuracy [--max-tokens 256] [--device cpu]
+
+``embed``: the same documents (stdlib docstrings from ``stages.sample``) through plain
+``SentenceTransformer.encode`` (batch 32, its own length sort by characters) and through the
+pipeline's Encoder (token-length buckets, token-budget batches, bf16 on a GPU); repeats are
+interleaved and the best of each is reported, with the cosine between the two outputs.
+
+``pairwise``: the tiled in-cluster kernel on random unit vectors (one cluster of ``--rows``),
+pairs/s = rows * (rows - 1) / 2 / seconds; and k-means assignment rows/s.
+
+``accuracy``: docstrings of the same APIs in different versions (every copy of packaging, rich,
+pygments, urllib3, ... that this environment carries: installed and vendored by pip and
+setuptools). Two documents are true duplicates when they document the same qualified name of the
+same package. After exact dedup, SemDeDup (priority rank) at several eps, all-pairs (one cluster)
+against the k-means partitioning: precision and recall of removals, and the recall the
+partitioning loses. CPU is fine for a few thousand documents; a crawl wants a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stages.kernels.exact import text_hashes
+
+
+def docstrings(n: int) -> list[str]:
+    import gzip
+    import json
+
+    from stages.sample import build_sample
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_sample(Path(tmp), max_docs_per_source=n)["docstrings"]
+        texts: list[str] = []
+        for part in sorted(folder.iterdir()):
+            opener = gzip.open if part.name.endswith(".gz") else open
+            with opener(part, "rt") as fh:
+                texts.extend(json.loads(line)["text"] for line in fh if line.strip())
+    return texts[:n]
+
+
+def bench_embed(args: argparse.Namespace) -> None:
+    from stages.programs.document_embeddings import encoder
+
+    texts = docstrings(args.docs)
+    from sentence_transformers import SentenceTransformer
+
+    from stages.params import embedding_model_path
+
+    enc = encoder("all-MiniLM-L6-v2", args.device, args.max_tokens)
+    # the baseline: the model as a user loads it (float32), its own encode()
+    plain = SentenceTransformer(embedding_model_path("all-MiniLM-L6-v2"), device=args.device, local_files_only=True)
+    plain.max_seq_length = enc.max_tokens
+    plain.encode(texts[:32], batch_size=32)  # warm-up of both paths
+    enc.embed(enc.tokenize(texts[:32]))
+    # Wall time and CPU time (process_time, all threads): on a shared machine the CPU seconds a
+    # path consumes are the steadier measure of what it would do on idle cores.
+    best_plain = best_ours = cpu_plain = cpu_ours = math.inf
+    ref = ours = np.zeros(0)
+    for _ in range(args.repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        ref = plain.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
+        best_plain = min(best_plain, time.perf_counter() - t0)
+        cpu_plain = min(cpu_plain, time.process_time() - c0)
+        t0, c0 = time.perf_counter(), time.process_time()
+        ours = enc.embed(enc.tokenize(texts), args.batch_tokens)
+        best_ours = min(best_ours, time.perf_counter() - t0)
+        cpu_ours = min(cpu_ours, time.process_time() - c0)
+    cos = (np.asarray(ref, np.float32) * ours).sum(axis=1)
+    tokens = sum(len(t) for t in enc.tokenize(texts))
+    n = len(texts)
+    print(f"embedding {n} docstrings, {tokens / n:.0f} tokens/doc (max {enc.max_tokens}), "
+          f"device {args.device}, {enc.dtype}, torch threads {_threads()}")
+    print(f"  plain SentenceTransformer.encode(batch_size=32): {n / best_plain:8.1f} docs/s wall, "
+          f"{n / cpu_plain:8.1f} docs per CPU-second")
+    print(f"  Encoder (token buckets, tokenise ahead)        : {n / best_ours:8.1f} docs/s wall, "
+          f"{n / cpu_ours:8.1f} docs per CPU-second")
+    print(f"  speed-up: {best_plain / best_ours:.2f}x wall, {cpu_plain / cpu_ours:.2f}x CPU time")
+    print(f"  cosine(plain, ours): min {cos.min():.6f}, mean {cos.mean():.6f}")
+    # Padding: encode sorts by characters and pads batches of 32; the Encoder sorts by tokens.
+    from stages.kernels.semantic import length_batches
+
+    lens = np.array([len(t) for t in enc.tokenize(texts)])
+    by_chars = np.argsort([-len(t) for t in texts], kind="stable")
+    padded_plain = sum(lens[by_chars[a:a + 32]].max() * len(by_chars[a:a + 32]) for a in range(0, n, 32))
+    batch_tokens = args.batch_tokens or 8192
+    padded_ours = sum(lens[b].max() * len(b) for b in length_batches(lens, batch_tokens))
+    print(f"  real tokens / computed tokens: plain {lens.sum() / padded_plain:.3f}, "
+          f"ours {lens.sum() / padded_ours:.3f}")
+
+
+def _threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def bench_pairwise(args: argparse.Namespace) -> None:
+    import torch
+
+    from stages.kernels.semantic import kmeans_fit, max_earlier_similarity
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(args.rows, 384, generator=g), dim=1).to(args.device)
+    for batch in (512, 1024, 2048):
+        max_earlier_similarity(x[:batch * 2], batch)  # warm-up
+        _sync(args.device)
+        t0 = time.perf_counter()
+        max_earlier_similarity(x, batch)
+        _sync(args.device)
+        dt = time.perf_counter() - t0
+        pairs = args.rows * (args.rows - 1) / 2
+        print(f"pairwise: one cluster of {args.rows} x 384, pairwise_batch_size {batch}, {args.device}: "
+              f"{pairs / dt / 1e6:8.1f} M pairs/s ({dt:.3f} s)")
+    t0 = time.perf_counter()
+    kmeans_fit(x, 64, 10, 0)
+    _sync(args.device)
+    print(f"k-means: {args.rows} rows, 64 centroids, 10 iterations: {time.perf_counter() - t0:.3f} s")
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------- accuracy
+
+PACKAGES = ("packaging", "platformdirs", "tomli", "rich", "pygments", "urllib3", "requests", "idna",
+            "certifi", "importlib_metadata", "zipp", "more_itertools", "wheel", "pyparsing", "distlib")
+
+
+def versioned_docstrings() -> tuple[list[str], list[str], list[str]]:
+    """(text, key, copy) of every docstring (>= 200 chars) of each copy of PACKAGES found in
+    site-packages and the pip/setuptools vendor folders; key = package:module:qualname."""
+    import site
+
+    from stages.sample import MIN_DOCSTRING_CHARS, _docstrings
+
+    roots = [Path(p) for p in site.getsitepackages()]
+    copies: list[tuple[str, Path, str]] = []
+    for sp in roots:
+        for vendor in ("", "pip/_vendor", "setuptools/_vendor"):
+            for pkg in PACKAGES:
+                path = sp / vendor / pkg
+                if path.is_dir():
+                    copies.append((pkg, path, vendor or "site-packages"))
+    texts, keys, where = [], [], []
+    for pkg, path, copy in copies:
+        for file in sorted(path.rglob("*.py")):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    tree = ast.parse(file.read_text(encoding="utf-8"))
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            module = file.relative_to(path).with_suffix("").as_posix().replace("/", ".")
+            for qualname, doc in _docstrings(tree, ""):
+                if len(doc) >= MIN_DOCSTRING_CHARS:
+                    texts.append(doc)
+                    keys.append(f"{pkg}:{module}:{qualname}")
+                    where.append(f"{pkg}@{copy}")
+    return texts, keys, where
+
+
+def bench_accuracy(args: argparse.Namespace) -> None:
+    import torch
+
+    from stages.kernels.semantic import partitioned_similarity, semantic_clusters
+    from stages.programs.document_embeddings import encoder
+
+    texts, keys, where = versioned_docstrings()
+    # exact dedup first, as in the pipeline: keep the first copy of each normalized text
+    h = text_hashes(texts)
+    _, first = np.unique(h, axis=0, return_index=True)
+    keep = np.sort(first)
+    texts = [texts[i] for i in keep]
+    keys = [keys[i] for i in keep]
+    print(f"{len(h)} docstrings of {len(set(where))} package copies; {len(texts)} after exact dedup, "
+          f"{len(set(keys))} distinct APIs")
+    enc = encoder("all-MiniLM-L6-v2", args.device, args.max_tokens)
+    t0 = time.perf_counter()
+    x = enc.embed(enc.tokenize(texts))
+    print(f"embedded in {time.perf_counter() - t0:.1f} s on {args.device}")
+    key_arr = np.asarray(keys)
+    # a document is removable when an earlier document documents the same API
+    _, first_of_key = np.unique(key_arr, return_index=True)
+    removable = np.ones(len(keys), bool)
+    removable[first_of_key] = False
+    total_true = int(removable.sum())
+    print(f"true duplicates (a later version of an API already seen): {total_true}")
+    xt = torch.from_numpy(x).to(args.device)
+    settings = [("all-pairs (one cluster)", None, 0.0), ("k-means 1000/cluster, no spill", 1000, 0.0),
+                ("k-means 1000/cluster, spill 0.05", 1000, 0.05), ("k-means 100/cluster, no spill", 100, 0.0),
+                ("k-means 100/cluster, spill 0.05", 100, 0.05)]
+    rank = np.arange(len(x))  # priority order: the first copy of an API comes first
+    neighbors = {}
+    for name, per, margin in settings:
+        t0 = time.perf_counter()
+        if per is None:
+            labels, second = np.zeros(len(x), np.int64), np.full(len(x), -1)
+        else:
+            labels, _, second, _ = semantic_clusters(
+                xt, math.ceil(len(x) / per), 5 * per, per, 0.1, 50, 30, 42, margin)
+        neighbors[name] = partitioned_similarity(xt, labels, second, rank)
+        spilled = (second >= 0).mean()
+        print(f"{name}: {labels.max() + 1} clusters, largest {np.bincount(labels).max()}, spilled {spilled:.1%}, "
+              f"{time.perf_counter() - t0:.2f} s")
+    print(f"{'eps':>5} {'setting':<34} {'removed':>7} {'precision':>9} {'recall':>7} {'vs all-pairs':>12}")
+    for eps in args.eps:
+        base = None
+        for name, _, _ in settings:
+            sim, dup = neighbors[name]
+            removed = sim >= 1 - eps
+            right = removed & (dup >= 0) & (key_arr[np.maximum(dup, 0)] == key_arr)
+            precision = right.sum() / max(1, removed.sum())
+            recall = right.sum() / max(1, total_true)
+            if base is None:
+                base = removed
+            kept_recall = (removed & base).sum() / max(1, base.sum())
+            print(f"{eps:5.2f} {name:<34} {removed.sum():7d} {precision:9.3f} {recall:7.3f} {kept_recall:12.4f}")
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=("embed", "pairwise", "accuracy"))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--docs", type=int, default=600)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--batch-tokens", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rows", type=int, default=8192)
+    p.add_argument("--eps", type=float, nargs="+", default=[0.01, 0.03, 0.05, 0.07, 0.10, 0.15])
+    args = p.parse_args()
+    {"embed": bench_embed, "pairwise": bench_pairwise, "accuracy": bench_accuracy}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""semantic_clusters[crawl]: k-means clusters of the embeddings of every source of a crawl.
+
+Reads ``document_embeddings`` of every source, drops the documents that an earlier remover
+among this program's inputs (exact, fuzzy) removed, fits spherical k-means on a sample and
+assigns every row; clusters over ``max_cluster_size`` are split again
+(``stages.kernels.semantic.semantic_clusters``). Output table ``clusters``, sorted by cluster:
+doc_id, source, cluster (int32), primary (false for a document spilled into its second-closest
+cluster), distance (float32, ``1 - cos`` to the mean direction of the document's own cluster),
+embedding (as stored upstream). ``semantic_duplicates`` streams it one cluster at a
+time, so its memory is bounded by the largest cluster.
+
+Memory here: the embeddings of the crawl as float32 (4 * dim bytes per document: 1.5 GB per
+million documents at 384 dimensions), on the GPU when the backend is one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stages.params import ExecutionParams, SemanticClustersParams
+from stages.paths import PartitionWriter
+from stages.programs.document_embeddings import device_for
+from stages.registry import Inputs, Partition
+from stages.removal import applied_programs, removed_ids
+
+
+def clusters_schema(embedding: pa.DataType) -> pa.Schema:
+    return pa.schema([
+        ("doc_id", pa.string()), ("source", pa.string()), ("cluster", pa.int32()), ("primary", pa.bool_()),
+        ("distance", pa.float32()), ("embedding", embedding),
+    ])
+
+
+def removed_before(inputs: Inputs, source: str) -> pa.Array:
+    """doc_ids of ``source`` removed by the removers among the task's inputs (string array)."""
+    drop = [removed_ids(inputs, name, source) for name in applied_programs(inputs)]
+    return pa.chunked_array(drop, type=pa.string()).combine_chunks() if drop else pa.array([], pa.string())
+
+
+def surviving_embeddings(inputs: Inputs) -> tuple[pa.Table, int]:
+    """(doc_id, source, embedding) of every source minus earlier removals; and rows dropped."""
+    tables = []
+    dropped = 0
+    for source in inputs.sources("document_embeddings"):
+        t = inputs.store.read_table(inputs.dir("document_embeddings", source), "embeddings", ["doc_id", "embedding"])
+        gone = removed_before(inputs, source)
+        if len(gone) and t.num_rows:
+            keep = pc.invert(pc.is_in(t["doc_id"], value_set=gone))
+            dropped += t.num_rows - pc.sum(keep.cast(pa.int64())).as_py()
+            t = t.filter(keep)
+        tables.append(t.append_column("source", pa.array([source] * t.num_rows, pa.string())))
+    if not tables:
+        return pa.table({}), dropped
+    table = pa.concat_tables(tables).combine_chunks()
+    return table.select(["doc_id", "source", "embedding"]), dropped
+
+
+def run(
+    params: SemanticClustersParams,
+    inputs: Inputs,
+    output: PartitionWriter,
+    partition: Partition,
+    execution: ExecutionParams,
+) -> dict[str, Any]:
+    """Report: input, dropped (removed earlier), clusters, largest, splits, fit_rows, seconds per phase."""
+    if not params.enabled:
+        output.write("clusters", clusters_schema(pa.list_(pa.float16(), 0)).empty_table())
+        return {"enabled": False, "input": 0}
+    table, dropped = surviving_embeddings(inputs)
+    if table.num_rows == 0:
+        emb_type = table.schema.field("embedding").type if table.num_columns else pa.list_(pa.float16(), 0)
+        output.write("clusters", clusters_schema(emb_type).empty_table())
+        return {"enabled": True, "input": 0, "dropped": dropped, "clusters": 0}
+    import torch
+
+    from stages.kernels.semantic import embedding_matrix, semantic_clusters
+
+    device = device_for(execution.backend)
+    t0 = time.perf_counter()
+    x = torch.from_numpy(embedding_matrix(table["embedding"])).to(device)
+    n = table.num_rows
+    k = params.n_clusters or math.ceil(n / params.docs_per_cluster)
+    t1 = time.perf_counter()
+    labels, distance, second, stats = semantic_clusters(
+        x, k, params.max_cluster_size, params.docs_per_cluster, params.fit_fraction,
+        params.min_fit_per_cluster, params.iterations, params.seed, params.spill_margin,
+    )
+    t2 = time.perf_counter()
+    # Own rows and spilled rows (a document's second cluster), sorted by cluster; a spilled row
+    # carries the distance to the document's own cluster, so every cluster ranks it alike.
+    guest = np.flatnonzero(second >= 0)
+    row = np.concatenate([np.arange(n), guest])
+    cluster = np.concatenate([labels, second[guest]])
+    order = np.lexsort((row, cluster))
+    row, cluster = row[order], cluster[order]
+    out = table.take(pa.array(row))
+    out = pa.table({
+        "doc_id": out["doc_id"], "source": out["source"],
+        "cluster": pa.array(cluster.astype(np.int32)),
+        "primary": pa.array(order < n),
+        "distance": pa.array(distance[row].astype(np.float32)),
+        "embedding": out["embedding"],
+    }, schema=clusters_schema(table.schema.field("embedding").type))
+    for a in range(0, len(row), execution.batch_rows):
+        output.write("clusters", out.slice(a, execution.batch_rows))
+    sizes = np.bincount(labels)
+    return {
+        "enabled": True,
+        "input": n,
+        "dropped": dropped,
+        "n_clusters": k,
+        "clusters": stats["clusters"],
+        "largest": stats["largest"],
+        "median_size": float(np.median(sizes)),
+        "splits": stats["splits"],
+        "spilled": stats["spilled"],
+        "fit_rows": stats["fit_rows"],
+        "device": device,
+        "load_seconds": round(t1 - t0, 3),
+        "kmeans_seconds": round(t2 - t1, 3),
+    }
