@@ -7,7 +7,7 @@ WORKDIR ?= workdir
 CRAWL ?= sample
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint ui sample clean
+.PHONY: run test lint ui sample clean chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,14 @@ sample: $(STAMP)
 run: sample
 	$(BIN)/curate run --workdir $(WORKDIR) --crawl $(CRAWL) --config sample/curate.json
 
-test: $(STAMP)
+# Headless Chromium for the UI test (tests/test_ui.py screenshots the asset graph): Debian's
+# package, installed once as root; elsewhere the screenshot test skips with a reason.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		chromium fonts-liberation >/dev/null; } || echo "chromium not installed: the UI screenshot test will skip"
+
+test: $(STAMP) chromium
 	$(BIN)/ruff check stages curation_dagster tests bench
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900
 

@@ -1,12 +1,42 @@
 """One asset per stage program, built from the registry: the asset only names its partition
-and hands it to the ``curation`` resource; the work is in ``stages/programs/<name>.py``."""
+and hands it to the ``curation`` resource; the work is in ``stages/programs/<name>.py``.
 
+Everything the UI shows about an asset comes from its ``Program`` entry and its params class:
+description, group, kinds (``cpu``/``gpu``), owners, tags, code version (the params version,
+bumped whenever a program's output changes) and the resources one partition needs. Every asset
+is materialized eagerly by declarative automation once its parents are and their blocking
+checks passed, so a crawl registered by the recrawl sensor flows through the whole graph.
+"""
 
-from dagster import AssetDep, AssetExecutionContext, AssetsDefinition, MaterializeResult, asset
+import inspect
+from typing import Any
+
+from dagster import (
+    AssetDep,
+    AssetExecutionContext,
+    AssetsDefinition,
+    AutomationCondition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 
 from curation_dagster.partitions import by_crawl, partitions_for, split_key
 from curation_dagster.resources import CurationResource
-from stages.registry import PROGRAMS, Program
+from stages.registry import PROGRAMS, Program, plan_task
+
+OWNERS = ["team:curation"]
+
+# Eager: a partition is requested when it becomes missing (a new crawl or source) or a parent
+# updates, once no parent is missing or in progress and no parent partition's blocking check
+# (over_deletion) failed, so a failed guard holds the crawl back. Not Dagster's
+# all_deps_blocking_checks_passed(): across a fan-in mapping (crawl <- source x crawl) a dep
+# counts as matching when *one* of its partitions does, so one passing source would let the
+# crawl-level stage run past a failed one.
+PARENT_BLOCKING_CHECK_FAILED = AutomationCondition.any_deps_match(
+    AutomationCondition.any_checks_match(AutomationCondition.check_failed(), blocking_only=True)
+).with_label("any_parent_blocking_check_failed")
+AUTOMATION = AutomationCondition.eager() & ~PARENT_BLOCKING_CHECK_FAILED
 
 
 def _deps(program: Program) -> list[AssetDep]:
@@ -17,25 +47,76 @@ def _deps(program: Program) -> list[AssetDep]:
     return deps
 
 
+def describe(program: Program) -> str:
+    """Markdown description: what the program makes, its partitioning, stage, resources, params."""
+    res = program.resources
+    level = "source × crawl" if program.level == "source" else "crawl (fans in over every source)"
+    part_of = getattr(program, "part_of", None)
+    facts = [f"**partitions** {level}"]
+    if program.stage:
+        facts.append(f"**removal stage** `{program.stage}`")
+    elif part_of:
+        facts.append(f"**part of stage** `{part_of}`")
+    gpu = f", {res.gpu} GPU" if res.gpu else ""
+    facts.append(f"**one partition needs** {res.cpu:g} CPU, {res.memory_gib:g} GiB{gpu}")
+    params_doc = inspect.cleandoc(program.params.__doc__ or "").split("\n\n")[0].replace("\n", " ")
+    segs = "<crawl>/<source>" if program.level == "source" else "<crawl>"
+    return "\n\n".join([
+        program.description,
+        " · ".join(facts),
+        f"**parameters** `{program.params.__name__}` v{program.params.version}: {params_doc}",
+        f"**output** `<data root>/{program.name}/<params_key>/{segs}/` (manifest written last)",
+    ])
+
+
+def _lineage(curation: CurationResource, program: str, crawl: str, source: str | None) -> dict[str, Any]:
+    """Extra metadata that explains a shrinking source: the kept fraction of a curated partition,
+    the source x stage waterfall (table and chart) of the crawl's ledger."""
+    if program not in ("curated_documents", "removal_ledger"):
+        return {}
+    store = curation.store()
+    manifest = store.read_manifest(plan_task(store, curation.spec(crawl), program, source).output_dir)
+    if manifest is None:
+        return {}
+    report = manifest.report
+    if program == "curated_documents":
+        return {"kept_fraction": round(report["kept"] / report["input"], 6) if report["input"] else 0.0}
+    from curation_dagster.lineage import ledger_metadata
+
+    return ledger_metadata(report)
+
+
 def build_asset(program: Program) -> AssetsDefinition:
     res = program.resources
-    kinds = {"python", "gpu" if res.gpu else "cpu"}
+    part_of = getattr(program, "part_of", None)
+    tags: dict[str, str] = {"level": program.level}
+    if program.stage or part_of:
+        tags["stage"] = str(program.stage or part_of)
 
     @asset(
         name=program.name,
         partitions_def=partitions_for(program.level),
         deps=_deps(program),
         group_name=program.group,
-        description=program.description,
-        kinds=kinds,
+        description=describe(program),
+        kinds={"python", "parquet", "gpu" if res.gpu else "cpu"},
         code_version=str(program.params.version),
-        owners=["team:curation"],
-        tags={"stage": program.stage} if program.stage else None,
-        metadata={"level": program.level, "cpu": res.cpu, "memory_gib": res.memory_gib, "gpu": res.gpu},
+        owners=OWNERS,
+        tags=tags,
+        metadata={
+            "level": program.level, "cpu": res.cpu, "memory_gib": res.memory_gib, "gpu": res.gpu,
+            "image": res.image, "params_class": MetadataValue.text(program.params.__name__),
+        },
+        automation_condition=AUTOMATION,
     )
     def _asset(context: AssetExecutionContext, curation: CurationResource) -> MaterializeResult:
         crawl, source = split_key(context.partition_key, program.level)
-        return curation.materialize(context, program.name, crawl, source)
+        result = curation.materialize(context, program.name, crawl, source)
+        if (result.metadata or {}).get("in_crawl") is False:
+            return result
+        extra = _lineage(curation, program.name, crawl, source)
+        # The waterfall first: it is what the materialization's page shows at the top.
+        return result._replace(metadata={**extra, **(result.metadata or {})}) if extra else result
 
     return _asset
 

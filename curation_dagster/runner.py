@@ -112,15 +112,15 @@ def run_crawl(
                 run_config=QUIET_LOGS, tags={"curate/crawl": spec.crawl},
             )
             failed_checks = [e for e in result.get_asset_check_evaluations() if not e.passed]
-            for check in failed_checks:
-                if check.severity == AssetCheckSeverity.ERROR and check.blocking:
-                    raise RunFailed(f"{name}: check {check.check_name} failed: {check.description}")
+            for failed in failed_checks:
+                if failed.severity == AssetCheckSeverity.ERROR and failed.blocking:
+                    raise RunFailed(f"{name}: check {failed.check_name} failed: {failed.description}")
             if not result.success:
                 msg = _failure(result)
                 raise RunFailed(msg if msg.startswith(name) else f"{name}: {msg}")
-            for check in failed_checks:
-                progress.console.print(f"  ! {label} check {check.check_name} ({check.severity.value}): "
-                                       f"{escape(check.description or '')}")
+            for failed in failed_checks:
+                progress.console.print(f"  ! {label} check {failed.check_name} ({failed.severity.value}): "
+                                       f"{escape(failed.description or '')}")
             report = _manifest_report(resource, spec, program, source)
             progress.console.print(f"  + {label} {_summary(report)} ({time.perf_counter() - t0:.1f}s)")
             progress.advance(bar)

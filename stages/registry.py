@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from stages import params as P
+from stages.backend import reported as reported_backend
 from stages.paths import Manifest, PartitionWriter, Store, check_name
 
 Level = Literal["source", "crawl"]
@@ -48,6 +49,7 @@ class Program:
     stage: str | None = None  # removal stage word, for programs whose output removes documents
     part_of: str | None = None  # the stage word of the chain an intermediate program belongs to
     reads_prior: bool = False  # reads the kept documents of earlier crawls (incremental dedup)
+    sees_survivors: bool = False  # depends on every remover listed before it
     uses_keep_rule: bool = False
     resources: Resources = field(default_factory=Resources)
 
@@ -111,18 +113,18 @@ _MIDDLE: tuple[Program, ...] = (
     Program(
         "quality_scores", "source", P.QualityScoresParams, ("raw_documents",),
         "Classifier scores (fastText / local Hugging Face models, as a cascade) and a removal list.",
-        group="classify", stage="quality", resources=Resources(cpu=4.0, memory_gib=8.0),
+        group="classify", stage="quality", sees_survivors=True, resources=Resources(cpu=4.0, memory_gib=8.0),
     ),
     Program(
         "contaminated_documents", "crawl", P.ContaminatedDocumentsParams, ("raw_documents",),
         "Removal list of documents sharing benchmark n-grams, over all sources, before the output.",
-        group="classify", stage="decontam", resources=Resources(memory_gib=8.0),
+        group="classify", stage="decontam", sees_survivors=True, resources=Resources(memory_gib=8.0),
     ),
 )
-# quality and decontam read the survivors of every remover before them, whichever land before them.
+# Programs marked ``sees_survivors`` read the removal lists of every remover before them.
 _MIDDLE = tuple(
     replace(p, deps=(*p.deps, *(q.name for q in _MIDDLE[:i] if q.stage and q.name not in p.deps)))
-    if p.name in ("quality_scores", "contaminated_documents") else p
+    if p.sees_survivors else p
     for i, p in enumerate(_MIDDLE)
 )
 _REMOVERS = tuple(p.name for p in _MIDDLE if p.stage)
@@ -162,7 +164,8 @@ def removal_programs() -> list[Program]:
 class CrawlSpec(BaseModel):
     """Everything that defines one crawl's outputs: its sources and every stage's parameters."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A rejected value (a source URL with a password in it) is never echoed in the error.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
     crawl: str
     sources: dict[str, P.RawDocumentsParams]
     stages: tuple[str, ...] = Field(default_factory=lambda: tuple(STAGES))
@@ -373,6 +376,7 @@ def execute(
         Partition(spec.crawl, task.source, spec), execution or P.ExecutionParams(),
     )
     report["seconds"] = round(time.perf_counter() - t0, 3)
+    report.setdefault("backend", reported_backend(report))  # cpu | gpu | gpu-twin-on-cpu
     manifest = Manifest(
         program=program, params_key=task.key, data_version=version, crawl=spec.crawl,
         source=task.source, params=task.params.canonical(), report=report,
@@ -393,7 +397,7 @@ def metadata(outcome: Outcome) -> dict[str, Any]:
         "cached": outcome.skipped,
         "seconds": round(outcome.seconds, 3),
     }
-    for name in ("input", "kept", "documents", "quarantined", "removed", "enabled"):
+    for name in ("input", "kept", "documents", "quarantined", "removed", "enabled", "backend"):
         if name in m.report and not isinstance(m.report[name], dict):
             meta[name] = m.report[name]
     for name in ("removed_per_reason", "removed_per_source", "quarantine_reasons", "fails_per_rule"):

@@ -1,0 +1,341 @@
+"""Asset checks, built from the registry: every program gets the checks its kind calls for.
+
+- ``over_deletion`` (every remover, ``Program.stage``; ERROR, blocking): a stage removed more
+  than the bound of the documents of a source that reached it.
+- ``empty_result`` (every dedup remover, ``uses_keep_rule``; WARN): no removal at all in a crawl
+  of at least ``min_documents``.
+- ``giant_groups`` (every crawl-level program but the output; WARN): a ``largest_*`` size in the
+  report (LSH buckets, duplicate clusters) above the bound; passes when there is none.
+- ``doc_id_unique`` (raw_documents, curated_documents, removal_ledger; ERROR): a doc_id twice.
+- ``ledger_consistency`` (curated_documents, removal_ledger; ERROR): input != kept + quarantined +
+  removed, ledger rows != counts, or a ledger built from stale curated partitions.
+
+The verdicts are plain functions of the store and the crawl spec (``evaluate_*``): they read
+manifests (and, for doc_id uniqueness and the ledger, one or two columns), never a kernel.
+Bounds come from ``<workdir>/curate.yaml`` (``checks:``), read at every evaluation. A partition
+``(crawl, source)`` whose source is not part of the crawl passes with ``in_crawl: false``.
+"""
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetKey,
+    MetadataValue,
+    asset_check,
+)
+from dagster._utils.warnings import PreviewWarning
+
+from curation_dagster.config import ChecksConfig, load_config
+from curation_dagster.partitions import partitions_for, split_key
+from curation_dagster.resources import CurationResource, spec_path
+from stages.paths import Manifest, Store
+from stages.registry import PROGRAMS, QUARANTINE, STAGES, CrawlSpec, Program, plan_task
+
+# The table whose doc_ids must be unique, per program that carries one document per row.
+UNIQUE_TABLES = {"raw_documents": "documents", "curated_documents": "documents", "removal_ledger": "ledger"}
+LEDGER_PROGRAMS = ("curated_documents", "removal_ledger")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A check's answer; ``severity`` applies when it did not pass."""
+
+    passed: bool
+    description: str
+    severity: Literal["ERROR", "WARN"] = "ERROR"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    table: str | None = None  # Markdown, shown as the check's ``details``
+
+
+class NotMaterialized(Exception):
+    """An input of the check has no committed output for the crawl's current parameters."""
+
+
+def _manifest(store: Store, spec: CrawlSpec, program: str, source: str | None) -> Manifest:
+    pdir = plan_task(store, spec, program, source).output_dir
+    m = store.read_manifest(pdir)
+    if m is None:
+        raise NotMaterialized(f"{program}[{source or spec.crawl}] has no committed output for its current parameters")
+    return m
+
+
+def documents_by_source(store: Store, spec: CrawlSpec, sources: list[str] | None = None) -> dict[str, int]:
+    """Ingested (not quarantined) documents per source."""
+    names = sorted(spec.sources) if sources is None else sources
+    return {s: int(_manifest(store, spec, "raw_documents", s).report["documents"]) for s in names}
+
+
+def removed_by_source(store: Store, spec: CrawlSpec, program: str, sources: list[str] | None = None) -> dict[str, int]:
+    """Documents each source lost to one removing program, from its manifests."""
+    names = sorted(spec.sources) if sources is None else sources
+    if PROGRAMS[program].level == "source":
+        out = {}
+        for s in names:
+            removed = _manifest(store, spec, program, s).report.get("removed", 0)
+            out[s] = int(sum(removed.values()) if isinstance(removed, dict) else removed)
+        return out
+    per_source = _manifest(store, spec, program, None).report.get("removed_per_source", {})
+    return {s: int(per_source.get(s, 0)) for s in names}
+
+
+def entering_by_source(store: Store, spec: CrawlSpec, program: str, sources: list[str] | None = None) -> dict[str, int]:
+    """Documents of each source that reach removing ``program``: the ingested ones minus those
+    removed by the stages before it (removers see only the survivors of earlier removers, so
+    their removals are disjoint)."""
+    remaining = documents_by_source(store, spec, sources)
+    for earlier in STAGES.values():
+        if earlier == program:
+            break
+        for s, n in removed_by_source(store, spec, earlier, sources).items():
+            remaining[s] -= n
+    return remaining
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def evaluate_over_deletion(
+    store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
+) -> Verdict:
+    stage = PROGRAMS[program].stage
+    assert stage is not None, f"{program} removes nothing"
+    od = cfg.over_deletion
+    bound = od.bound(stage)
+    sources = [source] if source is not None else sorted(spec.sources)
+    entering = entering_by_source(store, spec, program, sources)
+    removed = removed_by_source(store, spec, program, sources)
+    rows, bad = [], []
+    worst = (0.0, "")
+    for s in sources:
+        frac = removed[s] / entering[s] if entering[s] else 0.0
+        judged = entering[s] >= od.min_documents
+        if judged and frac > bound:
+            bad.append(f"{s} {_pct(frac)} ({removed[s]:,} of {entering[s]:,})")
+        worst = max(worst, (frac, s))
+        rows.append(f"| {s} | {entering[s]:,} | {removed[s]:,} | {_pct(frac)} | {'' if judged else 'too small'} |")
+    table = "\n".join([f"| source | entering {stage} | removed | fraction | note |", "|---|---:|---:|---:|---|", *rows])
+    meta = {"stage": stage, "bound": bound, "min_documents": od.min_documents,
+            "worst_fraction": round(worst[0], 6), "worst_source": worst[1]}
+    if bad:
+        return Verdict(False, f"stage {stage} removed more than {_pct(bound)} of: {'; '.join(bad)}", "ERROR",
+                       meta, table)
+    return Verdict(True, f"stage {stage} removed at most {_pct(worst[0])} of a source (bound {_pct(bound)})",
+                   metadata=meta, table=table)
+
+
+def evaluate_empty_result(
+    store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
+) -> Verdict:
+    stage = PROGRAMS[program].stage
+    report = _manifest(store, spec, program, source).report
+    sources = [source] if source is not None else sorted(spec.sources)
+    seen = sum(entering_by_source(store, spec, program, sources).values())
+    removed = sum(removed_by_source(store, spec, program, sources).values())
+    meta = {"stage": stage, "documents": seen, "removed": removed, "min_documents": cfg.empty_result.min_documents}
+    if report.get("enabled") is False:
+        return Verdict(True, f"stage {stage} is disabled for this crawl", metadata=meta)
+    if removed == 0 and seen >= cfg.empty_result.min_documents:
+        return Verdict(False, f"stage {stage} found no duplicate among {seen:,} documents: check its parameters "
+                              "(a disabled or broken dedup stage looks exactly like this)", "WARN", meta)
+    return Verdict(True, f"stage {stage} removed {removed:,} of {seen:,} documents", metadata=meta)
+
+
+def _sizes(value: Any) -> list[int]:
+    """Group sizes of a ``largest_*`` report entry: ints, or dicts with a ``size``."""
+    if not isinstance(value, list):
+        return []
+    out = []
+    for item in value:
+        if isinstance(item, dict) and isinstance(item.get("size"), int):
+            out.append(item["size"])
+        elif isinstance(item, int) and not isinstance(item, bool):
+            out.append(item)
+    return out
+
+
+def evaluate_giant_groups(
+    store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
+) -> Verdict:
+    report = _manifest(store, spec, program, source).report
+    stats = {k: _sizes(v) for k, v in sorted(report.items()) if k.startswith("largest_")}
+    stats = {k: v for k, v in stats.items() if v}
+    if not stats:
+        return Verdict(True, f"{program} reports no bucket or cluster sizes (no largest_* in its report)",
+                       metadata={"stats": "none"})
+    documents = report.get("nodes")
+    if not isinstance(documents, int):
+        documents = sum(documents_by_source(store, spec).values())
+    bound = cfg.giant_groups.bound(documents)
+    largest = {k: max(v) for k, v in stats.items()}
+    meta: dict[str, Any] = {"documents": documents, "bound": bound, **largest}
+    bad = [f"{k.removeprefix('largest_')} of {n:,}" for k, n in largest.items() if n > bound]
+    if bad:
+        return Verdict(False, f"giant group(s) in {program}: {', '.join(bad)} documents (bound {bound:,} of "
+                              f"{documents:,}): boilerplate or a false-positive chain", "WARN", meta)
+    return Verdict(True, f"largest group {max(largest.values()):,} <= bound {bound:,}", metadata=meta)
+
+
+def evaluate_doc_id_unique(
+    store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
+) -> Verdict:
+    table = UNIQUE_TABLES[program]
+    pdir = plan_task(store, spec, program, source).output_dir
+    _manifest(store, spec, program, source)
+    parts = [np.asarray(b.column(0).to_numpy(zero_copy_only=False), dtype="S32")
+             for b in store.iter_batches(pdir, table, ["doc_id"])]
+    ids = np.concatenate(parts) if parts else np.zeros(0, "S32")
+    uniq, counts = np.unique(ids, return_counts=True)
+    dup = uniq[counts > 1]
+    meta = {"rows": len(ids), "distinct": len(uniq), "duplicated_ids": len(dup)}
+    if len(dup):
+        sample = ", ".join(d.decode() for d in dup[:5])
+        return Verdict(False, f"{len(dup)} doc_id(s) occur more than once in {program}.{table}: {sample}",
+                       "ERROR", meta)
+    return Verdict(True, f"{len(ids):,} rows, every doc_id distinct", metadata=meta)
+
+
+def _adds_up(entry: dict[str, Any]) -> tuple[bool, int]:
+    total = int(entry["kept"]) + int(entry["quarantined"]) + sum(int(v) for v in entry["removed"].values())
+    return total == int(entry["input"]), total
+
+
+def evaluate_ledger_consistency(
+    store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
+) -> Verdict:
+    """input = kept + quarantined + removed per source; the ledger's rows match the counts and
+    the curated partitions it was built from are the current ones."""
+    problems: list[str] = []
+    if program == "curated_documents":
+        assert source is not None
+        m = _manifest(store, spec, program, source)
+        ok, total = _adds_up(m.report)
+        if not ok:
+            problems.append(f"input {m.report['input']} != kept + quarantined + removed = {total}")
+        if m.rows.get("documents", 0) != m.report["kept"]:
+            problems.append(f"{m.rows.get('documents', 0)} curated rows but kept = {m.report['kept']}")
+        meta = {k: m.report[k] for k in ("input", "kept", "quarantined")} | {"removed": m.report["removed"]}
+    else:
+        m = _manifest(store, spec, program, None)
+        pdir = plan_task(store, spec, program, None).output_dir
+        t = store.read_table(pdir, "ledger", ["source", "stage"])
+        counted: dict[tuple[str, str], int] = {}
+        if t.num_rows:
+            for row in t.group_by(["source", "stage"]).aggregate([([], "count_all")]).to_pylist():
+                counted[(row["source"], row["stage"])] = row["count_all"]
+        for s in sorted(spec.sources):
+            entry = m.report["sources"].get(s)
+            if entry is None:
+                problems.append(f"source {s} missing from the ledger report")
+                continue
+            ok, total = _adds_up(entry)
+            if not ok:
+                problems.append(f"{s}: input {entry['input']} != kept + quarantined + removed = {total}")
+            for stage, n in [(QUARANTINE, entry["quarantined"]), *entry["removed"].items()]:
+                if counted.get((s, stage), 0) != n:
+                    problems.append(f"{s}/{stage}: {counted.get((s, stage), 0)} ledger rows, report says {n}")
+            cur = _manifest(store, spec, "curated_documents", s).report
+            if cur["kept"] != entry["kept"]:
+                problems.append(f"{s}: ledger built from a stale curated_documents (kept {entry['kept']} "
+                                f"vs {cur['kept']} now)")
+        extra = {(s, st) for s, st in counted if s not in spec.sources}
+        if extra:
+            problems.append(f"ledger rows for sources outside the crawl: {sorted(extra)}")
+        meta = {"ledger_rows": t.num_rows, "sources": len(spec.sources)}
+    if problems:
+        return Verdict(False, "; ".join(problems[:5]), "ERROR", meta)
+    return Verdict(True, "every document is kept, quarantined or removed exactly once", metadata=meta)
+
+
+Evaluator = Callable[[Store, CrawlSpec, str, "str | None", ChecksConfig], Verdict]
+
+
+@dataclass(frozen=True)
+class CheckKind:
+    name: str
+    evaluate: Evaluator
+    applies: Callable[[Program], bool]
+    blocking: bool
+    description: str
+
+
+CHECK_KINDS: tuple[CheckKind, ...] = (
+    CheckKind("over_deletion", evaluate_over_deletion, lambda p: p.stage is not None, True,
+              "Removed fraction per source at this stage <= checks.over_deletion bound (blocks downstream)."),
+    CheckKind("empty_result", evaluate_empty_result, lambda p: p.stage is not None and p.uses_keep_rule, False,
+              "A dedup stage that finds no duplicate in a large crawl is suspicious (warns)."),
+    CheckKind("giant_groups", evaluate_giant_groups, lambda p: p.level == "crawl" and p.group != "output", False,
+              "Largest LSH bucket / duplicate cluster (report keys largest_*) <= checks.giant_groups bound (warns)."),
+    CheckKind("doc_id_unique", evaluate_doc_id_unique, lambda p: p.name in UNIQUE_TABLES, False,
+              "Every doc_id occurs once."),
+    CheckKind("ledger_consistency", evaluate_ledger_consistency, lambda p: p.name in LEDGER_PROGRAMS, False,
+              "input = kept + quarantined + removed for every source, and the ledger rows match."),
+)
+
+
+def evaluate(curation: CurationResource, kind: CheckKind, program: str, crawl: str, source: str | None) -> Verdict:
+    """One check on one partition, with the workdir's current bounds."""
+    if not spec_path(curation.workdir, crawl).exists():
+        return Verdict(False, f"crawl {crawl!r} has no spec in {curation.workdir}", "WARN")
+    spec = curation.spec(crawl)
+    if source is not None and source not in spec.sources:
+        return Verdict(True, f"source {source!r} is not part of crawl {crawl!r}", metadata={"in_crawl": False})
+    try:
+        return kind.evaluate(curation.store(), spec, program, source, load_config(curation.workdir).checks)
+    except NotMaterialized as exc:
+        return Verdict(False, str(exc), "WARN", {"materialized": False})
+
+
+def _result(verdict: Verdict) -> AssetCheckResult:
+    meta: dict[str, Any] = {"details": MetadataValue.md(verdict.description)}
+    if verdict.table:
+        meta["per_source"] = MetadataValue.md(verdict.table)
+    for k, v in verdict.metadata.items():
+        meta[k] = MetadataValue.json(v) if isinstance(v, (dict, list)) else v
+    severity = AssetCheckSeverity.ERROR if verdict.severity == "ERROR" else AssetCheckSeverity.WARN
+    return AssetCheckResult(passed=verdict.passed, severity=severity, metadata=meta, description=verdict.description)
+
+
+def build_check(program: Program, kind: CheckKind) -> AssetChecksDefinition:
+    def _check(context: AssetCheckExecutionContext, curation: CurationResource) -> AssetCheckResult:
+        crawl, source = split_key(context.partition_key, program.level)
+        return _result(evaluate(curation, kind, program.name, crawl, source))
+
+    with warnings.catch_warnings():  # partitioned checks are "preview" in dagster 1.13 (pinned)
+        warnings.simplefilter("ignore", PreviewWarning)
+        return asset_check(
+            asset=AssetKey(program.name),
+            name=kind.name,
+            description=kind.description,
+            blocking=kind.blocking,
+            partitions_def=partitions_for(program.level),
+        )(_check)
+
+
+def build_checks() -> list[AssetChecksDefinition]:
+    return [build_check(p, kind) for p in PROGRAMS.values() for kind in CHECK_KINDS if kind.applies(p)]
+
+
+CHECKS: list[AssetChecksDefinition] = build_checks()
+
+
+
+def blocking_failures(
+    curation: CurationResource, program: str, crawl: str, source: str | None
+) -> list[tuple[str, Verdict]]:
+    """The blocking checks of one partition that fail now (evaluated directly, no Dagster run)."""
+    out = []
+    for kind in CHECK_KINDS:
+        if kind.blocking and kind.applies(PROGRAMS[program]):
+            verdict = evaluate(curation, kind, program, crawl, source)
+            if not verdict.passed and verdict.severity == "ERROR":
+                out.append((kind.name, verdict))
+    return out

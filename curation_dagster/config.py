@@ -1,0 +1,107 @@
+"""The workdir's operating config, ``<workdir>/curate.yaml``: recrawls, automation, check bounds.
+
+Every section is optional; a missing file means the defaults below. The file is read when the
+code location loads (schedule cron, sensor interval, which instigators start running) and again
+whenever a check or a recrawl tick evaluates (bounds, template), so editing a bound takes effect
+without a restart. The whole format is in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+CONFIG_FILE = "curate.yaml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RecrawlConfig(_Section):
+    """Where new crawl snapshots appear, and what a new crawl's spec is made of.
+
+    The sensor lists ``<prefix>/<crawl>/<source>/`` (any fsspec URL); a ``<crawl>`` folder that
+    is not yet a ``crawl`` partition becomes one, with one source per sub-folder. The schedule
+    registers, on every tick of ``cron``, a crawl named ``strftime(crawl_name)`` whose sources are
+    ``sources`` (their ``url`` may contain ``{crawl}`` and ``{prefix}``).
+    """
+
+    prefix: str | None = None
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    sensor_interval_seconds: int = Field(default=300, ge=5)
+    ready_marker: str | None = None  # e.g. "_SUCCESS": a crawl folder counts only once it holds this file
+    cron: str | None = None
+    timezone: str = "UTC"
+    crawl_name: str = "%Y-%m-%d"
+    template: str | None = None  # a registered crawl whose spec (sources' fields, params, stages, keep) is copied
+    sources: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per-source RawDocumentsParams fields
+    source_defaults: dict[str, Any] = Field(default_factory=dict)  # fields for a source found in no template
+    new_sources: Literal["include", "skip"] = "include"
+    params: dict[str, dict[str, Any]] | None = None
+    stages: list[str] | None = None
+    keep: dict[str, Any] | None = None
+
+
+class AutomationConfig(_Section):
+    """Declarative automation: eager materialization of whatever a new partition makes missing."""
+
+    enabled: bool = True
+    interval_seconds: int = Field(default=30, ge=5)
+
+
+class OverDeletionConfig(_Section):
+    """Fail (ERROR, blocking) when a stage removes more than this fraction of what it saw of a source."""
+
+    max_removed_fraction: float = Field(default=0.9, ge=0.0, le=1.0)
+    per_stage: dict[str, float] = Field(default_factory=dict)
+    min_documents: int = Field(default=1000, ge=0)  # smaller sources are too small to judge
+
+    def bound(self, stage: str) -> float:
+        return self.per_stage.get(stage, self.max_removed_fraction)
+
+
+class EmptyResultConfig(_Section):
+    """Warn when a dedup stage removes nothing from a crawl of at least this many documents."""
+
+    min_documents: int = Field(default=10_000, ge=0)
+
+
+class GiantGroupConfig(_Section):
+    """Warn when the largest bucket/cluster of a report exceeds max(min_size, max_fraction x documents)."""
+
+    max_fraction: float = Field(default=0.05, gt=0.0, le=1.0)
+    min_size: int = Field(default=1000, ge=1)
+
+    def bound(self, documents: int) -> int:
+        return max(self.min_size, int(self.max_fraction * documents))
+
+
+class ChecksConfig(_Section):
+    over_deletion: OverDeletionConfig = Field(default_factory=lambda: OverDeletionConfig())
+    empty_result: EmptyResultConfig = Field(default_factory=lambda: EmptyResultConfig())
+    giant_groups: GiantGroupConfig = Field(default_factory=lambda: GiantGroupConfig())
+
+
+class WorkdirConfig(_Section):
+    recrawl: RecrawlConfig = Field(default_factory=lambda: RecrawlConfig())
+    automation: AutomationConfig = Field(default_factory=lambda: AutomationConfig())
+    checks: ChecksConfig = Field(default_factory=lambda: ChecksConfig())
+
+
+def config_path(workdir: str | Path) -> Path:
+    return Path(workdir) / CONFIG_FILE
+
+
+def load_config(workdir: str | Path) -> WorkdirConfig:
+    """``<workdir>/curate.yaml`` validated (unknown keys are errors), or the defaults."""
+    path = config_path(workdir)
+    if not path.exists():
+        return WorkdirConfig()
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return WorkdirConfig.model_validate(data)

@@ -1,0 +1,134 @@
+"""Why a source shrank, at a glance: the source x stage waterfall of a crawl's ledger report.
+
+``waterfall_markdown`` is the table (each step: documents removed and the share of what reached
+it), ``waterfall_png`` the chart (one 100 % bar per source: kept, quarantined, removed by each
+stage), ``ledger_metadata`` both as Dagster metadata for the ``removal_ledger`` materialization
+(the chart embedded as a base64 ``data:`` URI in Markdown, which the UI renders inline).
+matplotlib is imported only here and only when a chart is drawn, with the Agg canvas (no GUI,
+no global pyplot state).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+from stages.registry import QUARANTINE, STAGES
+
+KEPT_COLOR = "#2e7d32"
+QUARANTINE_COLOR = "#9e9e9e"
+STAGE_COLORS = ("#e65100", "#1565c0", "#6a1b9a", "#c62828", "#00838f", "#ad1457", "#f9a825", "#4e342e")
+
+
+def stages_of(report: dict[str, Any]) -> list[str]:
+    """Removal stages of a ledger report in pipeline order (unknown ones last, sorted)."""
+    seen = {st for row in report["sources"].values() for st in row["removed"]}
+    return [s for s in STAGES if s in seen] + sorted(seen - set(STAGES))
+
+
+def steps(row: dict[str, Any], stages: list[str]) -> list[tuple[str, int, int]]:
+    """(step, removed, entering) along one source's waterfall: quarantine, then each stage."""
+    out = []
+    remaining = int(row["input"])
+    for name, n in [(QUARANTINE, int(row["quarantined"])), *[(s, int(row["removed"].get(s, 0))) for s in stages]]:
+        out.append((name, n, remaining))
+        remaining -= n
+    return out
+
+
+def _cell(removed: int, entering: int) -> str:
+    if removed == 0:
+        return "0"
+    return f"−{removed:,} ({100 * removed / entering:.1f}%)" if entering else f"−{removed:,}"
+
+
+def totals(report: dict[str, Any]) -> dict[str, Any]:
+    stages = stages_of(report)
+    tot: dict[str, Any] = {"input": 0, "kept": 0, "quarantined": 0, "removed": dict.fromkeys(stages, 0)}
+    for row in report["sources"].values():
+        for k in ("input", "kept", "quarantined"):
+            tot[k] += int(row[k])
+        for s in stages:
+            tot["removed"][s] += int(row["removed"].get(s, 0))
+    return tot
+
+
+def waterfall_markdown(report: dict[str, Any]) -> str:
+    """Markdown table: one row per source and a total; a step's cell is ``−removed (share of the
+    documents that reached that step)``."""
+    stages = stages_of(report)
+    head = ["source", "input", QUARANTINE, *stages, "kept", "kept %"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    rows = sorted(report["sources"].items())
+    for name, row in [*rows, ("**total**", totals(report))]:
+        cells = [_cell(n, entering) for _, n, entering in steps(row, stages)]
+        pct = f"{100 * row['kept'] / row['input']:.1f}" if row["input"] else "–"
+        lines.append(f"| {name} | {row['input']:,} | " + " | ".join(cells) + f" | {row['kept']:,} | {pct} |")
+    return "\n".join(lines)
+
+
+def waterfall_png(report: dict[str, Any], dpi: int = 90) -> bytes:
+    """PNG: one horizontal 100 % bar per source (kept, quarantined, each stage's removals)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    stages = stages_of(report)
+    names = sorted(report["sources"])
+    segments = [("kept", KEPT_COLOR), (QUARANTINE, QUARANTINE_COLOR)] + [
+        (s, STAGE_COLORS[i % len(STAGE_COLORS)]) for i, s in enumerate(stages)
+    ]
+    fig = Figure(figsize=(8.0, 1.4 + 0.4 * len(names)), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    left = [0.0] * len(names)
+    for label, color in segments:
+        widths = []
+        for name in names:
+            row = report["sources"][name]
+            n = row["kept"] if label == "kept" else row["quarantined"] if label == QUARANTINE else \
+                row["removed"].get(label, 0)
+            widths.append(100.0 * n / row["input"] if row["input"] else 0.0)
+        ax.barh(names, widths, left=left, color=color, label=label, height=0.7)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for y, name in enumerate(names):
+        row = report["sources"][name]
+        ax.text(101, y, f"{row['kept']:,} of {row['input']:,} kept", va="center", fontsize=8)
+    ax.set_xlim(0, 125)
+    ax.set_xticks([0, 25, 50, 75, 100])
+    ax.set_xlabel("% of the source's input documents")
+    ax.invert_yaxis()
+    ax.set_title(f"crawl {report.get('crawl', '')}: where each source's documents went", fontsize=10)
+    fig.legend(*ax.get_legend_handles_labels(), ncols=min(len(segments), 8), fontsize=8, loc="lower center",
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def chart_markdown(report: dict[str, Any]) -> str:
+    """The chart as Markdown with an inline ``data:image/png;base64`` image (what the UI renders)."""
+    data = base64.b64encode(waterfall_png(report)).decode()
+    return f"![where each source's documents went](data:image/png;base64,{data})"
+
+
+def ledger_metadata(report: dict[str, Any]) -> dict[str, Any]:
+    """Metadata of a removal_ledger materialization: the waterfall as a table and a chart, and
+    numeric totals (plotted across materializations by the UI)."""
+    from dagster import MetadataValue
+
+    tot = totals(report)
+    meta: dict[str, Any] = {
+        "waterfall": MetadataValue.md(waterfall_markdown(report)),
+        "input_total": tot["input"],
+        "kept_total": tot["kept"],
+        "quarantined_total": tot["quarantined"],
+        "kept_fraction": round(tot["kept"] / tot["input"], 6) if tot["input"] else 0.0,
+        **{f"removed_{stage}": n for stage, n in tot["removed"].items()},
+    }
+    try:
+        chart = MetadataValue.md(chart_markdown(report))
+    except ImportError:  # matplotlib is a dependency; a trimmed image still gets the table
+        chart = MetadataValue.md("_install matplotlib to see the chart_")
+    return {"waterfall": meta.pop("waterfall"), "waterfall_chart": chart, **meta}

@@ -1,0 +1,224 @@
+"""Recrawls: a sensor that registers new crawl snapshots found under a URL prefix, and a schedule
+that registers a new crawl of the configured sources on a cron.
+
+Registering a crawl = saving its spec (``<workdir>/crawls/<crawl>.json``: sources and every
+stage's parameters, copied from a template), adding the ``crawl`` partition and any new
+``source`` partitions, and requesting one run per source of the per-source programs at the root
+of the graph (``ROOT_PROGRAMS``). Declarative automation (``AutomationCondition.eager``, see
+``assets.py``) carries the crawl on through the fan-in dedup stages to the curated output and
+the ledger, each partition once all of its parents are materialized and their blocking checks
+passed. Both are configured in ``<workdir>/curate.yaml`` (``recrawl:``; docs/operations.md).
+"""
+
+from typing import Any
+
+import fsspec
+from dagster import (
+    AssetKey,
+    AssetSelection,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    MultiPartitionKey,
+    RunRequest,
+    ScheduleDefinition,
+    ScheduleEvaluationContext,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    schedule,
+    sensor,
+)
+
+from curation_dagster.config import RecrawlConfig, load_config
+from curation_dagster.partitions import CRAWL, SOURCE, crawl_partitions, source_partitions
+from curation_dagster.resources import CurationResource, load_spec, save_spec, spec_path
+from stages.paths import UnsafeNameError, check_name
+from stages.registry import PROGRAMS, CrawlSpec
+
+
+def _root_programs() -> list[str]:
+    """Per-source programs that need nothing but other per-source programs: one run per source
+    materializes all of them, in dependency order."""
+    out: list[str] = []
+    for name, program in PROGRAMS.items():  # topological order
+        if program.level == "source" and all(dep in out for dep in program.deps):
+            out.append(name)
+    return out
+
+
+ROOT_PROGRAMS: list[str] = _root_programs()
+TARGET = AssetSelection.assets(*ROOT_PROGRAMS)
+
+
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def discover(cfg: RecrawlConfig) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """Crawl snapshots under ``cfg.prefix``: ({crawl: {source: url}}, notes on skipped folders).
+
+    A crawl is a folder ``<prefix>/<crawl>/`` with one sub-folder per source; with
+    ``ready_marker`` set it counts only once ``<prefix>/<crawl>/<ready_marker>`` exists.
+    """
+    assert cfg.prefix, "recrawl.prefix is not set"
+    fs, root = fsspec.core.url_to_fs(cfg.prefix, **cfg.storage_options)
+    fs.invalidate_cache()
+    root = root.rstrip("/")
+    prefix = cfg.prefix.rstrip("/")
+    found: dict[str, dict[str, str]] = {}
+    notes: list[str] = []
+    for info in sorted(fs.ls(root, detail=True), key=lambda i: i["name"]):
+        if info["type"] != "directory":
+            continue
+        crawl = _name(info["name"])
+        try:
+            check_name("crawl", crawl)
+        except UnsafeNameError as exc:
+            notes.append(str(exc))
+            continue
+        if cfg.ready_marker and not fs.exists(f"{root}/{crawl}/{cfg.ready_marker}"):
+            notes.append(f"{crawl}: no {cfg.ready_marker} yet")
+            continue
+        sources: dict[str, str] = {}
+        for sub in sorted(fs.ls(f"{root}/{crawl}", detail=True), key=lambda i: i["name"]):
+            name = _name(sub["name"])
+            if sub["type"] != "directory":
+                continue
+            try:
+                sources[check_name("source", name)] = f"{prefix}/{crawl}/{name}"
+            except UnsafeNameError as exc:
+                notes.append(f"{crawl}: {exc}")
+        if sources:
+            found[crawl] = sources
+    return found, notes
+
+
+def spec_for(workdir: str, cfg: RecrawlConfig, crawl: str, urls: dict[str, str]) -> CrawlSpec | None:
+    """The spec of a new crawl: each source's fields from ``recrawl.sources``, else from the
+    template crawl's spec, else ``source_defaults`` (or skipped, with ``new_sources: skip``);
+    params, stages and keep from the recrawl section, else from the template."""
+    base = load_spec(workdir, cfg.template) if cfg.template else None
+    sources: dict[str, dict[str, Any]] = {}
+    for name, url in sorted(urls.items()):
+        if name in cfg.sources:
+            fields = dict(cfg.sources[name])
+        elif base is not None and name in base.sources:
+            fields = base.sources[name].model_dump()
+        elif cfg.new_sources == "include":
+            fields = dict(cfg.source_defaults)
+        else:
+            continue
+        sources[name] = {**fields, "url": url}
+    if not sources:
+        return None
+    extra: dict[str, Any] = {}
+    if cfg.params is not None or base is not None:
+        extra["params"] = cfg.params if cfg.params is not None else base.params if base else {}
+    if cfg.stages is not None or base is not None:
+        extra["stages"] = tuple(cfg.stages) if cfg.stages is not None else base.stages if base else ()
+    if cfg.keep is not None or base is not None:
+        extra["keep"] = cfg.keep if cfg.keep is not None else base.keep if base else {}
+    return CrawlSpec.model_validate({"crawl": crawl, "sources": sources, **extra})
+
+
+def run_requests(spec: CrawlSpec, trigger: str) -> list[RunRequest]:
+    """One run per source of the crawl, materializing ``ROOT_PROGRAMS`` for that partition."""
+    return [
+        RunRequest(
+            run_key=f"{spec.crawl}|{source}",
+            asset_selection=[AssetKey(p) for p in ROOT_PROGRAMS],
+            partition_key=MultiPartitionKey({CRAWL: spec.crawl, SOURCE: source}),
+            tags={"curate/crawl": spec.crawl, "curate/trigger": trigger},
+        )
+        for source in sorted(spec.sources)
+    ]
+
+
+def register(workdir: str, cfg: RecrawlConfig, crawl: str, urls: dict[str, str]) -> CrawlSpec | None:
+    """Save the spec of a new crawl (an existing spec file is kept as it is) and return it."""
+    if spec_path(workdir, crawl).exists():
+        return load_spec(workdir, crawl)
+    spec = spec_for(workdir, cfg, crawl, urls)
+    if spec is not None:
+        save_spec(workdir, spec)
+    return spec
+
+
+def build_recrawl_sensor(cfg: RecrawlConfig) -> SensorDefinition:
+    @sensor(
+        name="recrawl_sensor",
+        description="Registers every new crawl snapshot under recrawl.prefix (<prefix>/<crawl>/<source>/): "
+                    "saves its spec, adds the crawl and source partitions and requests its root runs.",
+        minimum_interval_seconds=cfg.sensor_interval_seconds,
+        target=TARGET,
+        default_status=DefaultSensorStatus.RUNNING if cfg.prefix else DefaultSensorStatus.STOPPED,
+    )
+    def recrawl_sensor(context: SensorEvaluationContext, curation: CurationResource) -> SensorResult | SkipReason:
+        rc = load_config(curation.workdir).recrawl
+        if not rc.prefix:
+            return SkipReason(f"no recrawl.prefix in {curation.workdir}/curate.yaml")
+        found, notes = discover(rc)
+        known = set(context.instance.get_dynamic_partitions(CRAWL))
+        known_sources = set(context.instance.get_dynamic_partitions(SOURCE))
+        specs = []
+        for crawl, urls in found.items():
+            if crawl in known:
+                continue
+            spec = register(curation.workdir, rc, crawl, urls)
+            if spec is None:
+                notes.append(f"{crawl}: none of its sources is configured (recrawl.new_sources: skip)")
+            else:
+                specs.append(spec)
+        for note in notes:
+            context.log.info(note)
+        if not specs:
+            return SkipReason(f"no new crawl under {rc.prefix}" + (f" ({'; '.join(notes)})" if notes else ""))
+        new_sources = sorted({s for spec in specs for s in spec.sources} - known_sources)
+        requests = [crawl_partitions.build_add_request([spec.crawl for spec in specs])]
+        if new_sources:
+            requests.append(source_partitions.build_add_request(new_sources))
+        return SensorResult(
+            run_requests=[r for spec in specs for r in run_requests(spec, "recrawl_sensor")],
+            dynamic_partitions_requests=requests,
+        )
+
+    return recrawl_sensor
+
+
+def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition:
+    @schedule(
+        name="recrawl_schedule",
+        description="On every tick of recrawl.cron, registers crawl strftime(recrawl.crawl_name) of the "
+                    "recrawl sources (url may contain {crawl}) and requests its root runs.",
+        cron_schedule=cfg.cron or "0 3 * * 1",
+        execution_timezone=cfg.timezone,
+        target=TARGET,
+        default_status=DefaultScheduleStatus.RUNNING if cfg.cron else DefaultScheduleStatus.STOPPED,
+    )
+    def recrawl_schedule(
+        context: ScheduleEvaluationContext, curation: CurationResource
+    ) -> list[RunRequest] | SkipReason:
+        rc = load_config(curation.workdir).recrawl
+        crawl = context.scheduled_execution_time.strftime(rc.crawl_name)
+        check_name("crawl", crawl)
+        instance = context.instance
+        if instance.has_dynamic_partition(CRAWL, crawl):
+            return SkipReason(f"crawl {crawl!r} is already registered")
+        names = dict(rc.sources)
+        if not names and rc.template:
+            names = {s: p.model_dump() for s, p in load_spec(curation.workdir, rc.template).sources.items()}
+        urls = {s: str(f.get("url", "")).replace("{crawl}", crawl).replace("{prefix}", (rc.prefix or "").rstrip("/"))
+                for s, f in names.items()}
+        if not urls or not all(urls.values()):
+            return SkipReason("recrawl.sources (or recrawl.template) must name every source with a url")
+        spec = register(curation.workdir, rc, crawl, urls)
+        if spec is None:
+            return SkipReason(f"crawl {crawl!r}: no source to register")
+        # A schedule cannot return dynamic partition requests: add them before requesting runs.
+        instance.add_dynamic_partitions(CRAWL, [crawl])
+        known = set(instance.get_dynamic_partitions(SOURCE))
+        instance.add_dynamic_partitions(SOURCE, sorted(set(spec.sources) - known))
+        return run_requests(spec, "recrawl_schedule")
+
+    return recrawl_schedule

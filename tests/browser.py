@@ -1,0 +1,93 @@
+"""Headless Chromium (Debian's ``chromium``) driven over the DevTools protocol: open a page, wait
+until a JavaScript condition holds, click, dump the DOM, take a screenshot. One browser process
+serves every page of a test; ``websocket-client`` speaks the protocol."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
+
+
+class Browser:
+    def __init__(self, user_data: Path, width: int = 1600, height: int = 1000) -> None:
+        import websocket
+
+        assert CHROMIUM is not None
+        self.proc = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={user_data}", "--remote-debugging-port=0",
+             f"--window-size={width},{height}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stderr is not None
+        port = None
+        deadline = time.monotonic() + 60
+        while port is None and time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line and self.proc.poll() is not None:
+                raise RuntimeError(f"chromium exited with {self.proc.returncode}")
+            m = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
+            port = int(m.group(1)) if m else None
+        assert port, "chromium did not open its DevTools port"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as resp:
+            page = next(t for t in json.load(resp) if t["type"] == "page")
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
+        self.ids = count(1)
+        self.send("Page.enable")
+
+    def send(self, method: str, **params: Any) -> dict[str, Any]:
+        msg_id = next(self.ids)
+        self.ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == msg_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return dict(msg.get("result", {}))
+
+    def eval(self, expression: str) -> Any:
+        out = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in out:
+            raise RuntimeError(f"{expression}: {out['exceptionDetails']}")
+        return out["result"].get("value")
+
+    def open(self, url: str) -> None:
+        self.send("Page.navigate", url=url)
+
+    def wait_for(self, expression: str, timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = self.eval(expression)
+            if value:
+                return value
+            time.sleep(0.5)
+        raise TimeoutError(f"not true after {timeout}s: {expression}")
+
+    def dom(self) -> str:
+        return str(self.eval("document.documentElement.outerHTML"))
+
+    def screenshot(self, path: Path) -> Path:
+        path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"]))
+        return path
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)

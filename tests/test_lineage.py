@@ -1,0 +1,76 @@
+"""Why a source shrank: the waterfall table and chart of a ledger report, and the metadata of
+the removal_ledger and curated_documents materializations of the recrawled tiny crawl."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import dagster as dg
+import ops_workdir
+import pytest
+import tiny_corpus as T
+
+from curation_dagster.lineage import ledger_metadata, stages_of, waterfall_markdown, waterfall_png
+
+REPORT = {"crawl": "c1", "sources": {
+    "news": {"input": 100, "kept": 50, "quarantined": 10, "removed": {"heuristic": 30, "exact": 10, "custom": 0}},
+    "blog": {"input": 8, "kept": 0, "quarantined": 8, "removed": {"heuristic": 0, "exact": 0, "custom": 0}},
+}}
+
+
+def test_waterfall_table_shares_of_what_reached_each_step() -> None:
+    assert stages_of(REPORT) == ["heuristic", "exact", "custom"]  # pipeline order, unknown stages last
+    assert waterfall_markdown(REPORT).splitlines() == [
+        "| source | input | quarantine | heuristic | exact | custom | kept | kept % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| blog | 8 | −8 (100.0%) | 0 | 0 | 0 | 0 | 0.0 |",
+        # news: 10 of 100 quarantined, 30 of the 90 left (33.3 %), 10 of the 60 left (16.7 %)
+        "| news | 100 | −10 (10.0%) | −30 (33.3%) | −10 (16.7%) | 0 | 50 | 50.0 |",
+        "| **total** | 108 | −18 (16.7%) | −30 (33.3%) | −10 (16.7%) | 0 | 50 | 46.3 |",
+    ]
+
+
+def test_waterfall_chart_is_a_png() -> None:
+    png = waterfall_png(REPORT)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (720, int(90 * (1.4 + 0.4 * 2)))  # 8 in x (1.4 + 0.4 per source) at 90 dpi
+
+
+def test_ledger_metadata_embeds_the_chart_as_a_data_uri() -> None:
+    meta = ledger_metadata(REPORT)
+    assert list(meta)[:2] == ["waterfall", "waterfall_chart"]
+    assert {k: meta[k] for k in ("input_total", "kept_total", "quarantined_total", "kept_fraction")} == {
+        "input_total": 108, "kept_total": 50, "quarantined_total": 18, "kept_fraction": 0.462963}
+    assert {k: v for k, v in meta.items() if k.startswith("removed_")} == {
+        "removed_heuristic": 30, "removed_exact": 10, "removed_custom": 0}
+    m = re.fullmatch(r"!\[[^\]]+\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", meta["waterfall_chart"].value)
+    assert m and base64.b64decode(m.group(1))[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_materializations_carry_the_counts(tmp_path_factory: pytest.TempPathFactory) -> None:
+    prepared = ops_workdir.prepared_workdir(tmp_path_factory)
+    expected = T.EXPECTED["default"]["counts"]
+    with dg.DagsterInstance.from_config(str(prepared.home)) as instance:
+        def latest(asset: str, partition: str) -> dict[str, dg.MetadataValue]:
+            records = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]), limit=1).records
+            mat = records[0].asset_materialization
+            assert mat is not None
+            return dict(mat.metadata)
+
+        ledger = latest("removal_ledger", "tiny")
+        for source, counts in expected.items():
+            cur = latest("curated_documents", f"tiny|{source}")
+            assert {k: cur[k].value for k in ("input", "kept", "quarantined")} == {
+                k: counts[k] for k in ("input", "kept", "quarantined")}
+            assert cur["kept_fraction"].value == round(counts["kept"] / counts["input"], 6)
+            assert {k: v for k, v in cur["removed_per_stage"].value.items() if v} == counts["removed"]
+    table = ledger["waterfall"].value
+    assert "| forum | 22 | −6 (27.3%) | −4 (25.0%) | −3 (25.0%) |" in table  # 4 of 16, then 3 of 12
+    assert ledger["input_total"].value == sum(c["input"] for c in expected.values())
+    assert ledger["kept_total"].value == sum(c["kept"] for c in expected.values())
+    assert ledger["removed_exact"].value == sum(c["removed"]["exact"] for c in expected.values())
+    assert ledger["waterfall_chart"].value.startswith("![where each source's documents went](data:image/png;base64,")
