@@ -32,7 +32,14 @@ from dagster import (
 
 from curation_dagster.config import RecrawlConfig, load_config
 from curation_dagster.partitions import CRAWL, SOURCE, crawl_partitions, source_partitions
-from curation_dagster.resources import CurationResource, load_spec, save_spec, spec_path
+from curation_dagster.resources import (
+    CurationResource,
+    earlier_crawls,
+    load_spec,
+    prior_specs,
+    save_spec,
+    spec_path,
+)
 from stages.paths import UnsafeNameError, check_name
 from stages.registry import PROGRAMS, CrawlSpec
 
@@ -119,6 +126,8 @@ def spec_for(workdir: str, cfg: RecrawlConfig, crawl: str, urls: dict[str, str])
         extra["stages"] = tuple(cfg.stages) if cfg.stages is not None else base.stages if base else ()
     if cfg.keep is not None or base is not None:
         extra["keep"] = cfg.keep if cfg.keep is not None else base.keep if base else {}
+    # Deduplicated against the documents every crawl published before it kept (incremental dedup).
+    extra["dedup_against"] = prior_specs(workdir, earlier_crawls(workdir, crawl))
     return CrawlSpec.model_validate({"crawl": crawl, "sources": sources, **extra})
 
 

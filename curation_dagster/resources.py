@@ -65,10 +65,22 @@ def data_root_of(workdir: str | Path) -> str | None:
     return os.environ.get("CURATE_DATA_ROOT") or (path.read_text().strip() or None if path.exists() else None)
 
 
-def earlier_crawls(workdir: str | Path, crawl: str) -> list[str]:
-    """Crawls registered in ``workdir`` before ``crawl`` was (by spec file time), oldest first."""
+def earlier_crawls(workdir: str | Path, crawl: str, data_root: str | None = None) -> list[str]:
+    """Published crawls of ``workdir`` registered before ``crawl``, oldest first: those whose
+    removal ledger is committed for their current spec. A new crawl is deduplicated against their
+    kept documents (``CrawlSpec.dedup_against``)."""
+    from stages.registry import plan_task
+
+    store = Store(data_root or str(Path(workdir) / "data"))
     specs = sorted((Path(workdir) / "crawls").glob("*.json"), key=lambda p: (p.stat().st_mtime, p.stem))
-    return [p.stem for p in specs if p.stem != crawl]
+    out = []
+    for path in specs:
+        if path.stem == crawl:
+            continue
+        spec = load_spec(workdir, path.stem)
+        if store.read_manifest(plan_task(store, spec, "removal_ledger", None).output_dir) is not None:
+            out.append(path.stem)
+    return out
 
 
 def prior_specs(workdir: str | Path, crawls: list[str]) -> dict[str, dict[str, str]]:
