@@ -1,7 +1,7 @@
 """``curate``: run a crawl through the Dagster asset graph and ask it why sources shrank.
 
     curate run --workdir DIR --crawl NAME --source NAME=URL [...] [--stages LIST] [--config FILE]
-               [--data-root URL] [--executor ray] [--ray-address ADDR]
+               [--data-root URL] [--executor ray] [--ray-address ADDR] [--backend auto|cpu|gpu]
     curate report --workdir DIR --crawl NAME [--json]
     curate ledger --workdir DIR --crawl NAME --out FILE.parquet
     curate explain --workdir DIR --crawl NAME DOC_ID
@@ -116,8 +116,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")
     executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
         else "local"
+    if args.backend == "gpu":  # stages run in this process: fail now, not at the first GPU program
+        from stages.backend import BackendUnavailable, resolve
+
+        try:
+            resolve("gpu")
+        except BackendUnavailable as exc:
+            raise CliError(str(exc)) from exc
     resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
-                                ray_address=args.ray_address)
+                                ray_address=args.ray_address, backend=args.backend)
     try:
         report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force, resource=resource)
     except RunFailed as exc:  # one line, no traceback: the step's error is in the Dagster event log
@@ -329,6 +336,9 @@ def parser() -> argparse.ArgumentParser:
                    help="where fanned-out work runs: a process pool, or Ray tasks (the default with --ray-address)")
     r.add_argument("--ray-address", metavar="ADDR",
                    help="an existing Ray cluster (ray://head:10001, auto); default: Ray started on this machine")
+    r.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto",
+                   help="kernels: cpu, gpu (torch twins, same answers), or auto = gpu where torch sees CUDA "
+                        "(docs/gpu.md); recorded in every materialization's metadata")
     r.set_defaults(fn=cmd_run)
 
     rep = sub.add_parser("report", help="the source x stage table of a crawl")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from stages.params import ExecutionParams
-from stages.paths import Store
+from stages.paths import Store, check_name, use_storage_options
 from stages.registry import PROGRAMS, CrawlSpec, execute, metadata
 
 
@@ -27,16 +27,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root")
     parser.add_argument("--batch-rows", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=0, help="0 = every core")
+    parser.add_argument("--executor", choices=["local", "ray"], default="local", help="where fanned-out work runs")
+    parser.add_argument("--ray-address", help="an existing Ray cluster (ray://head:10001, auto); default: local")
+    parser.add_argument("--backend", choices=["auto", "cpu", "gpu"], default="auto",
+                        help="kernels: the CPU reference, the GPU twins (bit-identical integer outputs), or auto = "
+                             "gpu when torch sees a CUDA device (docs/gpu.md)")
     parser.add_argument("--force", action="store_true", help="recompute even if up to date")
     args = parser.parse_args(argv)
-    spec_file = Path(args.workdir) / "crawls" / f"{args.crawl}.json"
+    try:
+        spec_file = Path(args.workdir) / "crawls" / f"{check_name('crawl', args.crawl)}.json"
+    except ValueError as exc:  # a crawl name that would leave the workdir
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         spec = CrawlSpec.model_validate_json(spec_file.read_text())
     except FileNotFoundError:
         print(f"error: crawl {args.crawl!r} has no spec at {spec_file}", file=sys.stderr)
         return 2
-    store = Store(args.data_root or str(Path(args.workdir) / "data"))
-    execution = ExecutionParams(batch_rows=args.batch_rows, workers=args.workers)
+    # Storage options (credentials, endpoint_url) come as JSON in $CURATE_STORAGE_OPTIONS, never
+    # as arguments; without them s3fs reads the standard AWS environment, profile or pod identity.
+    root = args.data_root or str(Path(args.workdir) / "data")
+    blob = os.environ.get("CURATE_STORAGE_OPTIONS", "")
+    options = json.loads(blob) if blob.strip() else {}
+    use_storage_options(root, options)
+    store = Store(root, options)
+    execution = ExecutionParams(batch_rows=args.batch_rows, workers=args.workers, executor=args.executor,
+                                ray_address=args.ray_address, backend=args.backend)
     if "DAGSTER_PIPES_CONTEXT" in os.environ:
         from dagster_pipes import open_dagster_pipes  # only the Pipes entry point needs it
 

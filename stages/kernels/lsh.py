@@ -13,7 +13,7 @@ See ``docs/minhash.md`` for the definitions.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -397,6 +397,7 @@ def verify_candidates(
     shingle: int = 24,
     threshold: float = 0.8,
     max_fallback: int = 8,
+    jaccard: Callable[..., Any] | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32]]:
     """Exactly verified edges: (src int64 (v,), dst int64 (v,), jaccard float32 (v,)).
 
@@ -411,7 +412,10 @@ def verify_candidates(
        duplicates another member still joins that member's group. Cost: at most
        ``max_fallback`` extra comparisons per orphan, whatever the bucket size.
     Kept edges are (higher id, lower id) for fallback pairs and (member, anchor) otherwise.
+    ``jaccard(batch, src, dst, shingle) -> float64 (e,)`` replaces the pair kernel (a GPU twin with
+    the same output, ``stages.kernels.gpu.lsh.pair_jaccard64``); default the numba one.
     """
+    jaccard64 = jaccard or _jaccard64
     src, dst, band = _as_pairs(src, dst, band)
     batch = as_utf8(docs)
     _check_rows(len(batch), src, dst)
@@ -420,7 +424,7 @@ def verify_candidates(
     if src.shape[0] == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
     (ps, pd), _ = _unique_pairs(src, dst)
-    jac = _jaccard64(batch, ps, pd, shingle)
+    jac = jaccard64(batch, ps, pd, shingle)
     ok = jac >= threshold
     out_s, out_d, out_j = [ps[ok]], [pd[ok]], [jac[ok]]
     if max_fallback:
@@ -431,7 +435,7 @@ def verify_candidates(
         # a mate pair that is also an anchor pair was verified in step 1
         tried = np.isin(fs * len(batch) + fd, np.concatenate([ps * len(batch) + pd, pd * len(batch) + ps]))
         fs, fd = fs[~tried], fd[~tried]
-        fj = _jaccard64(batch, fs, fd, shingle)
+        fj = jaccard64(batch, fs, fd, shingle)
         ok = fj >= threshold
         out_s.append(fs[ok])
         out_d.append(fd[ok])

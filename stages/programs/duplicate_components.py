@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.backend import connected_components_on, resolve, verify_candidates_on
 from stages.params import DuplicateComponentsParams, ExecutionParams
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -65,8 +66,7 @@ def run(
         output.write("components", COMPONENTS.empty_table())
         output.write("edges", EDGES.empty_table())
         return {"enabled": False, "components": 0}
-    from stages.kernels.lsh import connected_components, verify_candidates
-
+    backend = resolve(execution.backend)
     lsh_dir = inputs.dir("lsh_buckets")
     shingle = int(inputs.manifest("lsh_buckets").report["shingle"])
     nodes = inputs.store.read_table(lsh_dir, "nodes")
@@ -79,15 +79,15 @@ def run(
     if params.verify == "jaccard" and len(src):
         wanted = _distinct(np.concatenate([src, dst]))
         batch, row_of = _texts_for(inputs, nodes, wanted, execution)
-        vs, vd, jac = verify_candidates(batch, row_of[src], row_of[dst], band, shingle=shingle,
-                                        threshold=params.threshold, max_fallback=params.max_leaders)
+        vs, vd, jac = verify_candidates_on(backend, batch, row_of[src], row_of[dst], band, shingle=shingle,
+                                           threshold=params.threshold, max_fallback=params.max_leaders)
         e_src, e_dst = wanted[vs], wanted[vd]
     else:
         packed = _distinct(src * max(n, 1) + dst)
         e_src, e_dst = packed // max(n, 1), packed % max(n, 1)
         jac = np.full(len(e_src), np.nan, np.float32)
     output.write("edges", pa.table({"src": e_src, "dst": e_dst, "jaccard": jac}, schema=EDGES))
-    label = connected_components(n, e_src, e_dst)
+    label = connected_components_on(backend, n, e_src, e_dst)
     sizes = np.bincount(label, minlength=n) if n else np.zeros(0, np.int64)
     member = sizes[label] > 1 if n else np.zeros(0, bool)
     idx = np.flatnonzero(member)
@@ -100,6 +100,7 @@ def run(
     top = np.sort(comp_sizes)[::-1][:10]
     return {
         "enabled": True,
+        "backend": backend.name,
         "verify": params.verify,
         "shingle": shingle,
         "threshold": params.threshold,

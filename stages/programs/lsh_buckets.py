@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.backend import CPU, Backend, band_edges_on, band_keys_on, fanout, resolve
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, LshBucketsParams, lsh_curve, lsh_threshold
 from stages.paths import PartitionWriter, Store
@@ -45,14 +46,13 @@ class _BandGroup:
     store: Store
     pdir: str
     parts: tuple[str, ...]
+    backend: Backend = CPU
 
     def __call__(self, bands: list[int]) -> list[tuple[np.ndarray, np.ndarray, Any]]:
         """(src int64, dst int64, BucketStats) per band of ``bands``, in that order."""
-        from stages.kernels.lsh import band_edges
-
         t = self.store._read_files(self.pdir, list(self.parts), ["node", *map(band_column, bands)])
         ids = t.column(0).to_numpy()
-        return [band_edges(t.column(1 + i).to_numpy(), ids) for i in range(len(bands))]
+        return [band_edges_on(self.backend, t.column(1 + i).to_numpy(), ids) for i in range(len(bands))]
 
 
 def _prior_rows(inputs: Inputs, crawl: str, base: dict[str, Any]) -> tuple[pa.Table, pa.Table]:
@@ -112,8 +112,10 @@ def run(
         output.write("nodes", NODES.empty_table())
         output.write("edges", EDGES.empty_table())
         return {"enabled": False, **base, "nodes": 0, "edges": 0}
-    from stages.kernels.lsh import band_keys
     from stages.programs.minhash_signatures import signature_matrix
+
+    backend = resolve(execution.backend)
+    base["backend"] = backend.name
 
     sig_params = inputs.manifest("minhash_signatures", inputs.sources("minhash_signatures")[0]).params
     num_perm = sig_params["num_perm"]
@@ -131,7 +133,7 @@ def run(
     for source in inputs.sources("minhash_signatures"):
         pdir = inputs.dir("minhash_signatures", source)
         for batch in inputs.store.iter_batches(pdir, "signatures", None, execution.batch_rows):
-            keys = band_keys(signature_matrix(batch.column(1), num_perm), params.bands, params.rows)
+            keys = band_keys_on(backend, signature_matrix(batch.column(1), num_perm), params.bands, params.rows)
             cols = {"node": pc.index_in(batch.column(0), value_set=node_ids).cast(pa.int64())}
             cols.update({band_column(b): pa.array(keys[:, b]) for b in range(params.bands)})
             output.write("band_keys", pa.table(cols))
@@ -140,8 +142,8 @@ def run(
                                                   .cast(pa.int64())))
     stats = None
     groups = [list(range(b, min(b + BANDS_PER_TASK, params.bands))) for b in range(0, params.bands, BANDS_PER_TASK)]
-    job = _BandGroup(output.store, output.pdir, tuple(output.tables["band_keys"]))
-    for bands, results in zip_results(groups, job, execution):
+    job = _BandGroup(output.store, output.pdir, tuple(output.tables["band_keys"]), backend)
+    for bands, results in zip_results(groups, job, execution, **fanout(backend, execution)):
         for band, (src, dst, band_stats) in zip(bands, results, strict=True):
             stats = band_stats if stats is None else stats.merge(band_stats)
             output.write("edges", pa.table({"src": src, "dst": dst, "band": np.full(len(src), band, np.int32)},

@@ -3,16 +3,21 @@
 Reads the survivors of the heuristic and exact stages and writes ``doc_id`` plus a
 ``signature`` fixed-size list of ``num_perm`` uint32, computed straight from the Arrow text
 buffer (no Python string per document) by the numba kernel ``stages.kernels.minhash``.
+Batches fan out through ``stages.parallel``: in this process on every core, or one Ray task per
+batch; rows depend only on their own text, so the output is the same either way.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from stages.backend import CPU, Backend, fanout, resolve, signatures_on
+from stages.parallel import kernel_cpus, zip_results
 from stages.params import ExecutionParams, MinhashSignaturesParams
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -32,6 +37,25 @@ def signature_matrix(column: pa.ChunkedArray | pa.Array, num_perm: int) -> np.nd
     return column.flatten().to_numpy().reshape(-1, num_perm)
 
 
+@dataclass(frozen=True)
+class _Signer:
+    """One batch's signatures (picklable, so a process pool or a Ray task can run it)."""
+
+    shingle: int
+    num_perm: int
+    seed: int
+    backend: Backend = CPU
+
+    def __call__(self, table: pa.Table) -> tuple[np.ndarray, int, float]:
+        """uint32 (rows, num_perm) signatures, bytes of text, kernel seconds."""
+        from stages.kernels.minhash import from_arrow
+
+        batch = from_arrow(table["text"].combine_chunks())
+        t0 = time.perf_counter()
+        sigs = signatures_on(self.backend, batch, shingle=self.shingle, num_perm=self.num_perm, seed=self.seed)
+        return sigs, int(batch.offsets[-1] - batch.offsets[0]), time.perf_counter() - t0
+
+
 def run(
     params: MinhashSignaturesParams,
     inputs: Inputs,
@@ -45,24 +69,23 @@ def run(
     if not params.enabled:
         output.write("signatures", empty)
         return {"enabled": False, "documents": 0}
-    from stages.kernels.minhash import from_arrow, signatures
-
+    backend = resolve(execution.backend)
+    signer = _Signer(params.shingle, params.num_perm, params.seed, backend)
     docs = 0
     nbytes = 0
     kernel_s = 0.0
-    for table in survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows):
-        text = table["text"].combine_chunks()
-        batch = from_arrow(text)
-        t0 = time.perf_counter()
-        sigs = signatures(batch, shingle=params.shingle, num_perm=params.num_perm, seed=params.seed)
-        kernel_s += time.perf_counter() - t0
+    tables = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
+    resources = fanout(backend, execution, kernel_cpus(execution))  # a twin: one GPU per call
+    for table, (sigs, size, seconds) in zip_results(tables, signer, execution, **resources):
+        kernel_s += seconds
         output.write("signatures", signature_table(table["doc_id"].combine_chunks(), sigs))
         docs += table.num_rows
-        nbytes += int(batch.offsets[-1] - batch.offsets[0])
+        nbytes += size
     if docs == 0:
         output.write("signatures", empty)
     return {
         "enabled": True,
+        "backend": backend.name,
         "documents": docs,
         "bytes": nbytes,
         "kernel_seconds": round(kernel_s, 3),
