@@ -224,7 +224,8 @@ def test_embedding_matrix_renormalises_float16_rows() -> None:
 @pytest.mark.gpu
 def test_gpu_kernels_match_cpu() -> None:
     """The same kernels on cuda: pairwise equal up to float rounding, k-means the same partition."""
-    assert torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
     x, truth = blobs(8, 200, dim=64, seed=2)
     xt = torch.from_numpy(x)
     s_cpu, a_cpu = max_earlier_similarity(xt, 256)
