@@ -109,7 +109,8 @@ def run_ours(folder: Path, work: Path) -> dict[str, Any]:
     fuzzy = outcomes[("fuzzy_duplicates", None)].manifest.report
     comps = outcomes[("duplicate_components", None)].manifest.report
     seconds = {name: round(o.seconds, 2) for (name, src), o in outcomes.items() if src is None}
-    return {"removed": fuzzy["removed"], "kernel_mb_per_s_wall": round(nbytes / 1e6 / kernel_s, 1) if kernel_s else None,
+    kernel = round(nbytes / 1e6 / kernel_s, 1) if kernel_s else None
+    return {"removed": fuzzy["removed"], "kernel_mb_per_s_wall": kernel,
             "candidate_pairs": comps.get("candidate_pairs"), "verified_edges": comps.get("edges"),
             "crawl_level_seconds": seconds}
 

@@ -38,7 +38,7 @@ def crawls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     _write(root / "c1" / "web", first)
     # The recrawl: 30 pages unchanged, 20 lightly edited, 40 new (of which 2 exact copies of each other).
     edited = [{"id": d["id"], "text": d["text"].replace(" the ", " a ", 1) + "\nUpdated."} for d in first[30:50]]
-    new = rest + [dict(rest[0], id="copy-of-first-new")]
+    new = [*rest, dict(rest[0], id="copy-of-first-new")]
     _write(root / "c2" / "web", first[:30] + edited + new)
     store = Store(str(root / "data"))
     spec1 = CrawlSpec(crawl="c1", sources={"web": {"url": str(root / "c1" / "web"), "id_field": "id"}},
