@@ -359,7 +359,7 @@ def pod_templates(settings: K8sSettings, workdir: str = "/workdir") -> list[dict
     return out
 
 
-RAY_VERSION = "2.40.0"
+RAY_VERSION = "2.60.0"  # = the ray pinned in pyproject.toml (extra "ray")
 
 
 def _ray_pod(settings: K8sSettings, res: Resources, workdir: str, head: bool) -> dict[str, Any]:
@@ -442,4 +442,8 @@ def definitions() -> Definitions:
     return build_definitions(
         os.environ.get("CURATE_WORKDIR", "/workdir"), mode="k8s",
         data_root=os.environ.get("CURATE_DATA_ROOT") or None,
+        # Ray-backed stages (docs/scale-out.md): e.g. CURATE_EXECUTOR=ray and
+        # CURATE_RAY_ADDRESS=ray://curation-ray-head-svc.curation.svc:10001 (k8s/raycluster.yaml).
+        executor=os.environ.get("CURATE_EXECUTOR") or "local",
+        ray_address=os.environ.get("CURATE_RAY_ADDRESS") or None,
     )

@@ -117,6 +117,9 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
         return dict(self.storage_options) or storage_options_from_env()
 
     def store(self) -> Store:
+        """The data root; its storage options also become this process's fsspec defaults for
+        its protocol, so source URLs there (fingerprinted before any stage runs) open alike."""
+        use_storage_options(self.root(), self.options())
         return Store(self.root(), self.options())
 
     def spec(self, crawl: str) -> CrawlSpec:
@@ -156,7 +159,6 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
             from curation_dagster.k8s import materialize_in_pod  # imports kubernetes only here
 
             return materialize_in_pod(context, self, program, crawl, source)
-        use_storage_options(self.root(), self.options())
         try:
             outcome = execute(self.store(), spec, program, source, self.execution())
         except (FileNotFoundError, KeyError, ValueError) as exc:

@@ -4,10 +4,19 @@ Programs that fan out (scoring, signatures, ingestion of file pieces, LSH band g
 ``map_ordered``; the executor is an execution setting (``ExecutionParams.executor``), never a
 parameter, so the output is identical whichever runs it. Results come back in input order with a
 bounded number of items in flight, so memory stays flat however many items there are.
+
+Work that needs heavy state loaded once (a model on a GPU) calls ``map_actors`` with a class:
+one instance per Ray actor (``num_gpus`` each), or one instance in this process locally.
+
+``num_cpus`` is what one call uses, on both executors: locally ``workers // num_cpus`` calls run
+side by side (inline when that is 1); on Ray each task reserves ``num_cpus`` and its numba
+kernels run on that many threads (``numba.set_num_threads``), so tasks never oversubscribe a node.
+Ray is imported only by the Ray executor.
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -24,44 +33,28 @@ def map_ordered(
 ) -> Iterator[R]:
     """``fn(item)`` for every item, yielded in input order.
 
-    ``executor="local"``: a process pool of ``resolved_workers()`` processes (inline when 1);
-    ``executor="ray"``: Ray tasks with the declared ``num_cpus``/``num_gpus`` on the cluster at
-    ``ray_address`` (started locally when None). ``fn`` must be a module-level function.
+    ``executor="local"``: a process pool of ``resolved_workers() // num_cpus`` processes (inline
+    when 1); ``executor="ray"``: Ray tasks with the declared ``num_cpus``/``num_gpus`` on the
+    cluster at ``ray_address`` (started on this machine when None). ``fn`` must be picklable: a
+    module-level function, or an instance of a module-level class (e.g. holding parameters).
     """
-    workers = execution.resolved_workers()
     if execution.executor == "ray":
         yield from _ray_map(fn, items, execution, num_cpus, num_gpus)
-    elif workers <= 1:
+        return
+    workers = max(1, int(execution.resolved_workers() // max(num_cpus, 1.0)))
+    if workers <= 1:
         yield from map(fn, items)
-    else:
-        from concurrent.futures import Future, ProcessPoolExecutor
+        return
+    from concurrent.futures import Future, ProcessPoolExecutor
 
-        with ProcessPoolExecutor(workers) as pool:
-            pending: deque[Future[R]] = deque()
-            for item in items:
-                pending.append(pool.submit(fn, item))
-                if len(pending) >= 2 * workers:
-                    yield pending.popleft().result()
-            while pending:
+    with ProcessPoolExecutor(workers) as pool:
+        pending: deque[Future[R]] = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * workers:
                 yield pending.popleft().result()
-
-
-def _ray_map(
-    fn: Callable[[T], R], items: Iterable[T], execution: ExecutionParams, num_cpus: float, num_gpus: float
-) -> Iterator[R]:
-    import ray  # only the Ray executor needs it
-
-    if not ray.is_initialized():
-        ray.init(address=execution.ray_address, ignore_reinit_error=True, log_to_driver=False)
-    remote: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(fn)
-    in_flight = max(2, 2 * int(ray.cluster_resources().get("CPU", 1) // max(num_cpus, 1e-9)))
-    pending: deque[Any] = deque()
-    for item in items:
-        pending.append(remote.remote(item))
-        if len(pending) >= in_flight:
-            yield ray.get(pending.popleft())
-    while pending:
-        yield ray.get(pending.popleft())
+        while pending:
+            yield pending.popleft().result()
 
 
 def zip_results(
@@ -77,3 +70,183 @@ def zip_results(
 
     for result in map_ordered(fn, remember(items), execution, **resources):
         yield held.popleft(), result
+
+
+def kernel_cpus(execution: ExecutionParams) -> float:
+    """Cores for one call of a multi-threaded (numba ``parallel=True``) kernel.
+
+    Locally the whole machine: one batch at a time with the kernel's threads inside, so no batch
+    is copied to another process. On Ray one core per task: the cluster's cores are the parallelism.
+    """
+    return 1.0 if execution.executor == "ray" else float(execution.resolved_workers())
+
+
+def map_actors(
+    cls: Callable[..., Callable[[T], R]], init_args: tuple[Any, ...], items: Iterable[T],
+    execution: ExecutionParams, *, num_cpus: float = 1.0, num_gpus: float = 0.0, actors: int | None = None,
+) -> Iterator[R]:
+    """``cls(*init_args)(item)`` for every item, yielded in input order; ``cls`` is built once per worker.
+
+    ``cls`` loads its heavy state (a model, a tokenizer) in ``__init__`` and is cheap per call.
+    ``executor="local"``: one instance in this process, called item by item (it may use the GPU
+    of this machine itself). ``executor="ray"``: up to ``actors`` Ray actors (default: as many as
+    the cluster's GPUs, or CPUs, hold at ``num_gpus``/``num_cpus`` each), each with one instance;
+    items go to the actor with the fewest in flight, results come back in input order, and the
+    actors are killed at the end, releasing their GPUs. ``cls`` must be a module-level class.
+    """
+    if execution.executor != "ray":
+        instance = cls(*init_args)
+        yield from map(instance, items)
+        return
+    ray = ray_init(execution)
+    if actors is None:
+        total = ray.cluster_resources()
+        actors = int(total.get("GPU", 0) // num_gpus) if num_gpus else int(total.get("CPU", 1) // max(num_cpus, 1e-9))
+    limit = max(1, actors)
+    host = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_Host)
+    conf = _storage_conf(ray)
+    started: list[Any] = []
+    load: list[int] = []
+    pending: deque[tuple[int, Any]] = deque()
+    try:
+        for item in items:
+            if len(started) < limit and (not started or min(load) > 0):
+                started.append(host.remote(cls, init_args, _threads(num_cpus), conf))
+                load.append(0)
+            i = min(range(len(started)), key=load.__getitem__)
+            pending.append((i, started[i].call.remote(item)))
+            load[i] += 1
+            if len(pending) >= 2 * limit:
+                j, ref = pending.popleft()
+                load[j] -= 1
+                yield ray.get(ref)
+        while pending:
+            j, ref = pending.popleft()
+            load[j] -= 1
+            yield ray.get(ref)
+    finally:
+        for actor in started:
+            ray.kill(actor)
+
+
+# --- Ray ------------------------------------------------------------------------------------------
+
+
+def ray_init(execution: ExecutionParams, **local: Any) -> Any:
+    """The ``ray`` module, connected to ``execution.ray_address`` (``ray://host:10001``, ``auto``,
+    ``host:6379``) or to a Ray instance started on this machine (``workers`` CPUs, 0: every core;
+    ``local`` are more ``ray.init`` arguments for it, e.g. ``num_gpus``), unless this process is
+    connected already. A local instance listens on 127.0.0.1 only."""
+    address = execution.ray_address or os.environ.get("RAY_ADDRESS") or None
+    if address is None or _is_loopback(address):
+        # Ray binds every port to the node IP it resolves; on Linux that is the external
+        # interface, unless this is "0" (read when ray is imported: set first, patch if imported).
+        # A cluster on 127.0.0.1 is reachable only so: Ray would rewrite 127.0.0.1 to that IP.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    joining = address is not None and _token_auth_if_available()
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    if address is None or _is_loopback(address):
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
+    if address is None:
+        # "local": a new instance even if `ray start` left a cluster on this machine, which
+        # ray.init() would join otherwise.
+        options = {"num_cpus": execution.workers or None, "include_dashboard": False, "log_to_driver": False,
+                   **local}
+        ray.init(address="local", ignore_reinit_error=True, **options)
+    else:
+        if joining:  # Ray reads the mode when it is imported: refresh it if that was earlier
+            from ray._raylet import Config  # type: ignore[attr-defined]
+
+            Config.initialize("")
+        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+    return ray
+
+
+def _token_auth_if_available() -> bool:
+    """Send the cluster's token when there is one: Ray >= 2.5x clusters enable token auth by
+    default, but a driver joining one sends its token only with ``RAY_AUTH_MODE=token`` (a token
+    sent to a cluster without auth is ignored). The token: ``RAY_AUTH_TOKEN``, the file
+    ``RAY_AUTH_TOKEN_PATH``, or ``~/.ray/auth_token`` (where ``ray start`` writes it)."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return False
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return True
+    return False
+
+
+def _is_loopback(address: str) -> bool:
+    """True for ``127.0.0.1:6379``, ``ray://localhost:10001`` and the like."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def _ray_map(
+    fn: Callable[[T], R], items: Iterable[T], execution: ExecutionParams, num_cpus: float, num_gpus: float
+) -> Iterator[R]:
+    ray = ray_init(execution)
+    task = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_run_task)
+    total = ray.cluster_resources()
+    slots = total.get("GPU", 0) / num_gpus if num_gpus else total.get("CPU", 1) / max(num_cpus, 1e-9)
+    # An autoscaling cluster may have no worker yet: keep enough queued for it to scale up.
+    in_flight = max(4, 2 * int(slots))
+    fn_ref, conf = ray.put(fn), _storage_conf(ray)
+    threads = _threads(num_cpus)
+    pending: deque[Any] = deque()
+    try:
+        for item in items:
+            pending.append(task.remote(fn_ref, item, threads, conf))
+            if len(pending) >= in_flight:
+                yield ray.get(pending.popleft())
+        while pending:
+            yield ray.get(pending.popleft())
+    finally:
+        for ref in pending:  # the consumer stopped early or a task failed: drop the rest
+            ray.cancel(ref)
+
+
+def _threads(num_cpus: float) -> int:
+    return max(1, int(num_cpus))
+
+
+def _storage_conf(ray: Any) -> Any:
+    """fsspec's per-protocol defaults of this process (``stages.paths.use_storage_options``),
+    put once in the object store, so tasks open source URLs the way the driver does."""
+    import fsspec.config
+
+    return ray.put({k: dict(v) for k, v in fsspec.config.conf.items()}) if fsspec.config.conf else None
+
+
+def _worker_setup(threads: int, conf: dict[str, dict[str, Any]] | None) -> None:
+    """In a Ray worker: numba kernels on the task's cores; the driver's fsspec defaults."""
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    if conf:
+        import fsspec.config
+
+        for protocol, options in conf.items():
+            fsspec.config.conf.setdefault(protocol, {}).update(options)
+
+
+def _run_task(fn: Callable[[T], R], item: T, threads: int, conf: dict[str, dict[str, Any]] | None) -> R:
+    _worker_setup(threads, conf)
+    return fn(item)
+
+
+class _Host:
+    """A Ray actor holding one instance of a ``map_actors`` class."""
+
+    def __init__(self, cls: Callable[..., Any], init_args: tuple[Any, ...], threads: int,
+                 conf: dict[str, dict[str, Any]] | None) -> None:
+        _worker_setup(threads, conf)
+        self.instance = cls(*init_args)
+
+    def call(self, item: Any) -> Any:
+        return self.instance(item)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class StageParams(BaseModel):
@@ -33,14 +34,31 @@ class StageParams(BaseModel):
 
 
 class RawDocumentsParams(StageParams):
-    """Ingestion of one source: where the records are and which fields mean what."""
+    """Ingestion of one source: where the records are and which fields mean what.
 
-    version: ClassVar[int] = 1
+    ``max_chars``: a longer text is quarantined (``text_too_long``) instead of reaching the
+    stages after ingestion (None: no limit). The URL must not carry credentials
+    (``user:password@``): they would end up in keys, manifests and the Dagster UI.
+    """
+
+    # v2: duplicate record ids and overlong texts are quarantined
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+    version: ClassVar[int] = 2
     url: str = Field(description="fsspec URL, glob or directory of JSONL(.gz/.zst) or Parquet files")
     text_field: str = "text"
     id_field: str | None = None
     url_field: str | None = None
     format: Literal["auto", "jsonl", "parquet"] = "auto"
+    max_chars: int | None = Field(default=10_000_000, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials(cls, url: str) -> str:
+        # user:password@ after the scheme, also when the secret holds a '/' (AWS secrets do)
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^@]*:[^@]*@", url):
+            raise ValueError("the source URL carries credentials (user:password@...); give them through the "
+                             "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) instead")
+        return url
 
 
 class FilteredDocumentsParams(StageParams):
@@ -216,6 +234,9 @@ class ExecutionParams(BaseModel):
     # query/candidate rows per pairwise tile (memory ~ pairwise_batch_size**2 floats)
     embedding_batch_tokens: int | None = None
     pairwise_batch_size: int = 1024
+    # ingestion: input bytes per parallel task (a plain JSONL file is cut at line starts, a Parquet
+    # file between row groups); tasks in flight ~ 2 x workers
+    ingest_task_bytes: int = Field(default=8 << 20, ge=1)
 
     def resolved_workers(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)

@@ -5,6 +5,11 @@ only at the manifest and the files it names, so a killed writer never exposes a 
 partition, on a local disk or on object storage (which has no atomic rename): parts are written
 under fresh attempt-unique names first, and the manifest (one small object, replaced whole) is
 the commit. Parts of failed or superseded attempts are deleted after the commit.
+
+On object storage, the manifest's read and write are retried on transient errors (s3fs retries
+each request too), and every manifest read bypasses fsspec's listing cache, so another process's
+newer commit is never read with a stale size. Storage options (credentials, ``endpoint_url``) are
+kept by the filesystem object only: never in a manifest, a path or a log line.
 """
 
 from __future__ import annotations
@@ -12,17 +17,61 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
+import fsspec.config
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 MANIFEST = "_manifest.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+T = TypeVar("T")
+# Errors that retrying cannot fix; any other OSError (connection reset, timeout, throttling as
+# s3fs reports it after its own retries) is retried by ``retry``.
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+_TRANSIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "urllib3", "requests")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying: a non-permanent OSError, or a network error of the HTTP stack."""
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, OSError):
+        return True
+    return type(exc).__module__.split(".")[0] in _TRANSIENT_MODULES and any(
+        word in type(exc).__name__ for word in ("Connection", "Timeout", "ReadError", "Throttl")
+    )
+
+
+def retry(fn: Callable[[], T], attempts: int = 5, delay: float = 0.2) -> T:
+    """``fn()``, retried with exponential back-off (``delay``, 2x, 4x, ...) on transient errors."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt == attempts - 1 or not is_transient(exc):
+                raise
+            time.sleep(delay * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def use_storage_options(url: str, options: dict[str, Any] | None) -> None:
+    """Make ``options`` this process's fsspec defaults for ``url``'s protocol (``s3``, ``gcs``,
+    ...), so every URL of that protocol (source URLs included) opens with them; explicit
+    options still win. Ray tasks of ``stages.parallel`` receive the same defaults."""
+    if not options:
+        return
+    cls = fsspec.get_filesystem_class(fsspec.core.split_protocol(url)[0] or "file")
+    protocols = cls.protocol if isinstance(cls.protocol, tuple | list) else (cls.protocol,)
+    for protocol in protocols:
+        fsspec.config.conf.setdefault(protocol, {}).update(options)
 
 
 class UnsafeNameError(ValueError):
@@ -79,11 +128,23 @@ class Store:
 
     def read_manifest(self, pdir: str) -> Manifest | None:
         path = f"{pdir}/{MANIFEST}"
-        try:
-            with self.fs.open(path, "r") as fh:
-                return Manifest.from_json(fh.read())
-        except FileNotFoundError:
-            return None
+        if self.is_local:
+            try:
+                with self.fs.open(path, "r") as fh:
+                    return Manifest.from_json(fh.read())
+            except FileNotFoundError:
+                return None
+
+        def read() -> str | None:
+            self.fs.invalidate_cache(pdir)  # a cached listing holds the size of an older manifest
+            try:
+                with self.fs.open(path, "r") as fh:
+                    return str(fh.read())
+            except FileNotFoundError:
+                return None
+
+        blob = retry(read)
+        return None if blob is None else Manifest.from_json(blob)
 
     def read_table(self, pdir: str, table: str, columns: list[str] | None = None) -> pa.Table:
         """All rows of one committed table (empty tables keep their schema)."""
@@ -140,6 +201,14 @@ class PartitionWriter:
             pq.write_table(data, fh, compression="zstd")
         names.append(name)
 
+    def rename(self, table: str, new: str) -> None:
+        """Publish the parts written to ``table`` as ``new``, replacing what ``new`` had (parts no
+        table names any more are deleted at commit); for programs that rewrite a table."""
+        self.tables[new] = self.tables.pop(table, [])
+        self.rows[new] = self.rows.pop(table, 0)
+        if table in self.schemas:
+            self.schemas[new] = self.schemas.pop(table)
+
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
         """Rows this attempt has written to ``table`` so far (for multi-pass programs)."""
         return self.store._read_files(self.pdir, self.tables.get(table, []), columns)
@@ -158,12 +227,24 @@ class PartitionWriter:
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
         else:
-            # One PUT replaces an object whole: readers see the old manifest or the new one.
-            with fs.open(final, "w") as fh:
-                fh.write(blob)
+            # No rename on object storage: one PUT replaces an object whole, so readers see the
+            # old manifest or the new one. Retrying it is safe: the same bytes again.
+            def put() -> None:
+                with fs.open(final, "w") as fh:
+                    fh.write(blob)
+
+            retry(put)
         keep = {name for names in self.tables.values() for name in names} | {MANIFEST}
-        for path in fs.ls(self.pdir, detail=False):
-            name = path.rstrip("/").rsplit("/", 1)[-1]
-            if name not in keep and not name.startswith(f".{MANIFEST}."):
-                fs.rm(path, recursive=True)
+        try:
+            fs.invalidate_cache(self.pdir)
+            for path in fs.ls(self.pdir, detail=False):
+                name = path.rstrip("/").rsplit("/", 1)[-1]
+                if name not in keep and not name.startswith(f".{MANIFEST}."):
+                    fs.rm(path, recursive=True)
+        except OSError:
+            if self.store.is_local:
+                raise
+            # Committed already; leftovers are unreferenced and the next commit removes them.
+        finally:
+            fs.invalidate_cache(self.pdir)
         return manifest
