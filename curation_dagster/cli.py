@@ -100,10 +100,10 @@ def build_spec(
     missing = [name for name, s in cfg_sources.items() if "url" not in s]
     if missing:
         raise CliError(f"source(s) {', '.join(missing)} have no url")
-    return CrawlSpec(
-        crawl=crawl, sources=cfg_sources, stages=stage_list or tuple(config.get("stages", STAGES)),
-        params=config.get("params", {}), keep=config.get("keep", {}), dedup_against=dedup_against,
-    )
+    return CrawlSpec.model_validate({
+        "crawl": crawl, "sources": cfg_sources, "stages": stage_list or tuple(config.get("stages", STAGES)),
+        "params": config.get("params", {}), "keep": config.get("keep", {}), "dedup_against": dedup_against,
+    })
 
 
 def cmd_run(args: argparse.Namespace) -> int:

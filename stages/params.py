@@ -123,8 +123,8 @@ class MinhashSignaturesParams(StageParams):
 
     version: ClassVar[int] = 1
     enabled: bool = True
-    shingle: int = Field(24, ge=1, le=1024)
-    num_perm: int = Field(260, ge=1, le=4096)
+    shingle: int = Field(default=24, ge=1, le=1024)
+    num_perm: int = Field(default=260, ge=1, le=4096)
     seed: int = 42
 
 
@@ -158,8 +158,8 @@ class LshBucketsParams(StageParams):
 
     version: ClassVar[int] = 1
     enabled: bool = True
-    bands: int = Field(26, ge=1)
-    rows: int = Field(10, ge=1)
+    bands: int = Field(default=26, ge=1)
+    rows: int = Field(default=10, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -186,8 +186,8 @@ class DuplicateComponentsParams(StageParams):
     version: ClassVar[int] = 1
     enabled: bool = True
     verify: Literal["jaccard", "none"] = "jaccard"
-    threshold: float = Field(0.8, gt=0.0, le=1.0)
-    max_leaders: int = Field(8, ge=1)
+    threshold: float = Field(default=0.8, gt=0.0, le=1.0)
+    max_leaders: int = Field(default=8, ge=1)
 
 
 class FuzzyDuplicatesParams(StageParams):
@@ -295,7 +295,7 @@ class QualityClassifier(BaseModel):
     max_score: float | None = None
     min_score_per_source: dict[str, float] = Field(default_factory=dict)
     max_score_per_source: dict[str, float] = Field(default_factory=dict)
-    max_tokens: int = Field(512, ge=8, le=65_536)  # hf: truncation length (changes the scores)
+    max_tokens: int = Field(default=512, ge=8, le=65_536)  # hf: truncation length (changes the scores)
     fingerprint: str = ""
 
     def bounds(self, source: str | None) -> tuple[float | None, float | None]:
@@ -355,8 +355,8 @@ class ContaminatedDocumentsParams(StageParams):
     version: ClassVar[int] = 1
     enabled: bool = True
     benchmarks: tuple[Benchmark, ...] = ()
-    ngram: int = Field(13, ge=3, le=64)
-    min_matches: int = Field(1, ge=1)
+    ngram: int = Field(default=13, ge=3, le=64)
+    min_matches: int = Field(default=1, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -405,7 +405,7 @@ class DocumentEmbeddingsParams(StageParams):
     version: ClassVar[int] = 1
     enabled: bool = True
     model: str = DEFAULT_EMBEDDING_MODEL
-    max_tokens: int = Field(256, ge=8, le=8192)
+    max_tokens: int = Field(default=256, ge=8, le=8192)
     dtype: Literal["float16", "float32"] = "float16"
     fingerprint: str = ""
 
@@ -434,14 +434,14 @@ class SemanticClustersParams(StageParams):
 
     version: ClassVar[int] = 1
     enabled: bool = True
-    n_clusters: int | None = Field(None, ge=1)
-    docs_per_cluster: int = Field(1000, ge=2)
-    max_cluster_size: int = Field(5000, ge=2)
-    fit_fraction: float = Field(0.1, gt=0.0, le=1.0)
-    min_fit_per_cluster: int = Field(50, ge=1)
-    iterations: int = Field(30, ge=1)
+    n_clusters: int | None = Field(default=None, ge=1)
+    docs_per_cluster: int = Field(default=1000, ge=2)
+    max_cluster_size: int = Field(default=5000, ge=2)
+    fit_fraction: float = Field(default=0.1, gt=0.0, le=1.0)
+    min_fit_per_cluster: int = Field(default=50, ge=1)
+    iterations: int = Field(default=30, ge=1)
     seed: int = 42
-    spill_margin: float = Field(0.05, ge=0.0, le=2.0)
+    spill_margin: float = Field(default=0.05, ge=0.0, le=2.0)
 
 
 class SemanticDuplicatesParams(StageParams):
@@ -455,6 +455,6 @@ class SemanticDuplicatesParams(StageParams):
 
     version: ClassVar[int] = 1
     enabled: bool = True
-    eps: float = Field(0.07, ge=0.0, le=2.0)
+    eps: float = Field(default=0.07, ge=0.0, le=2.0)
     which_to_keep: Literal["hard", "easy", "random", "priority"] = "priority"
     seed: int = 42
