@@ -1,0 +1,210 @@
+"""Security: no code path unpickles or evaluates data, names cannot leave the workdir, the Dagster
+UI listens on loopback only. (Credentials never reaching logs, metadata or manifests: the planted
+fake AWS secret of ``test_bad_input.py``.)"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from curation_dagster import cli
+from curation_dagster.resources import load_spec, spec_path
+from stages.params import ExecutionParams, RawDocumentsParams
+from stages.paths import Store, UnsafeNameError
+from stages.registry import CrawlSpec, execute_crawl
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = ("stages", "curation_dagster")
+
+BANNED_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "joblib", "jsonpickle"}
+BANNED_CALLS = {"eval", "exec", "compile", "__import__"}
+BANNED_ATTRS = {("yaml", "load"), ("yaml", "unsafe_load"), ("yaml", "full_load"), ("torch", "load"),
+                ("pd", "read_pickle"), ("pandas", "read_pickle")}
+
+
+def product_files() -> list[Path]:
+    return sorted(p for pkg in PRODUCT for p in (ROOT / pkg).rglob("*.py"))
+
+
+def unsafe_calls(path: Path, root: Path = ROOT) -> list[str]:
+    """Imports of serialisers that run code on load, eval/exec, and loaders that unpickle."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name.split(".")[0] in BANNED_MODULES]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in BANNED_MODULES:
+            found.append(f"from {node.module} import ...")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id in BANNED_CALLS:
+                found.append(f"{func.id}()")
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and \
+                    (func.value.id, func.attr) in BANNED_ATTRS:
+                found.append(f"{func.value.id}.{func.attr}()")
+            for kw in node.keywords:  # e.g. np.load(..., allow_pickle=True), read_csv(engine=...) stays fine
+                if kw.arg in ("allow_pickle", "trust_remote_code") and not (
+                        isinstance(kw.value, ast.Constant) and kw.value.value is False):
+                    found.append(f"{kw.arg}=...")
+    return [f"{path.relative_to(root)}: {f}" for f in found]
+
+
+def test_no_code_path_unpickles_or_evaluates_data() -> None:
+    files = product_files()
+    assert len(files) > 30
+    assert [hit for f in files for hit in unsafe_calls(f)] == []
+
+
+def test_the_scanner_finds_what_it_bans(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import pickle\nfrom dill import loads\nimport yaml, numpy as np, torch\n"
+                   "eval('1')\nexec('x = 1')\nyaml.load(s)\ntorch.load(f)\nnp.load(f, allow_pickle=True)\n"
+                   "model.eval()\nyaml.safe_load(s)\nnp.load(f, allow_pickle=False)\n")
+    hits = [h.split(": ", 1)[1] for h in unsafe_calls(bad, tmp_path)]
+    assert hits == ["import pickle", "from dill import ...", "eval()", "exec()", "yaml.load()", "torch.load()",
+                    "allow_pickle=..."]
+
+
+def test_pyarrow_does_not_unpickle_extension_types() -> None:
+    """CVE-2023-47248: Parquet/IPC files could carry a pickled ``PyExtensionType``; pyarrow >= 14.0.1
+    refuses to unpickle it unless told to. Parquet inputs are read with a safe pyarrow."""
+    major, minor, patch = (int(x) for x in pa.__version__.split(".")[:3])
+    assert (major, minor, patch) >= (14, 0, 1)
+
+
+# --- names and paths --------------------------------------------------------------------------------
+
+UNSAFE = ["../x", "..", "a/b", "/etc", "a\\b", ".hidden", "x/../../y", ""]
+
+
+@pytest.mark.parametrize("name", UNSAFE)
+def test_unsafe_crawl_names_never_become_paths(tmp_path: Path, name: str) -> None:
+    with pytest.raises(UnsafeNameError):
+        spec_path(tmp_path, name)
+    with pytest.raises(UnsafeNameError):
+        load_spec(tmp_path, name)
+    with pytest.raises(UnsafeNameError):
+        Store(str(tmp_path)).partition_dir("raw_documents", "k", name)
+    for argv in (["report", "--workdir", str(tmp_path / "w"), "--crawl", name],
+                 ["explain", "--workdir", str(tmp_path / "w"), "--crawl", name, "0" * 32],
+                 ["ledger", "--workdir", str(tmp_path / "w"), "--crawl", name, "--out", str(tmp_path / "l.parquet")],
+                 ["run", "--workdir", str(tmp_path / "w"), "--crawl", name, "--source", f"s={tmp_path}"]):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            assert cli.main(argv) == 1, argv
+        assert "invalid crawl name" in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1, argv
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "w") == []
+    assert not (tmp_path / "w" / "crawls").exists() or not any((tmp_path / "w" / "crawls").iterdir())
+
+
+def test_the_stage_entry_point_refuses_an_unsafe_crawl_name(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "stages", "raw_documents", "--workdir", str(tmp_path / "w"),
+                           "--crawl", "../../etc/passwd", "--source", "s"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "invalid crawl name" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_record_fields_never_become_paths(tmp_path: Path) -> None:
+    """Record ids, URLs and texts that look like paths stay data: every file a crawl writes is
+    under its data root."""
+    src = tmp_path / "in"
+    src.mkdir()
+    recs = [{"id": "../../../escape", "url": "file:///etc/passwd", "text": "../../x " * 20},
+            {"id": "/abs/path", "url": "../..", "text": "another document, with a name like a path: /tmp/x"}]
+    (src / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    crawl = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=str(src), id_field="id", url_field="url")},
+                      stages=("heuristic", "exact"))
+    before = {p for p in tmp_path.rglob("*")}
+    execute_crawl(Store(str(tmp_path / "data")), crawl, ExecutionParams(workers=1))
+    new = {p for p in tmp_path.rglob("*")} - before
+    assert new and all(p.is_relative_to(tmp_path / "data") for p in new)
+
+
+# --- the Dagster UI ------------------------------------------------------------------------------
+
+
+def test_curate_ui_defaults_to_loopback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.parser().parse_args(["ui", "--workdir", "w"]).host == "127.0.0.1"
+    seen: list[list[str]] = []
+
+    def execvpe(file: str, args: list[str], env: dict[str, str]) -> None:
+        seen.append(args)
+
+    monkeypatch.setattr(os, "execvpe", execvpe)
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli.main(["ui", "--workdir", str(tmp_path)])
+    (args,) = seen
+    assert args[args.index("-h") + 1] == "127.0.0.1"
+    dagster_yaml = (tmp_path / "dagster" / "dagster.yaml").read_text()
+    assert "0.0.0.0" not in dagster_yaml and "enabled: false" in dagster_yaml  # telemetry off too
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+
+
+def listening(session: int) -> set[tuple[str, int]]:
+    """(hex address, port) of every TCP socket in LISTEN state held by a process of ``session``."""
+    inodes = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) != session:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:  # a process that ended meanwhile
+            continue
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as fh:
+            for row in list(fh)[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:
+                    address, port = cols[1].split(":")
+                    out.add((address, int(port, 16)))
+    return out
+
+
+@pytest.mark.slow  # starts `curate ui` (dagster dev: webserver, daemon, code server) for real
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux /proc")
+def test_curate_ui_listens_on_loopback_only(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "ui.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "curation_dagster.cli", "ui", "--workdir", str(tmp_path / "w"),
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while True:
+            assert proc.poll() is None, (tmp_path / "ui.log").read_text()[-3000:]
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert time.monotonic() < deadline, "curate ui did not come up"
+            time.sleep(0.5)
+        sockets = listening(proc.pid)
+        assert ("0100007F", port) in sockets
+        assert {address for address, _ in sockets} <= LOOPBACK, sockets
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # the UI's own session: webserver, daemon, code server
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        log.close()
