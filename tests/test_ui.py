@@ -163,8 +163,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield srv
     finally:
         stop(proc)
-    ps = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
-    leftover = [line for line in ps.splitlines() if not line.split()[1].startswith("Z")]  # zombies are gone
+    # A code server notices its parent is gone on its next heartbeat, so give it a while.
+    deadline = time.monotonic() + 90
+    while True:
+        ps = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(proc.pid)],
+                            capture_output=True, text=True).stdout
+        leftover = [line for line in ps.splitlines() if not line.split()[1].startswith("Z")]  # zombies are gone
+        if not leftover or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert not leftover, "processes left behind by curate ui:\n" + "\n".join(leftover)
 
 
