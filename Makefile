@@ -32,6 +32,7 @@ chromium:
 
 test: $(STAMP) chromium
 	$(BIN)/ruff check stages curation_dagster tests bench
+	$(BIN)/mypy stages curation_dagster
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900
 
 lint: $(STAMP)
