@@ -181,7 +181,8 @@ def print_report(report: dict[str, Any]) -> None:
     pct = 100.0 * totals["kept"] / totals["input"] if totals["input"] else 0.0
     table.add_row("TOTAL", str(totals["input"]), str(totals["quarantined"]), *[str(totals[s]) for s in stages],
                   str(totals["kept"]), f"{pct:.1f}", style="bold")
-    Console().print(table)
+    # Piped or logged output has no terminal width: do not squeeze the table into 80 columns.
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
