@@ -151,6 +151,20 @@ def verify_candidates_on(
     return verify_candidates(docs, src, dst, band, shingle=shingle, threshold=threshold, max_fallback=max_fallback)
 
 
+def pair_jaccard_on(
+    backend: Backend, docs: Any, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], *, shingle: int
+) -> npt.NDArray[np.float64]:
+    """Exact Jaccard float64 (e,) of row pairs of ``docs``: the numba kernel or its torch twin."""
+    if backend.uses_torch:
+        from stages.kernels.gpu.lsh import pair_jaccard64
+
+        return pair_jaccard64(docs, src, dst, shingle, device=backend.device)
+    from stages.kernels.lsh import _jaccard64
+    from stages.kernels.minhash import as_utf8
+
+    return _jaccard64(as_utf8(docs), src, dst, shingle)
+
+
 def connected_components_on(
     backend: Backend, n: int, src: npt.NDArray[np.int64] | Sequence[int], dst: npt.NDArray[np.int64] | Sequence[int]
 ) -> npt.NDArray[np.int64]:

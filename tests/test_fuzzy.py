@@ -167,3 +167,17 @@ def test_resharding_and_order_change_no_decision(corpus: tuple[Path, list[dict[s
     b = set(zip(*(removed_b[k].to_pylist() for k in key), strict=True))
     assert a == b and len(a) == len(base)
     assert pc.all(pc.greater_equal(removed_a["score"], 0.0)).as_py()
+
+
+def test_block_wise_verification_gives_the_same_edges(corpus: tuple[Path, list[dict[str, str]]]) -> None:
+    """Reading candidate texts in small blocks (bounded memory) changes no verified edge."""
+    from stages.params import ExecutionParams
+    from stages.registry import execute
+
+    root, sources = corpus
+    store, spec = _run(root, sources, "default")
+    whole = store.read_table(plan_task(store, spec, "duplicate_components", None).output_dir, "edges")
+    outcome = execute(store, spec, "duplicate_components", None, ExecutionParams(verify_block_docs=40), force=True)
+    assert outcome.manifest.report["text_blocks"] > 5
+    blocked = store.read_table(plan_task(store, spec, "duplicate_components", None).output_dir, "edges")
+    assert blocked.equals(whole)

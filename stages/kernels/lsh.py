@@ -419,23 +419,41 @@ def verify_candidates(
     src, dst, band = _as_pairs(src, dst, band)
     batch = as_utf8(docs)
     _check_rows(len(batch), src, dst)
+    return verify_pairs(len(batch), src, dst, band, lambda s, d: jaccard64(batch, s, d, shingle),
+                        threshold=threshold, max_fallback=max_fallback)
+
+
+def verify_pairs(
+    n: int,
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    band: npt.NDArray[np.int64],
+    jaccard: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.float64]],
+    *,
+    threshold: float = 0.8,
+    max_fallback: int = 8,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """``verify_candidates`` over node ids 0..n-1 with the pair Jaccard from a callback
+    (``jaccard(src, dst) -> float64 (e,)``), so a caller can fetch texts block by block: the two
+    steps run over all pairs, so the result does not depend on how the callback is blocked."""
     if max_fallback < 0:
         raise ValueError("max_fallback must be >= 0")
+    src, dst, band = _as_pairs(src, dst, band)
     if src.shape[0] == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
     (ps, pd), _ = _unique_pairs(src, dst)
-    jac = jaccard64(batch, ps, pd, shingle)
+    jac = jaccard(ps, pd)
     ok = jac >= threshold
     out_s, out_d, out_j = [ps[ok]], [pd[ok]], [jac[ok]]
     if max_fallback:
-        linked = np.zeros(len(batch), dtype=bool)
+        linked = np.zeros(n, dtype=bool)
         linked[ps[ok]] = True
         linked[pd[ok]] = True
         fs, fd = _fallback_pairs(src, dst, band, ~linked, max_fallback)
         # a mate pair that is also an anchor pair was verified in step 1
-        tried = np.isin(fs * len(batch) + fd, np.concatenate([ps * len(batch) + pd, pd * len(batch) + ps]))
+        tried = np.isin(fs * n + fd, np.concatenate([ps * n + pd, pd * n + ps]))
         fs, fd = fs[~tried], fd[~tried]
-        fj = jaccard64(batch, fs, fd, shingle)
+        fj = jaccard(fs, fd)
         ok = fj >= threshold
         out_s.append(fs[ok])
         out_d.append(fd[ok])

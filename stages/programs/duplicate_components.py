@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stages.backend import connected_components_on, resolve, verify_candidates_on
+from stages.backend import connected_components_on, pair_jaccard_on, resolve
+from stages.kernels.lsh import verify_pairs
 from stages.params import DuplicateComponentsParams, ExecutionParams
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -44,6 +45,13 @@ def _texts_for(
     row_of = np.full(nodes.num_rows, -1, np.int64)
     row_of[wanted] = np.arange(len(wanted))
     return from_arrow(ordered), row_of
+
+
+def _pair_blocks(s: np.ndarray, d: np.ndarray, max_docs: int) -> list[tuple[int, int]]:
+    """Consecutive (lo, hi) ranges of pairs touching at most ``max_docs`` distinct documents
+    (pairs come sorted by their first id, so a block's documents are mostly contiguous)."""
+    step = max(1, max_docs // 2)  # a pair adds at most two documents
+    return [(lo, min(len(s), lo + step)) for lo in range(0, len(s), step)]
 
 
 def _distinct(x: np.ndarray) -> np.ndarray:
@@ -76,12 +84,21 @@ def run(
     band = cand["band"].to_numpy().astype(np.int64)
     n = nodes.num_rows
     candidates = len(_distinct(src * max(n, 1) + dst))
+    blocks = [0]
     if params.verify == "jaccard" and len(src):
-        wanted = _distinct(np.concatenate([src, dst]))
-        batch, row_of = _texts_for(inputs, nodes, wanted, execution)
-        vs, vd, jac = verify_candidates_on(backend, batch, row_of[src], row_of[dst], band, shingle=shingle,
-                                           threshold=params.threshold, max_fallback=params.max_leaders)
-        e_src, e_dst = wanted[vs], wanted[vd]
+
+        def jaccard(s: np.ndarray, d: np.ndarray) -> np.ndarray:
+            """Pair Jaccard, reading the texts of at most ``verify_block_docs`` documents at a time."""
+            out = np.empty(len(s), np.float64)
+            for lo, hi in _pair_blocks(s, d, execution.verify_block_docs):
+                wanted = _distinct(np.concatenate([s[lo:hi], d[lo:hi]]))
+                batch, row_of = _texts_for(inputs, nodes, wanted, execution)
+                out[lo:hi] = pair_jaccard_on(backend, batch, row_of[s[lo:hi]], row_of[d[lo:hi]], shingle=shingle)
+                blocks[0] += 1
+            return out
+
+        e_src, e_dst, jac = verify_pairs(n, src, dst, band, jaccard, threshold=params.threshold,
+                                         max_fallback=params.max_leaders)
     else:
         packed = _distinct(src * max(n, 1) + dst)
         e_src, e_dst = packed // max(n, 1), packed % max(n, 1)
@@ -108,6 +125,7 @@ def run(
         "candidate_pairs": candidates,
         "edges": len(e_src),
         "rejected_pairs": candidates - len(e_src) if params.verify == "jaccard" else 0,
+        "text_blocks": blocks[0],
         "components": len(comp_sizes),
         "documents_in_components": len(idx),
         "largest_clusters": [int(x) for x in top],
