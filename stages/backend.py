@@ -136,21 +136,6 @@ def band_edges_on(backend: Backend, keys: npt.NDArray[np.uint64], ids: npt.NDArr
     return band_edges(keys, ids)
 
 
-def verify_candidates_on(
-    backend: Backend, docs: Any, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64],
-    band: npt.NDArray[np.int64], *, shingle: int, threshold: float, max_fallback: int,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-    """``stages.kernels.lsh.verify_candidates``, its pair Jaccard on the twin's device when torch runs."""
-    if backend.uses_torch:
-        from stages.kernels.gpu.lsh import verify_candidates as twin
-
-        return twin(docs, src, dst, band, shingle=shingle, threshold=threshold, max_fallback=max_fallback,
-                    device=backend.device)
-    from stages.kernels.lsh import verify_candidates
-
-    return verify_candidates(docs, src, dst, band, shingle=shingle, threshold=threshold, max_fallback=max_fallback)
-
-
 def pair_jaccard_on(
     backend: Backend, docs: Any, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], *, shingle: int
 ) -> npt.NDArray[np.float64]:

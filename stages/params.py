@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -140,15 +141,19 @@ LSH_PRESETS: dict[str, tuple[int, int]] = {
 }
 
 
-def lsh_curve(bands: int, rows: int, points: int = 21) -> list[tuple[float, float]]:
+def lsh_curve(bands: int, rows: int, points: int | Sequence[float] = 21) -> list[tuple[float, float]]:
     """(s, P(s)) with P(s) = 1 - (1 - s**rows)**bands: the chance that two documents of Jaccard
-    s share at least one band, at ``points`` evenly spaced s in [0, 1]."""
-    grid = [i / (points - 1) for i in range(points)]
+    s share at least one band. ``points``: how many evenly spaced s in [0, 1], or the s values."""
+    if bands < 1 or rows < 1:
+        raise ValueError("bands and rows must be >= 1")
+    grid = [i / (points - 1) for i in range(points)] if isinstance(points, int) else [float(p) for p in points]
     return [(s, 1.0 - (1.0 - s**rows) ** bands) for s in grid]
 
 
 def lsh_threshold(bands: int, rows: int) -> float:
     """(1/bands)**(1/rows): the Jaccard near which the S-curve is steepest."""
+    if bands < 1 or rows < 1:
+        raise ValueError("bands and rows must be >= 1")
     return float((1.0 / bands) ** (1.0 / rows))
 
 

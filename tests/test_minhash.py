@@ -16,6 +16,7 @@ from scipy.stats import binom
 
 from stages.kernels import lsh
 from stages.kernels import minhash as mh
+from stages.params import lsh_curve, lsh_threshold
 
 M64 = (1 << 64) - 1
 M32 = (1 << 32) - 1
@@ -428,10 +429,10 @@ def test_connected_components() -> None:
 
 
 def test_lsh_curve_and_threshold() -> None:
-    assert lsh.lsh_threshold(20, 13) == pytest.approx(0.7942, abs=1e-4)
-    curve = lsh.lsh_curve(20, 13)
+    assert lsh_threshold(20, 13) == pytest.approx(0.7942, abs=1e-4)
+    curve = lsh_curve(20, 13)
     assert len(curve) == 21 and curve[0] == (0.0, 0.0) and curve[-1] == (1.0, 1.0)
     probs = [p for _, p in curve]
     assert probs == sorted(probs)
-    ((s, p),) = lsh.lsh_curve(20, 13, points=[0.8])
+    ((s, p),) = lsh_curve(20, 13, points=[0.8])
     assert s == 0.8 and p == pytest.approx(1 - (1 - 0.8**13) ** 20)

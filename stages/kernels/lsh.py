@@ -12,8 +12,7 @@ See ``docs/minhash.md`` for the definitions.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -461,7 +460,7 @@ def verify_pairs(
     return np.concatenate(out_s), np.concatenate(out_d), np.concatenate(out_j).astype(np.float32)
 
 
-# --- components and the S-curve ------------------------------------------------------------------
+# --- components ---------------------------------------------------------------------------------
 
 
 def connected_components(
@@ -488,20 +487,3 @@ def connected_components(
     _, labels = scipy_cc(graph, directed=True, connection="weak")
     _, first = np.unique(labels, return_index=True)  # first node of each label = its minimum
     return first[labels].astype(np.int64)
-
-
-def lsh_curve(bands: int, rows: int, points: int | Sequence[float] = 21) -> list[tuple[float, float]]:
-    """(s, P(s)) pairs with P(s) = 1 - (1 - s**rows)**bands: the chance that two documents of
-    Jaccard s share at least one band. ``points``: how many evenly spaced s in [0, 1], or the s
-    values themselves."""
-    if bands < 1 or rows < 1:
-        raise ValueError("bands and rows must be >= 1")
-    grid = np.linspace(0.0, 1.0, points) if isinstance(points, int) else np.asarray(points, float)
-    return [(float(s), float(1.0 - (1.0 - s**rows) ** bands)) for s in grid]
-
-
-def lsh_threshold(bands: int, rows: int) -> float:
-    """(1/bands)**(1/rows): the Jaccard near which the S-curve is steepest."""
-    if bands < 1 or rows < 1:
-        raise ValueError("bands and rows must be >= 1")
-    return math.pow(1.0 / bands, 1.0 / rows)
