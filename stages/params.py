@@ -232,8 +232,9 @@ class ExecutionParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     batch_rows: int = 20_000
     workers: int = 0  # processes for parallel kernels; 0 = every core
-    # fuzzy verification reads the texts of at most this many documents at a time (memory bound)
-    verify_block_docs: int = Field(default=500_000, ge=2)
+    # fuzzy dedup's exact Jaccard holds at most this many bytes of document text at a time
+    # (stages.pair_texts: beyond it, texts spill to local disk and are read block by block)
+    text_block_bytes: int = Field(default=512 << 20, ge=1)
     executor: Literal["local", "ray"] = "local"  # where fanned-out work runs (stages.parallel)
     ray_address: str | None = None  # an existing Ray cluster ("ray://host:10001", "auto"); None: local
     backend: Literal["auto", "cpu", "gpu"] = "cpu"

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
@@ -170,14 +172,54 @@ def test_resharding_and_order_change_no_decision(corpus: tuple[Path, list[dict[s
 
 
 def test_block_wise_verification_gives_the_same_edges(corpus: tuple[Path, list[dict[str, str]]]) -> None:
-    """Reading candidate texts in small blocks (bounded memory) changes no verified edge."""
+    """Reading candidate texts in small blocks (spilled to disk) changes no verified edge or score."""
     from stages.params import ExecutionParams
     from stages.registry import execute
 
     root, sources = corpus
     store, spec = _run(root, sources, "default")
     whole = store.read_table(plan_task(store, spec, "duplicate_components", None).output_dir, "edges")
-    outcome = execute(store, spec, "duplicate_components", None, ExecutionParams(verify_block_docs=40), force=True)
+    outcome = execute(store, spec, "duplicate_components", None, ExecutionParams(text_block_bytes=40_000), force=True)
     assert outcome.manifest.report["text_blocks"] > 5
     blocked = store.read_table(plan_task(store, spec, "duplicate_components", None).output_dir, "edges")
     assert blocked.equals(whole)
+    # the removal list's scores are read the same way
+    removed = store.read_table(plan_task(store, spec, "fuzzy_duplicates", None).output_dir, "removed")
+    execute(store, spec, "fuzzy_duplicates", None, ExecutionParams(text_block_bytes=40_000), force=True)
+    again = store.read_table(plan_task(store, spec, "fuzzy_duplicates", None).output_dir, "removed")
+    assert again.equals(removed) and removed.num_rows > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 29), st.integers(0, 29)), min_size=1, max_size=80),
+    size=st.lists(st.integers(0, 50), min_size=30, max_size=30),
+    groups=st.integers(1, 4),
+    budget=st.integers(1, 400),
+)
+def test_plan_blocks_respects_the_budget(pairs: list[tuple[int, int]], size: list[int], groups: int,
+                                         budget: int) -> None:
+    """Each block's distinct documents fit the byte budget (or the block is one pair), a group
+    that fits is never split (one over the budget only
+    for a single pair), and the plan does not depend on the order of the pairs."""
+    from stages.pair_texts import plan_blocks
+
+    src = np.array([p[0] for p in pairs], np.int64)
+    dst = np.array([p[1] for p in pairs], np.int64)
+    group = (src + dst) % groups
+    nbytes = np.array(size, np.int64)
+    block, count = plan_blocks(src, dst, group, nbytes, budget)
+    assert set(block.tolist()) == set(range(count))
+    for b in range(count):
+        mine = block == b
+        docs = np.unique(np.concatenate([src[mine], dst[mine]]))
+        largest_pair = max(nbytes[s] + (nbytes[d] if d != s else 0) for s, d in zip(src[mine], dst[mine], strict=True))
+        assert nbytes[docs].sum() <= max(budget, largest_pair)
+    for g in range(groups):
+        mine = group == g
+        docs = np.unique(np.concatenate([src[mine], dst[mine]]))
+        if mine.any() and nbytes[docs].sum() <= budget:
+            assert len(set(block[mine].tolist())) == 1
+    perm = np.random.default_rng(len(pairs)).permutation(len(pairs))
+    again, _ = plan_blocks(src[perm], dst[perm], group[perm], nbytes, budget)
+    assert (again == block[perm]).all()

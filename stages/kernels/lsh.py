@@ -12,7 +12,7 @@ See ``docs/minhash.md`` for the definitions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -342,26 +342,33 @@ def _unique_pairs(
     return (uniq >> 31, uniq & ((1 << 31) - 1)), first
 
 
-def _fallback_pairs(
-    src: npt.NDArray[np.int64],
-    dst: npt.NDArray[np.int64],
-    band: npt.NDArray[np.int64],
-    orphan: npt.NDArray[np.bool_],
-    max_fallback: int,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Up to ``max_fallback`` bucket-mates per orphan member, as canonical (high, low) pairs.
+BandEdges = tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]
+"""(band, src int64 (e,), dst int64 (e,)): the anchor edges of one band (``band_edges``)."""
 
-    In each bucket (band, anchor) the members are in id order; a member at index i (of c) is
-    offered the mates i+1, i+2, ... (wrapping round, anchor excluded). An orphan's offers from
-    all its buckets are taken by band, then by distance, repeats dropped, the first
-    ``max_fallback`` kept.
+
+def _band_offers(
+    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], orphan: npt.NDArray[np.bool_], max_fallback: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(who, mate) int64: up to ``max_fallback`` bucket-mates per orphan member in ONE band,
+    ordered by (who, distance).
+
+    A bucket is an anchor ``dst`` with its members in id order; a member at index i (of c) is
+    offered the mates i+1, i+2, ... (wrapping round, anchor excluded). Only buckets holding an
+    orphan are sorted, so the cost follows the orphans, not the band.
     """
-    order = np.lexsort((src, dst, band))
-    s, d, b = src[order], dst[order], band[order]
+    hit = orphan[src]
+    if not hit.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    anchor = np.zeros(orphan.shape[0], dtype=bool)
+    anchor[dst[hit]] = True
+    keep = anchor[dst]
+    s, d = src[keep], dst[keep]
+    order = np.lexsort((s, d))
+    s, d = s[order], d[order]
     e = s.shape[0]
     new = np.empty(e, dtype=bool)
     new[0] = True
-    new[1:] = (d[1:] != d[:-1]) | (b[1:] != b[:-1])
+    np.not_equal(d[1:], d[:-1], out=new[1:])
     starts = np.flatnonzero(new)
     gi = np.cumsum(new) - 1
     count = np.diff(np.append(starts, e))[gi]  # members (anchor excluded) in the row's bucket
@@ -372,9 +379,17 @@ def _fallback_pairs(
     step = np.arange(rep.shape[0]) - np.repeat(np.cumsum(offers) - offers, offers) + 1
     mate = s[starts[gi[rep]] + (index[rep] + step) % count[rep]]
     who = s[rep]
-    pick = np.lexsort((step, b[rep], who))
-    who, mate = who[pick], mate[pick]
-    # keep the first offer of each (orphan, mate), then the first max_fallback per orphan
+    pick = np.lexsort((step, who))
+    return who[pick], mate[pick]
+
+
+def _first_offers(
+    who: npt.NDArray[np.int64], mate: npt.NDArray[np.int64], max_fallback: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The first ``max_fallback`` distinct mates of each ``who``; input in priority order within
+    each ``who``, output sorted by ``who`` (stable, so that order is kept)."""
+    order = np.argsort(who, kind="stable")
+    who, mate = who[order], mate[order]
     _, first = _unique_pairs(who, mate, return_index=True)
     first.sort()
     who, mate = who[first], mate[first]
@@ -384,7 +399,95 @@ def _fallback_pairs(
         head[1:] = who[1:] != who[:-1]
     rank = np.arange(who.shape[0]) - np.maximum.accumulate(np.where(head, np.arange(who.shape[0]), 0))
     keep = rank < max_fallback
-    return _unique_pairs(np.maximum(who, mate)[keep], np.minimum(who, mate)[keep])[0]
+    return who[keep], mate[keep]
+
+
+def _fallback_pairs(
+    bands: Iterable[BandEdges], orphan: npt.NDArray[np.bool_], max_fallback: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Up to ``max_fallback`` bucket-mates per orphan member, as canonical (high, low) pairs.
+
+    An orphan's offers from all its buckets are taken by band (``bands`` in ascending band
+    order), then by distance (``_band_offers``), repeats dropped, the first ``max_fallback``
+    kept. Bands stream: after each band only the chosen offers are held, which is exact since
+    a later band's offers rank after every earlier one's.
+    """
+    who = np.zeros(0, np.int64)
+    mate = np.zeros(0, np.int64)
+    for _, src, dst in bands:
+        w, m = _band_offers(src, dst, orphan, max_fallback)
+        if w.shape[0]:
+            who, mate = _first_offers(np.concatenate([who, w]), np.concatenate([mate, m]), max_fallback)
+    return _unique_pairs(np.maximum(who, mate), np.minimum(who, mate))[0]
+
+
+def split_bands(
+    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], band: npt.NDArray[np.int64]
+) -> Callable[[], Iterator[BandEdges]]:
+    """Edge arrays of all bands (any order) as a re-iterable stream of bands in ascending order."""
+    src, dst, band = _as_pairs(src, dst, band)
+    order = np.argsort(band, kind="stable")
+    b = band[order]
+    cuts = np.flatnonzero(np.diff(b)) + 1
+    spans = list(zip(np.concatenate([[0], cuts]).tolist(), np.append(cuts, b.shape[0]).tolist(), strict=True))
+
+    def stream() -> Iterator[BandEdges]:
+        for lo, hi in spans:
+            if hi > lo:
+                yield int(b[lo]), src[order[lo:hi]], dst[order[lo:hi]]
+
+    return stream
+
+
+def distinct_pairs(bands: Iterable[BandEdges]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Distinct (src, dst) pairs over all bands, sorted; memory: the distinct pairs plus one band."""
+    packed = np.zeros(0, np.int64)
+    for _, src, dst in bands:
+        (s, d), _ = _unique_pairs(np.asarray(src, np.int64), np.asarray(dst, np.int64))
+        # both sorted: a merge by concatenation + stable sort is cheap (timsort finds the runs)
+        both = np.concatenate([packed, (s << 31) | d])
+        both.sort(kind="stable")
+        keep = np.ones(both.shape[0], dtype=bool)
+        keep[1:] = both[1:] != both[:-1]
+        packed = both[keep]
+    return packed >> 31, packed & ((1 << 31) - 1)
+
+
+def verify_stream(
+    n: int,
+    bands: Callable[[], Iterable[BandEdges]],
+    jaccard: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.float64]],
+    *,
+    threshold: float = 0.8,
+    max_fallback: int = 8,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32], int]:
+    """``verify_candidates`` over node ids 0..n-1 with the edges read band by band (``bands()``
+    yields them in ascending band order, at most twice) and the pair Jaccard from a callback
+    (``jaccard(src, dst) -> float64 (e,)``), so a caller holds one band of edges and fetches texts
+    block by block. Returns (src, dst, jaccard, distinct candidate pairs)."""
+    if max_fallback < 0:
+        raise ValueError("max_fallback must be >= 0")
+    ps, pd = distinct_pairs(bands())
+    if ps.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32), 0
+    _check_rows(n, ps, pd)
+    jac = jaccard(ps, pd)
+    ok = jac >= threshold
+    out_s, out_d, out_j = [ps[ok]], [pd[ok]], [jac[ok]]
+    if max_fallback:
+        linked = np.zeros(n, dtype=bool)
+        linked[ps[ok]] = True
+        linked[pd[ok]] = True
+        fs, fd = _fallback_pairs(bands(), ~linked, max_fallback)
+        # a mate pair that is also an anchor pair was verified in step 1
+        tried = np.isin(fs * n + fd, np.concatenate([ps * n + pd, pd * n + ps]))
+        fs, fd = fs[~tried], fd[~tried]
+        fj = jaccard(fs, fd) if fs.shape[0] else np.zeros(0, np.float64)
+        ok = fj >= threshold
+        out_s.append(fs[ok])
+        out_d.append(fd[ok])
+        out_j.append(fj[ok])
+    return np.concatenate(out_s), np.concatenate(out_d), np.concatenate(out_j).astype(np.float32), int(ps.shape[0])
 
 
 def verify_candidates(
@@ -418,46 +521,10 @@ def verify_candidates(
     src, dst, band = _as_pairs(src, dst, band)
     batch = as_utf8(docs)
     _check_rows(len(batch), src, dst)
-    return verify_pairs(len(batch), src, dst, band, lambda s, d: jaccard64(batch, s, d, shingle),
-                        threshold=threshold, max_fallback=max_fallback)
-
-
-def verify_pairs(
-    n: int,
-    src: npt.NDArray[np.int64],
-    dst: npt.NDArray[np.int64],
-    band: npt.NDArray[np.int64],
-    jaccard: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.float64]],
-    *,
-    threshold: float = 0.8,
-    max_fallback: int = 8,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-    """``verify_candidates`` over node ids 0..n-1 with the pair Jaccard from a callback
-    (``jaccard(src, dst) -> float64 (e,)``), so a caller can fetch texts block by block: the two
-    steps run over all pairs, so the result does not depend on how the callback is blocked."""
-    if max_fallback < 0:
-        raise ValueError("max_fallback must be >= 0")
-    src, dst, band = _as_pairs(src, dst, band)
-    if src.shape[0] == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
-    (ps, pd), _ = _unique_pairs(src, dst)
-    jac = jaccard(ps, pd)
-    ok = jac >= threshold
-    out_s, out_d, out_j = [ps[ok]], [pd[ok]], [jac[ok]]
-    if max_fallback:
-        linked = np.zeros(n, dtype=bool)
-        linked[ps[ok]] = True
-        linked[pd[ok]] = True
-        fs, fd = _fallback_pairs(src, dst, band, ~linked, max_fallback)
-        # a mate pair that is also an anchor pair was verified in step 1
-        tried = np.isin(fs * n + fd, np.concatenate([ps * n + pd, pd * n + ps]))
-        fs, fd = fs[~tried], fd[~tried]
-        fj = jaccard(fs, fd)
-        ok = fj >= threshold
-        out_s.append(fs[ok])
-        out_d.append(fd[ok])
-        out_j.append(fj[ok])
-    return np.concatenate(out_s), np.concatenate(out_d), np.concatenate(out_j).astype(np.float32)
+    e_src, e_dst, e_jac, _ = verify_stream(len(batch), split_bands(src, dst, band),
+                                           lambda s, d: jaccard64(batch, s, d, shingle),
+                                           threshold=threshold, max_fallback=max_fallback)
+    return e_src, e_dst, e_jac
 
 
 # --- components ---------------------------------------------------------------------------------

@@ -3,63 +3,62 @@
 With ``verify="jaccard"`` (the default) every distinct candidate pair is checked against the
 exact Jaccard similarity of the two documents' shingle sets before it becomes an edge, which
 cuts the false-positive chains LSH builds through boilerplate; members whose anchor is not a
-true partner are compared with a bounded number of bucket-mates (``max_leaders``). Only the
-texts of documents that appear in a candidate edge are read.
+true partner are compared with a bounded number of bucket-mates (``max_leaders``). Memory is
+bounded: candidate edges are read one band at a time (only the distinct pairs are held) and the
+texts of the documents in them through ``stages.pair_texts`` (at most ``text_block_bytes``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from stages.backend import connected_components_on, pair_jaccard_on, resolve
-from stages.kernels.lsh import verify_pairs
+from stages.backend import CPU, connected_components_on, resolve
+from stages.kernels.lsh import BandEdges, distinct_pairs, verify_stream
+from stages.pair_texts import pair_jaccard
 from stages.params import DuplicateComponentsParams, ExecutionParams
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
-from stages.removal import texts_of
 
 COMPONENTS = pa.schema([
     ("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string()),
     ("component", pa.int64()),
 ])
 EDGES = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("jaccard", pa.float32())])
+EDGE_BATCH_ROWS = 1 << 20  # candidate edges read per batch (24 MB)
 
 
-def _texts_for(
-    inputs: Inputs, nodes: pa.Table, wanted: np.ndarray, execution: ExecutionParams
-) -> tuple[Any, np.ndarray]:
-    """(Utf8Batch of the wanted nodes' texts, int64 (n_nodes,) row of each node in it or -1)."""
-    from stages.kernels.minhash import from_arrow
+def band_stream(inputs: Inputs, batch_rows: int) -> Callable[[], Iterator[BandEdges]]:
+    """The ``lsh_buckets`` edges as a re-iterable stream of bands (ascending, one band in memory)."""
+    store, pdir = inputs.store, inputs.dir("lsh_buckets")
 
-    node_ids = nodes["doc_id"].combine_chunks().take(pa.array(wanted))
-    ids, texts = texts_of(inputs, node_ids, execution.batch_rows)
-    # Put the texts in the order of ``wanted``: row r holds node wanted[r].
-    position = pc.index_in(node_ids, value_set=ids).to_numpy(zero_copy_only=False)
-    if position.dtype == object or (position < 0).any():
-        raise RuntimeError("a candidate document is missing from raw_documents")
-    ordered = texts.take(pa.array(position.astype(np.int64)))
-    row_of = np.full(nodes.num_rows, -1, np.int64)
-    row_of[wanted] = np.arange(len(wanted))
-    return from_arrow(ordered), row_of
+    def stream() -> Iterator[BandEdges]:
+        held: list[pa.RecordBatch] = []
+        done: set[int] = set()
 
+        def flush() -> Iterator[BandEdges]:
+            if held:
+                t = pa.Table.from_batches(held)
+                band = int(t["band"][0].as_py())
+                if band in done or (done and band < max(done)):
+                    raise RuntimeError(f"lsh_buckets edges are not written band by band (band {band} again)")
+                done.add(band)
+                yield band, t["src"].to_numpy(), t["dst"].to_numpy()
+                held.clear()
 
-def _pair_blocks(s: np.ndarray, d: np.ndarray, max_docs: int) -> list[tuple[int, int]]:
-    """Consecutive (lo, hi) ranges of pairs touching at most ``max_docs`` distinct documents
-    (pairs come sorted by their first id, so a block's documents are mostly contiguous)."""
-    step = max(1, max_docs // 2)  # a pair adds at most two documents
-    return [(lo, min(len(s), lo + step)) for lo in range(0, len(s), step)]
+        for batch in store.iter_batches(pdir, "edges", ["src", "dst", "band"], batch_rows):
+            band = batch.column(2).to_numpy()
+            cuts = np.flatnonzero(np.diff(band)) + 1
+            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(band)], strict=True):
+                if held and held[0].column(2)[0].as_py() != band[lo]:
+                    yield from flush()
+                held.append(batch.slice(lo, hi - lo))
+        yield from flush()
 
-
-def _distinct(x: np.ndarray) -> np.ndarray:
-    """Sorted distinct values of an int64 array (sort + neighbour compare)."""
-    x = np.sort(x)
-    keep = np.ones(x.shape[0], dtype=bool)
-    keep[1:] = x[1:] != x[:-1]
-    return x[keep]
+    return stream
 
 
 def run(
@@ -78,30 +77,28 @@ def run(
     lsh_dir = inputs.dir("lsh_buckets")
     shingle = int(inputs.manifest("lsh_buckets").report["shingle"])
     nodes = inputs.store.read_table(lsh_dir, "nodes")
-    cand = inputs.store.read_table(lsh_dir, "edges")
-    src = cand["src"].to_numpy()
-    dst = cand["dst"].to_numpy()
-    band = cand["band"].to_numpy().astype(np.int64)
+    doc_ids = nodes["doc_id"].combine_chunks()
     n = nodes.num_rows
-    candidates = len(_distinct(src * max(n, 1) + dst))
+    bands = band_stream(inputs, EDGE_BATCH_ROWS)
     blocks = [0]
-    if params.verify == "jaccard" and len(src):
+    if params.verify == "jaccard":
+        cand_label: list[np.ndarray] = []
 
         def jaccard(s: np.ndarray, d: np.ndarray) -> np.ndarray:
-            """Pair Jaccard, reading the texts of at most ``verify_block_docs`` documents at a time."""
-            out = np.empty(len(s), np.float64)
-            for lo, hi in _pair_blocks(s, d, execution.verify_block_docs):
-                wanted = _distinct(np.concatenate([s[lo:hi], d[lo:hi]]))
-                batch, row_of = _texts_for(inputs, nodes, wanted, execution)
-                out[lo:hi] = pair_jaccard_on(backend, batch, row_of[s[lo:hi]], row_of[d[lo:hi]], shingle=shingle)
-                blocks[0] += 1
+            """Pair Jaccard, holding at most ``text_block_bytes`` of text; pairs of one candidate
+            component share a block where they fit (the first call brings every candidate pair)."""
+            if not cand_label:
+                cand_label.append(connected_components_on(CPU, n, s, d))
+            out, used = pair_jaccard(inputs, doc_ids, s, d, cand_label[0][s], shingle=shingle, backend=backend,
+                                     budget=execution.text_block_bytes, batch_rows=execution.batch_rows)
+            blocks[0] += used
             return out
 
-        e_src, e_dst, jac = verify_pairs(n, src, dst, band, jaccard, threshold=params.threshold,
-                                         max_fallback=params.max_leaders)
+        e_src, e_dst, jac, candidates = verify_stream(n, bands, jaccard, threshold=params.threshold,
+                                                      max_fallback=params.max_leaders)
     else:
-        packed = _distinct(src * max(n, 1) + dst)
-        e_src, e_dst = packed // max(n, 1), packed % max(n, 1)
+        e_src, e_dst = distinct_pairs(bands())
+        candidates = len(e_src)
         jac = np.full(len(e_src), np.nan, np.float32)
     output.write("edges", pa.table({"src": e_src, "dst": e_dst, "jaccard": jac}, schema=EDGES))
     label = connected_components_on(backend, n, e_src, e_dst)

@@ -2,8 +2,9 @@
 
 The survivor is chosen by the shared keep rule (``stages.keep``: source priority, then doc_id),
 so it never depends on worker count or order. Each removed document names its survivor in
-``duplicate_of``; ``score`` is the exact Jaccard similarity of the two (it can be below the
-verification threshold when the two are linked through a chain of near-duplicates).
+``duplicate_of``; ``score`` is the exact Jaccard similarity of the two, at float32 precision (it
+can be below the verification threshold when the two are linked through a chain of
+near-duplicates).
 """
 
 from __future__ import annotations
@@ -17,7 +18,25 @@ from stages.keep import pick_survivors
 from stages.params import ExecutionParams, FuzzyDuplicatesParams
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
-from stages.removal import REMOVED, removal_table, texts_of
+from stages.removal import REMOVED, removal_table
+
+
+def _verified_jaccard(inputs: Inputs, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float32 (e,): the stored Jaccard of the verified edge between nodes a[j] and b[j], NaN where
+    there is none (or the edges were not verified)."""
+    edges = inputs.store.read_table(inputs.dir("duplicate_components"), "edges")
+    src, dst = edges["src"].to_numpy(), edges["dst"].to_numpy()
+    jac = edges["jaccard"].to_numpy()
+    key = (np.maximum(src, dst) << 31) | np.minimum(src, dst)
+    order = np.argsort(key, kind="stable")
+    key, jac = key[order], jac[order]
+    want = (np.maximum(a, b) << 31) | np.minimum(a, b)
+    at = np.minimum(np.searchsorted(key, want), max(len(key) - 1, 0))
+    out = np.full(len(want), np.nan, np.float32)
+    if len(key):
+        hit = key[at] == want
+        out[hit] = jac[at[hit]]
+    return out
 
 
 def run(
@@ -32,8 +51,8 @@ def run(
     if not params.enabled or comps.num_rows == 0:
         output.write("removed", REMOVED.empty_table())
         return {"enabled": params.enabled, "input": comps.num_rows, "removed": 0, "removed_per_source": {}}
-    from stages.kernels.lsh import pair_jaccard
-    from stages.kernels.minhash import from_arrow
+    from stages.backend import resolve
+    from stages.pair_texts import pair_jaccard
 
     doc_id = np.asarray(comps["doc_id"].to_numpy(zero_copy_only=False), dtype="S32")
     source = np.asarray(comps["source"].to_numpy(zero_copy_only=False), dtype=object)
@@ -48,12 +67,20 @@ def run(
     keep_of = survivor[removed]
     kept_source = np.where(earlier[keep_of], crawl[keep_of] + "/" + source[keep_of], source[keep_of])
 
-    # Exact Jaccard of each removed document with its survivor, for the ledger's score.
-    ids, texts = texts_of(inputs, comps["doc_id"], execution.batch_rows)
-    row = {d: i for i, d in enumerate(ids.to_pylist())}
-    order = np.array([row[d] for d in doc_id.astype(str)], np.int64)
-    shingle = int(inputs.manifest("duplicate_components").report.get("shingle", 24))
-    score = pair_jaccard(from_arrow(texts), order[removed], order[keep_of], shingle=shingle)
+    # Exact Jaccard of each removed document with its survivor, for the ledger's score: taken from
+    # the verified edge where the two are linked directly (the usual case), else computed from the
+    # texts, read component by component, at most text_block_bytes at a time.
+    node = comps["node"].to_numpy()
+    score = _verified_jaccard(inputs, node[removed], node[keep_of])
+    todo = np.flatnonzero(np.isnan(score))
+    if todo.shape[0]:
+        shingle = int(inputs.manifest("duplicate_components").report.get("shingle", 24))
+        component = comps["component"].to_numpy()
+        rows = removed[todo].astype(np.int64)
+        computed, _ = pair_jaccard(inputs, comps["doc_id"].combine_chunks(), rows, keep_of[todo], component[rows],
+                                   shingle=shingle, backend=resolve(execution.backend),
+                                   budget=execution.text_block_bytes, batch_rows=execution.batch_rows)
+        score[todo] = computed.astype(np.float32)  # as stored on the edges
 
     table = removal_table(
         doc_id[removed].astype(str), source[removed], "", doc_id[keep_of].astype(str), kept_source,

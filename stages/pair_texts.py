@@ -1,0 +1,269 @@
+"""Exact Jaccard of document pairs whose texts need not fit in memory.
+
+Fuzzy dedup checks millions of candidate pairs against the true Jaccard of their shingle sets; the
+texts of the documents in them can be as large as the corpus. ``pair_jaccard`` holds at most
+``text_block_bytes`` of text at a time:
+
+1. one scan of ``raw_documents`` keeps the wanted texts, spilling them to a local file once they
+   pass the budget (a corpus whose candidate texts fit never touches the disk);
+2. the pairs are packed into blocks whose documents' texts fit the budget: pairs sorted by group
+   (a connected component of the pair graph), a group kept whole in one block where it fits, a
+   larger one split between blocks (a document can then be read into several);
+3. the spilled texts are scattered into one file per block, and each block is loaded and run
+   through the pair kernel (numba, or its torch twin) alone.
+
+Every pair is computed exactly once whatever the budget, so results do not depend on it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+from numba import njit
+
+from stages.backend import Backend, pair_jaccard_on
+from stages.registry import Inputs
+from stages.removal import raw_dirs
+
+_ROWS = pa.schema([("node", pa.int64()), ("text", pa.large_string())])
+
+
+@njit(cache=True)
+def _plan_kernel(a: Any, b: Any, group: Any, size: Any, budget: int, seen: Any, gseen: Any, out: Any) -> int:
+    """out[p] = block of pair p (pairs sorted by group); returns the number of blocks.
+
+    ``seen[x]`` is the last block holding document x, ``gseen[x]`` the first pair of the last group
+    that counted it (both start at -1).
+    """
+    e = a.shape[0]
+    block = 0
+    used = 0
+    p = 0
+    while p < e:
+        q = p
+        while q < e and group[q] == group[p]:
+            q += 1
+        need = 0  # bytes of the group's distinct documents
+        for i in range(p, q):
+            if gseen[a[i]] != p:
+                gseen[a[i]] = p
+                need += size[a[i]]
+            if gseen[b[i]] != p:
+                gseen[b[i]] = p
+                need += size[b[i]]
+        if need and used and used + need > budget:  # the group fits a fresh block better than this one
+            block += 1
+            used = 0
+        for i in range(p, q):
+            add = 0
+            if seen[a[i]] != block:
+                add += size[a[i]]
+            if seen[b[i]] != block and b[i] != a[i]:
+                add += size[b[i]]
+            if add and used and used + add > budget:  # a group larger than a block: split it
+                block += 1
+                used = 0
+                add = size[a[i]] + (size[b[i]] if b[i] != a[i] else 0)
+            seen[a[i]] = block
+            seen[b[i]] = block
+            used += add
+            out[i] = block
+        p = q
+    return block + 1 if e else 0
+
+
+def plan_blocks(
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    group: npt.NDArray[np.int64],
+    size: npt.NDArray[np.int64],
+    budget: int,
+) -> tuple[npt.NDArray[np.int64], int]:
+    """(block int64 (e,), number of blocks): pairs packed so that the texts of each block's
+    documents take at most ``budget`` bytes (a single pair larger than that gets a block alone).
+
+    src, dst: int64 (e,) document indices into ``size`` (int64 (n,) text bytes); group: int64 (e,),
+    pairs of one group are kept in one block where they fit. The plan follows the order
+    (group, dst, src), so it does not depend on the order the pairs come in.
+    """
+    order = np.lexsort((src, dst, group))
+    out = np.empty(src.shape[0], np.int64)
+    n = size.shape[0]
+    blocks = _plan_kernel(src[order], dst[order], group[order], size, budget,
+                          np.full(n, -1, np.int64), np.full(n, -1, np.int64), out)
+    block = np.empty_like(out)
+    block[order] = out
+    return block, int(blocks)
+
+
+class _Gathered:
+    """The wanted texts, in memory until they pass the budget, then in a local Arrow file."""
+
+    def __init__(self, budget: int, tmp: Path) -> None:
+        self.budget = budget
+        self.tmp = tmp
+        self.held: list[pa.RecordBatch] = []
+        self.bytes = 0
+        self.writer: pa.ipc.RecordBatchFileWriter | None = None
+
+    def add(self, batch: pa.RecordBatch, nbytes: int) -> None:
+        self.bytes += nbytes
+        if self.writer is None and self.bytes <= self.budget:
+            self.held.append(batch)
+            return
+        if self.writer is None:
+            self.writer = pa.ipc.new_file(str(self.tmp / "gathered.arrow"), _ROWS)
+            for held in self.held:
+                self.writer.write_batch(held)
+            self.held = []
+        self.writer.write_batch(batch)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    @property
+    def spilled(self) -> bool:
+        return self.writer is not None
+
+
+def _gather(
+    inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], budget: int, tmp: Path, batch_rows: int
+) -> tuple[_Gathered, npt.NDArray[np.int64]]:
+    """One scan of ``raw_documents`` (this crawl's and the earlier crawls' it reads) for the texts of
+    documents ``wanted`` (sorted indices into ``doc_ids``). Returns the gathered (node, text) rows
+    and int64 (n,) text bytes per document (0 where not wanted)."""
+    size = np.zeros(len(doc_ids), np.int64)
+    found = np.zeros(len(doc_ids), dtype=bool)
+    wanted_ids = doc_ids.take(pa.array(wanted))
+    gathered = _Gathered(budget, tmp)
+    try:
+        for pdir in raw_dirs(inputs):
+            for batch in inputs.store.iter_batches(pdir, "documents", ["doc_id", "text"], batch_rows):
+                pos = pc.index_in(batch.column(0), value_set=wanted_ids)
+                rows = np.flatnonzero(pc.is_valid(pos).to_numpy(zero_copy_only=False))
+                if not rows.shape[0]:
+                    continue
+                node = wanted[pos.to_numpy(zero_copy_only=False)[rows].astype(np.int64)]
+                # the first copy of a document wins (an earlier crawl can hold the same doc_id)
+                node, first = np.unique(node, return_index=True)
+                fresh = ~found[node]
+                rows, node = rows[first[fresh]], node[fresh]
+                if not rows.shape[0]:
+                    continue
+                found[node] = True
+                text = batch.column(1).take(pa.array(rows)).cast(pa.large_string())
+                nbytes = pc.binary_length(text).to_numpy().astype(np.int64)
+                size[node] = nbytes
+                gathered.add(pa.record_batch([pa.array(node), text], schema=_ROWS), int(nbytes.sum()))
+    finally:
+        gathered.close()
+    missing = int(wanted.shape[0] - found[wanted].sum())
+    if missing:
+        raise RuntimeError(f"{missing} candidate documents are missing from raw_documents")
+    return gathered, size
+
+
+def _scatter(source: Path, tmp: Path, node_block: npt.NDArray[np.int64], blocks: int) -> list[Path]:
+    """Copy each gathered row into the file of every block holding its document.
+
+    node_block: int64 (m,) distinct ``node << 32 | block`` values, sorted.
+    """
+    paths = [tmp / f"block-{b:05d}.arrow" for b in range(blocks)]
+    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    nodes_of = node_block >> 32
+    try:
+        with pa.OSFile(str(source)) as fh:  # read, not mapped: mapped pages would count as memory
+            reader = pa.ipc.open_file(fh)
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                node = batch.column(0).to_numpy()
+                lo = np.searchsorted(nodes_of, node, side="left")
+                hi = np.searchsorted(nodes_of, node, side="right")
+                count = hi - lo
+                row = np.repeat(np.arange(node.shape[0]), count)
+                at = np.repeat(lo - np.cumsum(count) + count, count) + np.arange(row.shape[0])
+                block = node_block[at] & 0xFFFFFFFF
+                order = np.argsort(block, kind="stable")
+                row, block = row[order], block[order]
+                cuts = np.flatnonzero(np.diff(block)) + 1
+                for part in np.split(np.arange(row.shape[0]), cuts):
+                    if part.shape[0]:
+                        b = int(block[part[0]])
+                        if b not in writers:
+                            writers[b] = pa.ipc.new_file(str(paths[b]), _ROWS)
+                        writers[b].write_batch(batch.take(pa.array(row[part])))
+    finally:
+        for w in writers.values():
+            w.close()
+    return paths
+
+
+def pair_jaccard(
+    inputs: Inputs,
+    doc_ids: pa.Array,
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    group: npt.NDArray[np.int64] | None,
+    *,
+    shingle: int,
+    backend: Backend,
+    budget: int,
+    batch_rows: int = 20_000,
+) -> tuple[npt.NDArray[np.float64], int]:
+    """(float64 (e,) exact Jaccard of each pair, blocks used).
+
+    doc_ids: string (n,) the documents' ids; src, dst: int64 (e,) indices into it; group: int64
+    (e,) a label that keeps related pairs in one block (the pair graph's component), or None for
+    one group. Texts are read from ``raw_documents``; at most ``budget`` bytes of them are held
+    at once (see the module docstring).
+    """
+    from stages.kernels.minhash import from_arrow
+
+    src = np.asarray(src, np.int64)
+    dst = np.asarray(dst, np.int64)
+    out = np.empty(src.shape[0], np.float64)
+    if not src.shape[0]:
+        return out, 0
+    wanted = np.unique(np.concatenate([src, dst]))
+    tmp = Path(tempfile.mkdtemp(prefix="pair-texts-"))
+    try:
+        gathered, size = _gather(inputs, doc_ids, wanted, budget, tmp, batch_rows)
+        if gathered.spilled:
+            group = np.zeros(src.shape[0], np.int64) if group is None else np.asarray(group, np.int64)
+            block, blocks = plan_blocks(src, dst, group, size, budget)
+            node_block = np.unique(np.concatenate([(src << 32) | block, (dst << 32) | block]))
+            paths = _scatter(tmp / "gathered.arrow", tmp, node_block, blocks)
+            (tmp / "gathered.arrow").unlink()
+        else:
+            block, blocks, paths = np.zeros(src.shape[0], np.int64), 1, []
+        order = np.argsort(block, kind="stable")
+        cuts = np.searchsorted(block[order], np.arange(blocks + 1))
+        row_of = np.full(len(doc_ids), -1, np.int64)
+        for b in range(blocks):
+            pairs = order[cuts[b]:cuts[b + 1]]
+            if not pairs.shape[0]:
+                continue
+            if paths:
+                with pa.OSFile(str(paths[b])) as fh:
+                    table = pa.ipc.open_file(fh).read_all()
+                paths[b].unlink()
+            else:
+                table = pa.Table.from_batches(gathered.held, _ROWS)
+                gathered.held = []
+            node = table.column(0).to_numpy()
+            row_of[node] = np.arange(node.shape[0])
+            texts = from_arrow(table.column(1))
+            del table
+            out[pairs] = pair_jaccard_on(backend, texts, row_of[src[pairs]], row_of[dst[pairs]], shingle=shingle)
+            row_of[node] = -1
+        return out, blocks
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
