@@ -134,6 +134,40 @@ class _Gathered:
         return self.writer is not None
 
 
+class IdIndex:
+    """Positions of strings in a fixed set, built once (``pc.index_in`` rebuilds its hash table on
+    every call, which dominates a scan of many batches against a million ids). ASCII ids (doc_ids
+    are hex) are kept as one sorted fixed-width bytes array and found by binary search; any other
+    set falls back to ``pc.index_in``."""
+
+    def __init__(self, ids: pa.Array) -> None:
+        self.ids = ids
+        self.width = 0
+        if len(ids) and ids.null_count == 0 and pc.all(pc.string_is_ascii(ids)).as_py() \
+                and not pc.any(pc.match_substring(ids, "\x00")).as_py():
+            self.width = max(int(pc.max(pc.binary_length(ids)).as_py()), 1)
+            keys = ids.to_numpy(zero_copy_only=False).astype(f"S{self.width}")
+            self.order = np.argsort(keys, kind="stable")
+            self.keys = keys[self.order]
+
+    def find(self, values: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
+        """int64 (len(values),): position of each value in the set, -1 where absent."""
+        if not self.width:
+            pos = pc.index_in(values, value_set=self.ids)
+            return np.asarray(pc.fill_null(pos, -1).to_numpy(zero_copy_only=False), np.int64)
+        out = np.full(len(values), -1, np.int64)
+        # only ids that could be in the set reach the bytes conversion (it rejects non-ASCII)
+        ok = pc.and_(pc.and_(pc.less_equal(pc.binary_length(values), self.width), pc.string_is_ascii(values)),
+                     pc.invert(pc.match_substring(values, "\x00")))
+        rows = np.flatnonzero(pc.fill_null(ok, False).to_numpy(zero_copy_only=False))
+        if rows.shape[0]:
+            cand = pc.take(values, pa.array(rows)).to_numpy(zero_copy_only=False).astype(f"S{self.width}")
+            at = np.minimum(np.searchsorted(self.keys, cand), self.keys.shape[0] - 1)
+            hit = self.keys[at] == cand
+            out[rows[hit]] = self.order[at[hit]]
+        return out
+
+
 def _gather(
     inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], budget: int, tmp: Path, batch_rows: int
 ) -> tuple[_Gathered, npt.NDArray[np.int64]]:
@@ -142,16 +176,16 @@ def _gather(
     and int64 (n,) text bytes per document (0 where not wanted)."""
     size = np.zeros(len(doc_ids), np.int64)
     found = np.zeros(len(doc_ids), dtype=bool)
-    wanted_ids = doc_ids.take(pa.array(wanted))
+    index = IdIndex(doc_ids.take(pa.array(wanted)))
     gathered = _Gathered(budget, tmp)
     try:
         for pdir in raw_dirs(inputs):
             for batch in inputs.store.iter_batches(pdir, "documents", ["doc_id", "text"], batch_rows):
-                pos = pc.index_in(batch.column(0), value_set=wanted_ids)
-                rows = np.flatnonzero(pc.is_valid(pos).to_numpy(zero_copy_only=False))
+                pos = index.find(batch.column(0))
+                rows = np.flatnonzero(pos >= 0)
                 if not rows.shape[0]:
                     continue
-                node = wanted[pos.to_numpy(zero_copy_only=False)[rows].astype(np.int64)]
+                node = wanted[pos[rows]]
                 # the first copy of a document wins (an earlier crawl can hold the same doc_id)
                 node, first = np.unique(node, return_index=True)
                 fresh = ~found[node]
@@ -206,6 +240,111 @@ def _scatter(source: Path, tmp: Path, node_block: npt.NDArray[np.int64], blocks:
     return paths
 
 
+def sorted_distinct(x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Sorted distinct values (a sort and a neighbour compare: numpy's hash-based unique is
+    several times slower on millions of int64)."""
+    x = np.sort(x)
+    keep = np.ones(x.shape[0], dtype=bool)
+    keep[1:] = x[1:] != x[:-1]
+    return x[keep]
+
+
+class PairTexts:
+    """The texts of a set of documents, gathered once, for exact Jaccard of pairs among them.
+
+    Use as a context manager (the local spill directory is removed on exit). ``jaccard`` can be
+    called repeatedly (e.g. verification, then its fallback) without reading ``raw_documents``
+    again; each call holds at most ``budget`` bytes of text.
+    """
+
+    def __init__(self, inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], *,
+                 budget: int, batch_rows: int = 20_000) -> None:
+        """doc_ids: string (n,) the documents' ids; wanted: int64 indices into it (any order,
+        repeats allowed) of the documents whose texts pairs will need."""
+        self.n = len(doc_ids)
+        self.budget = budget
+        self.blocks = 0  # blocks loaded over all calls
+        self._tmp = Path(tempfile.mkdtemp(prefix="pair-texts-"))
+        self._cached: tuple[Any, npt.NDArray[np.int64]] | None = None
+        try:
+            self._gathered, self.size = _gather(inputs, doc_ids, sorted_distinct(np.asarray(wanted, np.int64)),
+                                                budget, self._tmp, batch_rows)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> PairTexts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._cached = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _in_memory(self) -> tuple[Any, npt.NDArray[np.int64]]:
+        """(Utf8Batch, int64 (n,) row of each document in it or -1) when nothing was spilled."""
+        from stages.kernels.minhash import from_arrow
+
+        if self._cached is None:
+            table = pa.Table.from_batches(self._gathered.held, _ROWS)
+            self._gathered.held = []
+            row_of = np.full(self.n, -1, np.int64)
+            row_of[table.column(0).to_numpy()] = np.arange(table.num_rows)
+            self._cached = (from_arrow(table.column(1)), row_of)
+        return self._cached
+
+    def jaccard(
+        self,
+        src: npt.NDArray[np.int64],
+        dst: npt.NDArray[np.int64],
+        group: npt.NDArray[np.int64] | None,
+        *,
+        shingle: int,
+        backend: Backend,
+    ) -> npt.NDArray[np.float64]:
+        """float64 (e,): exact Jaccard of each pair. src, dst: int64 (e,) wanted documents; group:
+        int64 (e,) a label keeping related pairs in one block (the pair graph's component), or
+        None for one group."""
+        from stages.kernels.minhash import from_arrow
+
+        src = np.asarray(src, np.int64)
+        dst = np.asarray(dst, np.int64)
+        out = np.empty(src.shape[0], np.float64)
+        if not src.shape[0]:
+            return out
+        if not self._gathered.spilled:
+            texts, row_of = self._in_memory()
+            if (row_of[src] < 0).any() or (row_of[dst] < 0).any():
+                raise ValueError("a pair names a document that was not gathered")
+            self.blocks += 1
+            out[:] = pair_jaccard_on(backend, texts, row_of[src], row_of[dst], shingle=shingle)
+            return out
+        group = np.zeros(src.shape[0], np.int64) if group is None else np.asarray(group, np.int64)
+        block, blocks = plan_blocks(src, dst, group, self.size, self.budget)
+        node_block = sorted_distinct(np.concatenate([(src << 32) | block, (dst << 32) | block]))
+        paths = _scatter(self._tmp / "gathered.arrow", self._tmp, node_block, blocks)
+        order = np.argsort(block, kind="stable")
+        cuts = np.searchsorted(block[order], np.arange(blocks + 1))
+        row_of = np.full(self.n, -1, np.int64)
+        for b in range(blocks):
+            pairs = order[cuts[b]:cuts[b + 1]]
+            with pa.OSFile(str(paths[b])) as fh:
+                table = pa.ipc.open_file(fh).read_all()
+            paths[b].unlink()
+            node = table.column(0).to_numpy()
+            row_of[node] = np.arange(node.shape[0])
+            texts = from_arrow(table.column(1))
+            del table
+            if (row_of[src[pairs]] < 0).any() or (row_of[dst[pairs]] < 0).any():
+                raise ValueError("a pair names a document that was not gathered")
+            out[pairs] = pair_jaccard_on(backend, texts, row_of[src[pairs]], row_of[dst[pairs]], shingle=shingle)
+            row_of[node] = -1
+            self.blocks += 1
+        return out
+
+
 def pair_jaccard(
     inputs: Inputs,
     doc_ids: pa.Array,
@@ -218,52 +357,13 @@ def pair_jaccard(
     budget: int,
     batch_rows: int = 20_000,
 ) -> tuple[npt.NDArray[np.float64], int]:
-    """(float64 (e,) exact Jaccard of each pair, blocks used).
+    """(float64 (e,) exact Jaccard of each pair, blocks used): ``PairTexts`` for one set of pairs.
 
-    doc_ids: string (n,) the documents' ids; src, dst: int64 (e,) indices into it; group: int64
-    (e,) a label that keeps related pairs in one block (the pair graph's component), or None for
-    one group. Texts are read from ``raw_documents``; at most ``budget`` bytes of them are held
-    at once (see the module docstring).
+    doc_ids: string (n,) the documents' ids; src, dst: int64 (e,) indices into it; group: as in
+    ``PairTexts.jaccard``. Texts are read from ``raw_documents``, at most ``budget`` bytes at once.
     """
-    from stages.kernels.minhash import from_arrow
-
-    src = np.asarray(src, np.int64)
-    dst = np.asarray(dst, np.int64)
-    out = np.empty(src.shape[0], np.float64)
-    if not src.shape[0]:
-        return out, 0
-    wanted = np.unique(np.concatenate([src, dst]))
-    tmp = Path(tempfile.mkdtemp(prefix="pair-texts-"))
-    try:
-        gathered, size = _gather(inputs, doc_ids, wanted, budget, tmp, batch_rows)
-        if gathered.spilled:
-            group = np.zeros(src.shape[0], np.int64) if group is None else np.asarray(group, np.int64)
-            block, blocks = plan_blocks(src, dst, group, size, budget)
-            node_block = np.unique(np.concatenate([(src << 32) | block, (dst << 32) | block]))
-            paths = _scatter(tmp / "gathered.arrow", tmp, node_block, blocks)
-            (tmp / "gathered.arrow").unlink()
-        else:
-            block, blocks, paths = np.zeros(src.shape[0], np.int64), 1, []
-        order = np.argsort(block, kind="stable")
-        cuts = np.searchsorted(block[order], np.arange(blocks + 1))
-        row_of = np.full(len(doc_ids), -1, np.int64)
-        for b in range(blocks):
-            pairs = order[cuts[b]:cuts[b + 1]]
-            if not pairs.shape[0]:
-                continue
-            if paths:
-                with pa.OSFile(str(paths[b])) as fh:
-                    table = pa.ipc.open_file(fh).read_all()
-                paths[b].unlink()
-            else:
-                table = pa.Table.from_batches(gathered.held, _ROWS)
-                gathered.held = []
-            node = table.column(0).to_numpy()
-            row_of[node] = np.arange(node.shape[0])
-            texts = from_arrow(table.column(1))
-            del table
-            out[pairs] = pair_jaccard_on(backend, texts, row_of[src[pairs]], row_of[dst[pairs]], shingle=shingle)
-            row_of[node] = -1
-        return out, blocks
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not len(src):
+        return np.empty(0, np.float64), 0
+    with PairTexts(inputs, doc_ids, np.concatenate([src, dst]), budget=budget, batch_rows=batch_rows) as texts:
+        out = texts.jaccard(src, dst, group, shingle=shingle, backend=backend)
+        return out, texts.blocks

@@ -223,3 +223,17 @@ def test_plan_blocks_respects_the_budget(pairs: list[tuple[int, int]], size: lis
     perm = np.random.default_rng(len(pairs)).permutation(len(pairs))
     again, _ = plan_blocks(src[perm], dst[perm], group[perm], nbytes, budget)
     assert (again == block[perm]).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.text(max_size=6), unique=True, max_size=30), probe=st.lists(st.text(max_size=7), max_size=30))
+def test_id_index_finds_what_index_in_finds(ids: list[str], probe: list[str]) -> None:
+    """The binary-search id lookup agrees with Arrow's hash lookup on any strings (non-ASCII,
+    NUL characters, prefixes of each other) and the fallback path for non-ASCII sets."""
+    import pyarrow as pa
+
+    from stages.pair_texts import IdIndex
+
+    values = pa.array(probe + ids[:3], pa.string())
+    want = pc.fill_null(pc.index_in(values, value_set=pa.array(ids, pa.string())), -1).to_numpy(zero_copy_only=False)
+    assert IdIndex(pa.array(ids, pa.string())).find(values).tolist() == np.asarray(want, np.int64).tolist()

@@ -453,6 +453,14 @@ def distinct_pairs(bands: Iterable[BandEdges]) -> tuple[npt.NDArray[np.int64], n
     return packed >> 31, packed & ((1 << 31) - 1)
 
 
+def _sorted_contains(haystack: npt.NDArray[np.int64], x: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """bool: x[j] occurs in the sorted array ``haystack`` (binary search, no hash table)."""
+    if not haystack.shape[0]:
+        return np.zeros(x.shape[0], dtype=bool)
+    at = np.minimum(np.searchsorted(haystack, x), haystack.shape[0] - 1)
+    return haystack[at] == x
+
+
 def verify_stream(
     n: int,
     bands: Callable[[], Iterable[BandEdges]],
@@ -479,8 +487,9 @@ def verify_stream(
         linked[ps[ok]] = True
         linked[pd[ok]] = True
         fs, fd = _fallback_pairs(bands(), ~linked, max_fallback)
-        # a mate pair that is also an anchor pair was verified in step 1
-        tried = np.isin(fs * n + fd, np.concatenate([ps * n + pd, pd * n + ps]))
+        # a mate pair that is also an anchor pair (either way round) was verified in step 1
+        packed = (ps << 31) | pd  # sorted: distinct_pairs sorts by (src, dst)
+        tried = _sorted_contains(packed, (fs << 31) | fd) | _sorted_contains(packed, (fd << 31) | fs)
         fs, fd = fs[~tried], fd[~tried]
         fj = jaccard(fs, fd) if fs.shape[0] else np.zeros(0, np.float64)
         ok = fj >= threshold

@@ -11,6 +11,7 @@ texts of the documents in them through ``stages.pair_texts`` (at most ``text_blo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import pyarrow as pa
 
 from stages.backend import CPU, connected_components_on, resolve
 from stages.kernels.lsh import BandEdges, distinct_pairs, verify_stream
-from stages.pair_texts import pair_jaccard
+from stages.pair_texts import PairTexts
 from stages.params import DuplicateComponentsParams, ExecutionParams
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -80,22 +81,26 @@ def run(
     doc_ids = nodes["doc_id"].combine_chunks()
     n = nodes.num_rows
     bands = band_stream(inputs, EDGE_BATCH_ROWS)
-    blocks = [0]
+    blocks = 0
     if params.verify == "jaccard":
-        cand_label: list[np.ndarray] = []
+        with ExitStack() as stack:
+            found: list[tuple[PairTexts, np.ndarray]] = []
 
-        def jaccard(s: np.ndarray, d: np.ndarray) -> np.ndarray:
-            """Pair Jaccard, holding at most ``text_block_bytes`` of text; pairs of one candidate
-            component share a block where they fit (the first call brings every candidate pair)."""
-            if not cand_label:
-                cand_label.append(connected_components_on(CPU, n, s, d))
-            out, used = pair_jaccard(inputs, doc_ids, s, d, cand_label[0][s], shingle=shingle, backend=backend,
-                                     budget=execution.text_block_bytes, batch_rows=execution.batch_rows)
-            blocks[0] += used
-            return out
+            def jaccard(s: np.ndarray, d: np.ndarray) -> np.ndarray:
+                """Pair Jaccard holding at most ``text_block_bytes`` of text. The first call brings
+                every candidate pair: their texts are gathered once (later calls, the fallback's
+                bucket-mates, are among them), pairs of one candidate component share a block."""
+                if not found:
+                    texts = stack.enter_context(PairTexts(inputs, doc_ids, np.concatenate([s, d]),
+                                                          budget=execution.text_block_bytes,
+                                                          batch_rows=execution.batch_rows))
+                    found.append((texts, connected_components_on(CPU, n, s, d)))
+                texts, label = found[0]
+                return texts.jaccard(s, d, label[s], shingle=shingle, backend=backend)
 
-        e_src, e_dst, jac, candidates = verify_stream(n, bands, jaccard, threshold=params.threshold,
-                                                      max_fallback=params.max_leaders)
+            e_src, e_dst, jac, candidates = verify_stream(n, bands, jaccard, threshold=params.threshold,
+                                                          max_fallback=params.max_leaders)
+            blocks = found[0][0].blocks if found else 0
     else:
         e_src, e_dst = distinct_pairs(bands())
         candidates = len(e_src)
@@ -122,7 +127,7 @@ def run(
         "candidate_pairs": candidates,
         "edges": len(e_src),
         "rejected_pairs": candidates - len(e_src) if params.verify == "jaccard" else 0,
-        "text_blocks": blocks[0],
+        "text_blocks": blocks,
         "components": len(comp_sizes),
         "documents_in_components": len(idx),
         "largest_clusters": [int(x) for x in top],
