@@ -16,6 +16,9 @@ Peers get the texts already in memory (their time starts at shingling); ours inc
 and writing Parquet. MB/s per core = text megabytes / CPU seconds of the process tree.
 
     python bench/fuzzy.py [--copies 20] [--max-docs 1500] [--peer-mb 3] [--skip-datasketch]
+    python bench/fuzzy.py --copies 480 --contenders ours   # ~1M documents, 2.3 GB: the memory target
+
+Peak RSS is the largest of the contender process's own high-water mark and its largest child's.
 """
 
 from __future__ import annotations
@@ -29,19 +32,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 SHINGLE, NUM_PERM, BANDS, THRESHOLD = 24, 260, 20, 0.8
 
 
-def _texts(folder: Path) -> list[str]:
-    out = []
+def _texts(folder: Path) -> Iterator[str]:
     for source in sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "scraps" and p.name != "benchmarks"):
         for part in sorted(source.iterdir()):
             data = gzip.decompress(part.read_bytes()) if part.suffix == ".gz" else part.read_bytes()
-            out.extend(json.loads(line)["text"] for line in data.decode().splitlines() if line.strip())
-    return out
+            yield from (json.loads(line)["text"] for line in data.decode().splitlines() if line.strip())
+
+
+def _peak_self_kib() -> int:
+    """This process's own high-water mark (VmHWM): ru_maxrss would carry the parent's over."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def _shingles(text: str) -> list[str]:
@@ -133,16 +144,15 @@ def run_ours_dagster(folder: Path, work: Path) -> dict[str, Any]:
 
 
 def child(name: str, folder: Path, work: Path, mb_limit: float | None) -> None:
-    texts = _texts(folder)
-    if mb_limit:
-        cut, total = [], 0
-        for t in texts:
-            total += len(t.encode("utf-8", "surrogatepass"))
-            if total > mb_limit * 1e6:
-                break
-            cut.append(t)
-        texts = cut
-    mb = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) / 1e6
+    texts: list[str] = []
+    mb = docs = 0.0
+    for t in _texts(folder):  # ours reads the files itself: only the peers hold the texts in memory
+        size = len(t.encode("utf-8", "surrogatepass")) / 1e6
+        if mb_limit and mb + size > mb_limit:
+            break
+        mb, docs = mb + size, docs + 1
+        if not name.startswith("ours"):
+            texts.append(t)
     w0 = time.perf_counter()
     if name == "ours":
         out = run_ours(folder, work)
@@ -155,9 +165,9 @@ def child(name: str, folder: Path, work: Path, mb_limit: float | None) -> None:
     wall = time.perf_counter() - w0
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    out.update(name=name, docs=len(texts), mb=round(mb, 2), wall_s=round(wall, 2), cpu_s=round(cpu, 2),
+    out.update(name=name, docs=int(docs), mb=round(mb, 2), wall_s=round(wall, 2), cpu_s=round(cpu, 2),
                mb_per_s=round(mb / wall, 2), mb_per_s_per_core=round(mb / cpu, 2) if cpu else None,
-               peak_rss_mb=round(max(me.ru_maxrss, kids.ru_maxrss) / 1024, 1))
+               peak_rss_mb=round(max(_peak_self_kib(), kids.ru_maxrss) / 1024, 1))
     print(json.dumps(out))
 
 
@@ -167,6 +177,8 @@ def main() -> None:
     ap.add_argument("--max-docs", type=int, default=1500)
     ap.add_argument("--peer-mb", type=float, default=3.0, help="text for datasketch (slow)")
     ap.add_argument("--skip-datasketch", action="store_true")
+    ap.add_argument("--contenders", default="ours,ours+dagster,rensa,datasketch",
+                    help="comma-separated subset to run (e.g. 'ours' alone for a 1M-document memory run)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -181,9 +193,11 @@ def main() -> None:
         (root / "corpus" / "curate.json").write_text(json.dumps({"sources": {
             p.name: {"url": str(p), "id_field": "id"} for p in (root / "corpus").iterdir() if p.is_dir()}}))
         results = []
-        plan = [("ours", 0.0), ("ours+dagster", 0.0), ("rensa", 0.0)]
-        if not args.skip_datasketch:
-            plan.append(("datasketch", args.peer_mb))
+        wanted = set(args.contenders.split(","))
+        if args.skip_datasketch:
+            wanted.discard("datasketch")
+        plan = [(name, args.peer_mb if name == "datasketch" else 0.0)
+                for name in ("ours", "ours+dagster", "rensa", "datasketch") if name in wanted]
         for name, limit in plan:
             work = root / f"work-{name}"
             work.mkdir()
