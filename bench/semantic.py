@@ -1,6 +1,7 @@
 """Semantic dedup benchmarks: embedding docs/s, pairwise pairs/s, and accuracy against all-pairs.
 
     python bench/semantic.py embed    [--docs 600] [--max-tokens 256] [--device cpu] [--repeats 3]
+                                      [--precision fp32|bf16|autocast-bf16|int8]
     python bench/semantic.py pairwise [--rows 8192] [--device cpu]
     python bench/semantic.py accuracy [--max-tokens 256] [--device cpu]
 
@@ -8,6 +9,10 @@
 ``SentenceTransformer.encode`` (batch 32, its own length sort by characters) and through the
 pipeline's Encoder (token-length buckets, token-budget batches, bf16 on a GPU); repeats are
 interleaved and the best of each is reported, with the cosine between the two outputs.
+``--precision`` adds a third path: the same Encoder with its model computing in another precision
+(``bf16``: weights cast; ``autocast-bf16``: fp32 weights under ``torch.autocast``; ``int8``: dynamic
+int8 quantization of the Linear layers, CPU only; ``fp32``: e.g. against the bf16 default on a
+GPU), with its docs/s, its ratio to plain encode and to the Encoder, and its cosine to the Encoder.
 
 ``pairwise``: the tiled in-cluster kernel on random unit vectors (one cluster of ``--rows``),
 pairs/s = rows * (rows - 1) / 2 / seconds; and k-means assignment rows/s.
@@ -31,12 +36,16 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stages.kernels.exact import text_hashes
+
+if TYPE_CHECKING:
+    from stages.programs.document_embeddings import Encoder
 
 
 def docstrings(n: int) -> list[str]:
@@ -64,15 +73,18 @@ def bench_embed(args: argparse.Namespace) -> None:
     from stages.params import embedding_model_path
 
     enc = encoder("all-MiniLM-L6-v2", args.device, args.max_tokens)
+    variant = encoder_variant(enc, args.precision) if args.precision else None
     # the baseline: the model as a user loads it (float32), its own encode()
     plain = SentenceTransformer(embedding_model_path("all-MiniLM-L6-v2"), device=args.device, local_files_only=True)
     plain.max_seq_length = enc.max_tokens
     plain.encode(texts[:32], batch_size=32)  # warm-up of both paths
     enc.embed(enc.tokenize(texts[:32]))
+    if variant is not None:
+        variant.embed(variant.tokenize(texts[:32]))
     # Wall time and CPU time (process_time, all threads): on a shared machine the CPU seconds a
     # path consumes are the steadier measure of what it would do on idle cores.
-    best_plain = best_ours = cpu_plain = cpu_ours = math.inf
-    ref = ours = np.zeros(0)
+    best_plain = best_ours = cpu_plain = cpu_ours = best_var = cpu_var = math.inf
+    ref = ours = other = np.zeros(0)
     for _ in range(args.repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         ref = plain.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
@@ -82,6 +94,11 @@ def bench_embed(args: argparse.Namespace) -> None:
         ours = enc.embed(enc.tokenize(texts), args.batch_tokens)
         best_ours = min(best_ours, time.perf_counter() - t0)
         cpu_ours = min(cpu_ours, time.process_time() - c0)
+        if variant is not None:
+            t0, c0 = time.perf_counter(), time.process_time()
+            other = variant.embed(variant.tokenize(texts), args.batch_tokens)
+            best_var = min(best_var, time.perf_counter() - t0)
+            cpu_var = min(cpu_var, time.process_time() - c0)
     cos = (np.asarray(ref, np.float32) * ours).sum(axis=1)
     tokens = sum(len(t) for t in enc.tokenize(texts))
     n = len(texts)
@@ -93,6 +110,16 @@ def bench_embed(args: argparse.Namespace) -> None:
           f"{n / cpu_ours:8.1f} docs per CPU-second")
     print(f"  speed-up: {best_plain / best_ours:.2f}x wall, {cpu_plain / cpu_ours:.2f}x CPU time")
     print(f"  cosine(plain, ours): min {cos.min():.6f}, mean {cos.mean():.6f}")
+    if variant is not None:
+        vcos = (ours * other).sum(axis=1)
+        base = _dtype_name(enc.dtype)
+        print(f"  Encoder, {args.precision:<38}: {n / best_var:8.1f} docs/s wall, "
+              f"{n / cpu_var:8.1f} docs per CPU-second")
+        print(f"  {args.precision} vs plain encode: {best_plain / best_var:.2f}x wall, "
+              f"{cpu_plain / cpu_var:.2f}x CPU time; vs Encoder ({base}): {best_ours / best_var:.2f}x wall, "
+              f"{cpu_ours / cpu_var:.2f}x CPU time")
+        print(f"  cosine(Encoder {base}, Encoder {args.precision}): min {vcos.min():.6f}, "
+              f"mean {vcos.mean():.6f}")
     # Padding: encode sorts by characters and pads batches of 32; the Encoder sorts by tokens.
     from stages.kernels.semantic import length_batches
 
@@ -103,6 +130,44 @@ def bench_embed(args: argparse.Namespace) -> None:
     padded_ours = sum(lens[b].max() * len(b) for b in length_batches(lens, batch_tokens))
     print(f"  real tokens / computed tokens: plain {lens.sum() / padded_plain:.3f}, "
           f"ours {lens.sum() / padded_ours:.3f}")
+
+
+def encoder_variant(enc: Encoder, precision: str) -> Encoder:
+    """A copy of ``enc`` (same tokenizer, max_tokens, batching) whose model computes in
+    ``precision``: bf16 (weights cast), autocast-bf16 (fp32 weights, bf16 matmuls under
+    ``torch.autocast``), int8 (dynamic int8 Linear layers, fp32 activations; CPU only) or fp32.
+    The pipeline's cached Encoder is left as it is."""
+    import copy
+
+    import torch
+
+    var = copy.copy(enc)
+    model = copy.deepcopy(enc.model)
+    if precision == "int8":
+        if not enc.device.startswith("cpu"):
+            raise SystemExit("--precision int8: dynamic quantization runs on the CPU only")
+        model = torch.ao.quantization.quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8)
+        var.dtype = torch.qint8
+    elif precision == "autocast-bf16":
+        model = model.float()
+        var.dtype = torch.float32
+        device_type = torch.device(enc.device).type
+        plain_forward = var.forward
+
+        def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            with torch.autocast(device_type, dtype=torch.bfloat16):
+                return plain_forward(input_ids, attention_mask)
+
+        var.forward = forward  # type: ignore[method-assign]
+    else:
+        var.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        model = model.to(var.dtype)
+    var.model = model.eval()
+    return var
+
+
+def _dtype_name(dtype: object) -> str:
+    return {"torch.float32": "fp32", "torch.bfloat16": "bf16"}.get(str(dtype), str(dtype))
 
 
 def _threads() -> int:
@@ -247,6 +312,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--batch-tokens", type=int, default=None)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--precision", choices=("fp32", "bf16", "autocast-bf16", "int8"),
+                   help="embed: also time the Encoder computing in this precision")
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--eps", type=float, nargs="+", default=[0.01, 0.03, 0.05, 0.07, 0.10, 0.15])
     args = p.parse_args()
