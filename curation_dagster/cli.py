@@ -114,10 +114,17 @@ def build_spec(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from curation_dagster.config import load_config
     from curation_dagster.resources import DATA_ROOT_FILE, CurationResource
     from curation_dagster.runner import RunFailed, run_crawl
 
     workdir, home = _workdir_paths(args.workdir)
+    try:  # a bad curate.yaml fails here in one line, not inside the first Dagster run
+        load_config(workdir)
+    except (ValueError, OSError, yaml.YAMLError) as exc:  # pydantic's ValidationError is a ValueError
+        raise CliError(f"{workdir / 'curate.yaml'}: {' '.join(str(exc).split())}") from exc
     spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against)
     if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
         (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")

@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from stages.params import ExecutionTuning
+
 CONFIG_FILE = "curate.yaml"
 
 
@@ -87,6 +89,7 @@ class ChecksConfig(_Section):
 
 
 class WorkdirConfig(_Section):
+    execution: ExecutionTuning = Field(default_factory=lambda: ExecutionTuning())
     recrawl: RecrawlConfig = Field(default_factory=lambda: RecrawlConfig())
     automation: AutomationConfig = Field(default_factory=lambda: AutomationConfig())
     checks: ChecksConfig = Field(default_factory=lambda: ChecksConfig())

@@ -22,7 +22,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from stages.params import ExecutionParams
+from stages.params import ExecutionParams, workdir_tuning
 from stages.paths import Store, check_name, use_storage_options
 from stages.registry import CrawlSpec, execute, metadata, prior_outputs
 
@@ -126,8 +126,9 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
         return load_spec(self.workdir, crawl)
 
     def execution(self) -> ExecutionParams:
-        return ExecutionParams(batch_rows=self.batch_rows, workers=self.workers, executor=self.executor,
-                               ray_address=self.ray_address, backend=self.backend)
+        execution = ExecutionParams(batch_rows=self.batch_rows, workers=self.workers, executor=self.executor,
+                                    ray_address=self.ray_address, backend=self.backend)
+        return workdir_tuning(self.workdir).apply(execution)  # curate.yaml's execution: section
 
     def command(self, program: str, crawl: str, source: str | None) -> list[str]:
         """The stage command line: what a subprocess or a Kubernetes pod runs for one partition."""

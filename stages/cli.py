@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from stages.params import ExecutionParams
+from stages.params import ExecutionParams, workdir_tuning
 from stages.paths import Store, check_name, use_storage_options
 from stages.registry import PROGRAMS, CrawlSpec, execute, metadata
 
@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     store = Store(root, options)
     execution = ExecutionParams(batch_rows=args.batch_rows, workers=args.workers, executor=args.executor,
                                 ray_address=args.ray_address, backend=args.backend)
+    try:
+        execution = workdir_tuning(args.workdir).apply(execution)  # curate.yaml's execution: section
+    except ValueError as exc:  # pydantic's ValidationError is one
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if "DAGSTER_PIPES_CONTEXT" in os.environ:
         from dagster_pipes import open_dagster_pipes  # only the Pipes entry point needs it
 

@@ -250,6 +250,36 @@ class ExecutionParams(BaseModel):
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
 
 
+class ExecutionTuning(BaseModel):
+    """Tuning knobs a workdir sets for every run: the ``execution:`` section of
+    ``<workdir>/curate.yaml`` (None = the ExecutionParams default). Read by the Dagster resource
+    and by the stage CLI in pods alike, so a partition runs the same wherever it runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    text_block_bytes: int | None = Field(default=None, ge=1)
+    embedding_batch_tokens: int | None = Field(default=None, ge=1)
+    pairwise_batch_size: int | None = Field(default=None, ge=1)
+    ingest_task_bytes: int | None = Field(default=None, ge=1)
+
+    def apply(self, execution: ExecutionParams) -> ExecutionParams:
+        """``execution`` with the knobs this section sets."""
+        return execution.model_copy(update=self.model_dump(exclude_none=True))
+
+
+def workdir_tuning(workdir: str | os.PathLike[str]) -> ExecutionTuning:
+    """The ``execution:`` section of ``<workdir>/curate.yaml`` (defaults when absent)."""
+    import yaml
+
+    path = os.path.join(os.fspath(workdir), "curate.yaml")
+    if not os.path.exists(path):
+        return ExecutionTuning()
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return ExecutionTuning.model_validate(data.get("execution") or {})
+
+
 def params_key(program: str, params: StageParams, upstream: dict[str, str] | None = None) -> str:
     """Key of a program's output: 16 hex chars of sha256 over name, version, params, upstream keys.
 

@@ -237,3 +237,41 @@ def test_id_index_finds_what_index_in_finds(ids: list[str], probe: list[str]) ->
     values = pa.array(probe + ids[:3], pa.string())
     want = pc.fill_null(pc.index_in(values, value_set=pa.array(ids, pa.string())), -1).to_numpy(zero_copy_only=False)
     assert IdIndex(pa.array(ids, pa.string())).find(values).tolist() == np.asarray(want, np.int64).tolist()
+
+
+@pytest.mark.parametrize("mode", ["in_process", "pipes"])
+def test_curate_yaml_execution_section_tunes_runs(corpus: tuple[Path, list[dict[str, str]]], tmp_path: Path,
+                                                  mode: str) -> None:
+    """``execution:`` in curate.yaml reaches in-process runs and stage subprocesses (Pipes) alike:
+    a tiny text budget makes fuzzy verification spill and read many blocks, with the edges and
+    the removal list of the in-memory run."""
+    import shutil
+
+    import yaml
+
+    from curation_dagster import cli
+    from curation_dagster.resources import CurationResource, load_spec
+    from curation_dagster.runner import run_crawl
+
+    _, sources = corpus
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "curate.yaml").write_text(yaml.safe_dump({"checks": {"over_deletion": {"max_removed_fraction": 1.0}}}))
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"sources": {s["name"]: {k: v for k, v in s.items() if k != "name"}
+                                              for s in sources}}))
+    assert cli.main(["run", "--workdir", str(work), "--crawl", "c1", "--config", str(config), "--stages", "fuzzy",
+                     "--quiet"]) == 0
+    spec = load_spec(str(work), "c1")
+    store = CurationResource(workdir=str(work)).store()
+    comps = plan_task(store, spec, "duplicate_components", None).output_dir
+    fuzzy = plan_task(store, spec, "fuzzy_duplicates", None).output_dir
+    want = store.read_table(comps, "edges"), store.read_table(fuzzy, "removed")
+    assert store.read_manifest(comps).report["text_blocks"] <= 2 and want[0].num_rows > 0  # in memory
+    (work / "curate.yaml").write_text(yaml.safe_dump({"checks": {"over_deletion": {"max_removed_fraction": 1.0}},
+                                                      "execution": {"text_block_bytes": 40_000}}))
+    shutil.rmtree(comps)
+    shutil.rmtree(fuzzy)
+    run_crawl(work, work / "dagster", spec, quiet=True, resource=CurationResource(workdir=str(work), mode=mode))
+    assert store.read_manifest(comps).report["text_blocks"] > 3
+    assert store.read_table(comps, "edges").equals(want[0]) and store.read_table(fuzzy, "removed").equals(want[1])

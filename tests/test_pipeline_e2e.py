@@ -407,3 +407,12 @@ def test_pipes_mode_gives_the_in_process_ledger(base: Workdir, scratch: Path) ->
     assert piped.metadata["data_version"].value == local.metadata["data_version"].value
     assert set(piped.metadata) == set(local.metadata)
     assert piped.metadata["report"].value["sources"] == local.metadata["report"].value["sources"]
+
+
+def test_bad_execution_section_fails_with_one_line(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "curate.yaml").write_text("execution:\n  text_block_bytes: 0\n  bogus: 1\n")
+    code, _, err = curate("run", "--workdir", str(work), "--crawl", CRAWL, "--source", "a=/nowhere")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "text_block_bytes" in err and "bogus" in err
