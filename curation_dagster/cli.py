@@ -24,22 +24,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
+from curation_dagster.instance import ensure_instance_config
 from stages.params import LSH_PRESETS
 from stages.paths import Store
 from stages.registry import QUARANTINE, STAGES, CrawlSpec
-
-DAGSTER_YAML = """\
-# The embedded default: SQLite storage in this folder, runs in-process.
-telemetry:
-  enabled: false
-# One event-log database for all runs: the default opens a new database per run, which costs
-# ~0.4 s per run, and a crawl is dozens of short runs (one per asset partition).
-event_log_storage:
-  module: dagster._core.storage.event_log
-  class: ConsolidatedSqliteEventLogStorage
-  config:
-    base_dir: {history}
-"""
 
 
 class CliError(Exception):
@@ -48,11 +36,7 @@ class CliError(Exception):
 
 def _workdir_paths(workdir: str) -> tuple[Path, Path]:
     root = Path(workdir).resolve()
-    home = root / "dagster"
-    home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        (home / "dagster.yaml").write_text(DAGSTER_YAML.format(history=json.dumps(str(home / "history"))))
-    return root, home
+    return root, ensure_instance_config(root / "dagster")
 
 
 def _read_config(path: str | None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from dagster import (
 
 from curation_dagster.assets import ASSETS
 from curation_dagster.checks import CHECKS, blocking_failures
+from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource, save_spec
 from stages.registry import PROGRAMS, CrawlSpec, data_version, plan_task
@@ -84,7 +85,7 @@ def run_crawl(
 
     save_spec(workdir, spec)
     resource = resource or CurationResource(workdir=str(workdir))
-    instance = DagsterInstance.from_config(str(home))
+    instance = DagsterInstance.from_config(str(ensure_instance_config(home)))
     instance.add_dynamic_partitions(CRAWL, [spec.crawl])
     instance.add_dynamic_partitions(SOURCE, sorted(spec.sources))
     steps = plan(spec)

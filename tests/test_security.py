@@ -208,3 +208,22 @@ def test_curate_ui_listens_on_loopback_only(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         log.close()
+
+
+def test_a_copied_workdir_keeps_its_own_event_log(tmp_path: Path) -> None:
+    """The instance file names its event-log folder by absolute path; a copied workdir is pointed
+    at its own folder again (an edited file is left as it is)."""
+    import shutil
+
+    from curation_dagster.instance import ensure_instance_config
+
+    home = ensure_instance_config(tmp_path / "a" / "dagster")
+    assert str(home / "history") in (home / "dagster.yaml").read_text()
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    copied = ensure_instance_config(tmp_path / "b" / "dagster")
+    text = (copied / "dagster.yaml").read_text()
+    assert str(copied / "history") in text and str(home / "history") not in text
+    (copied / "dagster.yaml").write_text(text + "# mine\n")
+    shutil.copytree(tmp_path / "b", tmp_path / "c")
+    ensure_instance_config(tmp_path / "c" / "dagster")
+    assert (tmp_path / "c" / "dagster" / "dagster.yaml").read_text() == text + "# mine\n"
