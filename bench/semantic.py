@@ -1,7 +1,7 @@
 """Semantic dedup benchmarks: embedding docs/s, pairwise pairs/s, and accuracy against all-pairs.
 
     python bench/semantic.py embed    [--docs 600] [--max-tokens 256] [--device cpu] [--repeats 3]
-                                      [--precision fp32|bf16|autocast-bf16|int8]
+                                      [--precision fp32|bf16|autocast-bf16|int8] [--runtime onnx]
     python bench/semantic.py pairwise [--rows 8192] [--device cpu]
     python bench/semantic.py accuracy [--max-tokens 256] [--device cpu]
 
@@ -13,6 +13,10 @@ interleaved and the best of each is reported, with the cosine between the two ou
 (``bf16``: weights cast; ``autocast-bf16``: fp32 weights under ``torch.autocast``; ``int8``: dynamic
 int8 quantization of the Linear layers, CPU only; ``fp32``: e.g. against the bf16 default on a
 GPU), with its docs/s, its ratio to plain encode and to the Encoder, and its cosine to the Encoder.
+``--runtime onnx`` adds the transformer run by ONNX Runtime (fp32, CPU; needs ``onnxruntime`` and
+``onnx``): exported here from the same weights, fused by ``onnxruntime.transformers``' BERT
+optimizer, fed the Encoder's token-length batches, mean-pooled in torch. It is a measurement, not
+a pipeline option: on the 2-core CPU it was no faster than torch (docs/semantic.md, "Precision").
 
 ``pairwise``: the tiled in-cluster kernel on random unit vectors (one cluster of ``--rows``),
 pairs/s = rows * (rows - 1) / 2 / seconds; and k-means assignment rows/s.
@@ -35,8 +39,9 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stages.kernels.exact import text_hashes
 
 if TYPE_CHECKING:
+    import torch
+
     from stages.programs.document_embeddings import Encoder
 
 
@@ -81,10 +88,14 @@ def bench_embed(args: argparse.Namespace) -> None:
     enc.embed(enc.tokenize(texts[:32]))
     if variant is not None:
         variant.embed(variant.tokenize(texts[:32]))
+    tmp = tempfile.TemporaryDirectory()
+    ort_forward = onnx_forward(enc, Path(tmp.name)) if args.runtime == "onnx" else None
+    if ort_forward is not None:
+        _embed_with(enc, ort_forward, enc.tokenize(texts[:32]), args.batch_tokens)
     # Wall time and CPU time (process_time, all threads): on a shared machine the CPU seconds a
     # path consumes are the steadier measure of what it would do on idle cores.
-    best_plain = best_ours = cpu_plain = cpu_ours = best_var = cpu_var = math.inf
-    ref = ours = other = np.zeros(0)
+    best_plain = best_ours = cpu_plain = cpu_ours = best_var = cpu_var = best_ort = cpu_ort = math.inf
+    ref = ours = other = by_ort = np.zeros(0)
     for _ in range(args.repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         ref = plain.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
@@ -99,6 +110,12 @@ def bench_embed(args: argparse.Namespace) -> None:
             other = variant.embed(variant.tokenize(texts), args.batch_tokens)
             best_var = min(best_var, time.perf_counter() - t0)
             cpu_var = min(cpu_var, time.process_time() - c0)
+        if ort_forward is not None:
+            t0, c0 = time.perf_counter(), time.process_time()
+            by_ort = _embed_with(enc, ort_forward, enc.tokenize(texts), args.batch_tokens)
+            best_ort = min(best_ort, time.perf_counter() - t0)
+            cpu_ort = min(cpu_ort, time.process_time() - c0)
+    tmp.cleanup()
     cos = (np.asarray(ref, np.float32) * ours).sum(axis=1)
     tokens = sum(len(t) for t in enc.tokenize(texts))
     n = len(texts)
@@ -120,13 +137,23 @@ def bench_embed(args: argparse.Namespace) -> None:
               f"{cpu_ours / cpu_var:.2f}x CPU time")
         print(f"  cosine(Encoder {base}, Encoder {args.precision}): min {vcos.min():.6f}, "
               f"mean {vcos.mean():.6f}")
+    if ort_forward is not None:
+        ocos = (ours * by_ort).sum(axis=1)
+        print(f"  Encoder batches, ONNX Runtime fp32 (fused BERT)  : {n / best_ort:8.1f} docs/s wall, "
+              f"{n / cpu_ort:8.1f} docs per CPU-second")
+        print(f"  ONNX Runtime vs plain encode: {best_plain / best_ort:.2f}x wall, "
+              f"{cpu_plain / cpu_ort:.2f}x CPU time; "
+              f"vs Encoder (torch {_dtype_name(enc.dtype)}): {best_ours / best_ort:.2f}x wall, "
+              f"{cpu_ours / cpu_ort:.2f}x CPU time")
+        print(f"  cosine(Encoder torch, ONNX Runtime): min {ocos.min():.7f}, mean {ocos.mean():.7f}")
     # Padding: encode sorts by characters and pads batches of 32; the Encoder sorts by tokens.
     from stages.kernels.semantic import length_batches
+    from stages.programs.document_embeddings import CPU_BATCH_TOKENS
 
     lens = np.array([len(t) for t in enc.tokenize(texts)])
     by_chars = np.argsort([-len(t) for t in texts], kind="stable")
     padded_plain = sum(lens[by_chars[a:a + 32]].max() * len(by_chars[a:a + 32]) for a in range(0, n, 32))
-    batch_tokens = args.batch_tokens or 8192
+    batch_tokens = args.batch_tokens or CPU_BATCH_TOKENS
     padded_ours = sum(lens[b].max() * len(b) for b in length_batches(lens, batch_tokens))
     print(f"  real tokens / computed tokens: plain {lens.sum() / padded_plain:.3f}, "
           f"ours {lens.sum() / padded_ours:.3f}")
@@ -164,6 +191,83 @@ def encoder_variant(enc: Encoder, precision: str) -> Encoder:
         model = model.to(var.dtype)
     var.model = model.eval()
     return var
+
+
+def onnx_forward(enc: Encoder, folder: Path) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A ``stages.kernels.semantic`` forward (input_ids, attention_mask int64 (b, L) -> mean-pooled
+    float32 (b, dim)) that runs ``enc``'s transformer in ONNX Runtime on the CPU, fp32.
+
+    The transformer is exported to ``folder`` with eager attention (the TorchScript exporter;
+    sdpa's graph is not recognised by the fusion passes) and dynamic batch and length axes, then
+    optimised by ``onnxruntime.transformers.optimizer`` for BERT (fused Attention,
+    SkipLayerNormalization, BiasGelu) and run with every graph optimisation, one intra-op thread
+    per torch thread. Mean pooling stays in torch; the model must pool by mean."""
+    import copy
+
+    import torch
+
+    try:
+        import onnx  # noqa: F401  (the exporter and the optimizer need it)
+        import onnxruntime as ort
+        from onnxruntime.transformers import optimizer
+    except ImportError as e:
+        raise SystemExit(f"--runtime onnx needs: pip install onnxruntime onnx ({e})") from e
+
+    if not enc.device.startswith("cpu"):
+        raise SystemExit("--runtime onnx: measured on the CPU only")
+    pooling = getattr(enc.model[1], "pooling_mode", "mean")
+    if pooling != "mean":
+        raise SystemExit(f"--runtime onnx: mean pooling only, the model pools by {pooling}")
+    bert: Any = copy.deepcopy(enc.model[0].auto_model)  # the HF BertModel
+    bert = bert.float().eval()
+    bert.set_attn_implementation("eager")
+    token_types = enc.token_types
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            extra = {"token_type_ids": torch.zeros_like(input_ids)} if token_types else {}
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+
+    ids = torch.full((2, 16), 1000, dtype=torch.int64)
+    mask = torch.ones_like(ids)
+    mask[1, 10:] = 0  # traced with padding, so the graph keeps the attention mask
+    raw, fused = folder / "model.onnx", folder / "model.fused.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Hidden().eval(), (ids, mask), str(raw), dynamo=False, opset_version=17,
+            input_names=["input_ids", "attention_mask"], output_names=["hidden"],
+            dynamic_axes={"input_ids": {0: "b", 1: "l"}, "attention_mask": {0: "b", 1: "l"},
+                          "hidden": {0: "b", 1: "l"}},
+        )
+    config = bert.config
+    optimizer.optimize_model(str(raw), model_type="bert", num_heads=config.num_attention_heads,
+                             hidden_size=config.hidden_size, opt_level=0).save_model_to_file(str(fused))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(fused), options, providers=["CPUExecutionProvider"])
+
+    def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        (hidden,) = session.run(None, {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy()})
+        m = attention_mask.unsqueeze(-1).float()
+        return (torch.from_numpy(hidden) * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+
+    return forward
+
+
+def _embed_with(enc: Encoder, forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                token_ids: list[list[int]], batch_tokens: int | None) -> np.ndarray:
+    """``enc.embed`` with another forward: the same token-length batches and normalisation."""
+    from stages.kernels.semantic import embed
+    from stages.programs.document_embeddings import CPU_BATCH_TOKENS
+
+    return embed(forward, token_ids, enc.pad_id, enc.dim, batch_tokens or CPU_BATCH_TOKENS, enc.device)
 
 
 def _dtype_name(dtype: object) -> str:
@@ -314,6 +418,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--precision", choices=("fp32", "bf16", "autocast-bf16", "int8"),
                    help="embed: also time the Encoder computing in this precision")
+    p.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
+                   help="embed: onnx also times the transformer run by ONNX Runtime (fp32, CPU)")
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--eps", type=float, nargs="+", default=[0.01, 0.03, 0.05, 0.07, 0.10, 0.15])
     args = p.parse_args()

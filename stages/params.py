@@ -238,7 +238,7 @@ class ExecutionParams(BaseModel):
     executor: Literal["local", "ray"] = "local"  # where fanned-out work runs (stages.parallel)
     ray_address: str | None = None  # an existing Ray cluster ("ray://host:10001", "auto"); None: local
     backend: Literal["auto", "cpu", "gpu"] = "cpu"
-    # semantic dedup: padded tokens per embedding batch (None: 8192 on CPU, 131072 on a GPU) and
+    # semantic dedup: padded tokens per embedding batch (None: 2048 on CPU, 131072 on a GPU) and
     # query/candidate rows per pairwise tile (memory ~ pairwise_batch_size**2 floats)
     embedding_batch_tokens: int | None = None
     pairwise_batch_size: int = 1024

@@ -8,8 +8,8 @@ batches of about ``ExecutionParams.embedding_batch_tokens`` padded tokens: fp32 
 on a GPU. Output table ``embeddings``: doc_id, tokens (int32, after truncation), embedding
 (fixed-size list of float16 or float32, L2-normalised before the cast).
 
-CPU throughput is for tests and small corpora (10-25 documents per second on two cores at ~130
-tokens per document); a crawl is embedded on a GPU (``ExecutionParams.backend = "gpu"``).
+CPU throughput is for tests and small corpora (about 80 documents per second on two idle cores at
+~130 tokens per document); a crawl is embedded on a GPU (``ExecutionParams.backend = "gpu"``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 # A token is rarely longer than a few characters; cutting the text at 20 per token before
 # tokenising spares the tokenizer megabyte-long documents without changing what it keeps.
 CHARS_PER_TOKEN = 20
-CPU_BATCH_TOKENS = 8192
+# On a CPU small batches are faster: 1024-2048 padded tokens embed 1.25-1.34x as many docs/s as
+# 8192 on two cores (docs/semantic.md, "Throughput"); the per-layer activations of a big batch
+# (8192 x 1536 fp32 FFN, 100 MB of attention scores at 256 tokens) fall out of cache.
+CPU_BATCH_TOKENS = 2048
 GPU_BATCH_TOKENS = 131072
 
 
