@@ -177,8 +177,21 @@ class Store:
         return PartitionWriter(self, pdir)
 
 
+class PartitionBusy(RuntimeError):
+    """Another attempt is writing the same partition right now."""
+
+
 class PartitionWriter:
-    """Writes the parts of one partition attempt; ``commit`` publishes them with the manifest."""
+    """Writes the parts of one partition attempt; ``commit`` publishes them with the manifest.
+
+    On a local data root an attempt holds an exclusive ``flock`` on
+    ``<root>/.locks/<hash of the partition dir>`` from creation to ``close``: a second attempt on
+    the same partition (a rerun launched while one is running) fails at once with
+    ``PartitionBusy`` instead of having its parts deleted by the other's commit. The kernel drops
+    the lock when the process dies, so a crashed attempt never blocks its retry. Object storage
+    has no such lock: there, two concurrent attempts on one partition are the operator's to avoid
+    (docs/operations.md).
+    """
 
     def __init__(self, store: Store, pdir: str) -> None:
         self.store = store
@@ -187,7 +200,39 @@ class PartitionWriter:
         self.tables: dict[str, list[str]] = {}
         self.rows: dict[str, int] = {}
         self.schemas: dict[str, pa.Schema] = {}
+        self._lock: int | None = self._acquire() if store.is_local else None
         store.fs.makedirs(pdir, exist_ok=True)
+
+    def _acquire(self) -> int | None:
+        import errno
+        import fcntl
+        import hashlib
+
+        locks = os.path.join(self.store.root, ".locks")
+        os.makedirs(locks, exist_ok=True)
+        name = hashlib.sha256(os.path.abspath(self.pdir).encode()).hexdigest()[:32]
+        fd = os.open(os.path.join(locks, name), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise PartitionBusy(f"{self.pdir} is being written by another attempt right now; "
+                                "rerun once it has finished") from None
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                return None  # a filesystem without locks (some network mounts): as on object storage
+            raise
+        return fd
+
+    def close(self) -> None:
+        """Release the partition (after ``commit``, or when the attempt is abandoned)."""
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor drops the flock
+            self._lock = None
+
+    def __del__(self) -> None:
+        self.close()
 
     def write(self, table: str, data: pa.Table) -> None:
         """Append one part to ``table`` (call repeatedly to stream; empty tables keep the schema)."""
@@ -247,4 +292,5 @@ class PartitionWriter:
             # Committed already; leftovers are unreferenced and the next commit removes them.
         finally:
             fs.invalidate_cache(self.pdir)
+            self.close()
         return manifest

@@ -370,18 +370,21 @@ def execute(
     if existing is not None and existing.data_version == version and not force:
         return Outcome(existing, True, time.perf_counter() - t0)
     writer = store.writer(task.output_dir)
-    module = load_program(program)
-    report = module.run(
-        task.params, Inputs(store, task.input_dirs, task.prior_dirs), writer,
-        Partition(spec.crawl, task.source, spec), execution or P.ExecutionParams(),
-    )
-    report["seconds"] = round(time.perf_counter() - t0, 3)
-    report.setdefault("backend", reported_backend(report))  # cpu | gpu | gpu-twin-on-cpu
-    manifest = Manifest(
-        program=program, params_key=task.key, data_version=version, crawl=spec.crawl,
-        source=task.source, params=task.params.canonical(), report=report,
-    )
-    writer.commit(manifest)
+    try:
+        module = load_program(program)
+        report = module.run(
+            task.params, Inputs(store, task.input_dirs, task.prior_dirs), writer,
+            Partition(spec.crawl, task.source, spec), execution or P.ExecutionParams(),
+        )
+        report["seconds"] = round(time.perf_counter() - t0, 3)
+        report.setdefault("backend", reported_backend(report))  # cpu | gpu | gpu-twin-on-cpu
+        manifest = Manifest(
+            program=program, params_key=task.key, data_version=version, crawl=spec.crawl,
+            source=task.source, params=task.params.canonical(), report=report,
+        )
+        writer.commit(manifest)
+    finally:
+        writer.close()  # a failed attempt releases the partition at once, not when collected
     return Outcome(manifest, False, time.perf_counter() - t0)
 
 

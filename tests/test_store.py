@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
@@ -112,6 +114,7 @@ def test_an_uncommitted_writer_leaves_nothing_visible(store: Store) -> None:
     pdir = store.partition_dir("p", "k", "c", "s")
     dead = store.writer(pdir)
     dead.write("t", table(10))  # the process dies here: no commit
+    dead.close()  # (and the kernel drops its partition lock with it)
     assert store.read_manifest(pdir) is None
     with pytest.raises(FileNotFoundError):
         store.read_table(pdir, "t")
@@ -128,6 +131,29 @@ def test_an_uncommitted_writer_leaves_nothing_visible(store: Store) -> None:
     assert store.read_table(pdir, "t").num_rows == 3
 
 
+def test_a_second_attempt_on_a_busy_partition_fails_at_once(store: Store) -> None:
+    """A concurrent attempt on the same local partition is refused (its commit would delete the
+    running attempt's parts); the lock goes with the commit, and with the process."""
+    pdir = store.partition_dir("p", "k", "c", "s")
+    first = store.writer(pdir)
+    first.write("t", table(2))
+    if store.is_local:
+        with pytest.raises(paths.PartitionBusy, match="another attempt"):
+            store.writer(pdir)
+        store.writer(store.partition_dir("p", "k", "c", "other")).close()  # other partitions are free
+    first.commit(manifest())
+    again = store.writer(pdir)  # released by the commit
+    again.close()
+    if store.is_local:  # a process killed while holding the lock releases it
+        script = (f"import os, sys; sys.path.insert(0, {str(Path(paths.__file__).parents[1])!r}); "
+                  f"from stages.paths import Store; w = Store({store.root!r}).writer({pdir!r}); "
+                  "print('held', flush=True); os.kill(os.getpid(), 9)")
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert proc.stdout.strip() == "held" and proc.returncode == -9
+        store.writer(pdir).close()
+    assert store.read_table(pdir, "t").num_rows == 2
+
+
 def test_a_failed_rewrite_keeps_the_committed_partition(store: Store) -> None:
     pdir = store.partition_dir("p", "k", "c")
     first = store.writer(pdir)
@@ -135,6 +161,7 @@ def test_a_failed_rewrite_keeps_the_committed_partition(store: Store) -> None:
     first.commit(manifest(v=1))
     crashed = store.writer(pdir)
     crashed.write("t", table(50))  # never committed
+    crashed.close()
     m = store.read_manifest(pdir)
     assert m is not None and m.report == {"v": 1}
     assert store.read_table(pdir, "t").num_rows == 2

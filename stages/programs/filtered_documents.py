@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from stages.kernels import heuristics as H
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, FilteredDocumentsParams
-from stages.paths import Manifest, PartitionWriter
+from stages.paths import Manifest, PartitionBusy, PartitionWriter
 from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table
 
@@ -59,12 +59,20 @@ def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) ->
     cache_dir = store.partition_dir(SCORES, key, partition.crawl, partition.source)
     if store.read_manifest(cache_dir) is not None:
         return store.read_table(cache_dir, "scores")
-    writer = store.writer(cache_dir)
+    try:
+        writer: PartitionWriter | None = store.writer(cache_dir)
+    except PartitionBusy:  # another attempt is filling this cache right now: score without caching
+        writer = None
+    parts = [_score_table([]).add_column(0, "doc_id", pa.array([], pa.string()))]
     batches = _chunks(store.iter_batches(raw_dir, "documents", ["doc_id", "text"], execution.batch_rows))
     for batch, scores in zip_results(batches, _score_batch, execution):
-        writer.write("scores", scores.add_column(0, "doc_id", batch.column(0)))
+        parts.append(scores.add_column(0, "doc_id", batch.column(0)))
+        if writer is not None:
+            writer.write("scores", parts.pop())
+    if writer is None:
+        return pa.concat_tables(parts)
     if not writer.tables:
-        writer.write("scores", _score_table([]).add_column(0, "doc_id", pa.array([], pa.string())))
+        writer.write("scores", parts[0])
     writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source,
                            {"scorer_version": H.SCORER_VERSION}))
     return store.read_table(cache_dir, "scores")

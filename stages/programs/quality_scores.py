@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from stages.kernels import quality as Q
 from stages.params import ExecutionParams, QualityClassifier, QualityScoresParams
-from stages.paths import Manifest, PartitionWriter, Store
+from stages.paths import Manifest, PartitionBusy, PartitionWriter, Store
 from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
 
@@ -191,7 +191,10 @@ class ScoreCache:
             return
         ids = pa.concat_arrays([self.ids, *self.new_ids])
         scores = np.concatenate([self.scores, *self.new_scores])
-        writer = self.store.writer(self.dir)
+        try:
+            writer = self.store.writer(self.dir)
+        except PartitionBusy:  # another attempt is saving this cache right now; it is only a cache
+            return
         writer.write("scores", pa.table({"doc_id": ids, "score": pa.array(scores, pa.float64())}))
         writer.commit(Manifest(SCORES, self.key, self.key, self.partition.crawl, self.partition.source,
                                {"cache": self.ident}))
