@@ -200,7 +200,9 @@ class PartitionWriter:
         self.tables: dict[str, list[str]] = {}
         self.rows: dict[str, int] = {}
         self.schemas: dict[str, pa.Schema] = {}
-        self._lock: int | None = self._acquire() if store.is_local else None
+        self._lock: int | None = None  # set first: __del__ runs even when acquiring fails
+        if store.is_local:
+            self._lock = self._acquire()
         store.fs.makedirs(pdir, exist_ok=True)
 
     def _acquire(self) -> int | None:
