@@ -87,20 +87,3 @@ def raw_dirs(inputs: Inputs) -> list[str]:
     for outputs in inputs.prior.values():
         dirs.extend(d for name, d in sorted(outputs.items()) if name.startswith("raw_documents/"))
     return dirs
-
-
-def texts_of(inputs: Inputs, doc_ids: pa.Array, batch_rows: int = 20_000) -> tuple[pa.Array, pa.Array]:
-    """(doc_id, text) of the given documents, read from ``raw_documents`` (this crawl's and any
-    earlier crawl's it reads), in no particular order; memory holds only the requested texts."""
-    wanted = doc_ids if isinstance(doc_ids, pa.Array) else pa.array(doc_ids, pa.string())
-    ids: list[pa.Array] = []
-    texts: list[pa.Array] = []
-    for pdir in raw_dirs(inputs):
-        for batch in inputs.store.iter_batches(pdir, "documents", ["doc_id", "text"], batch_rows):
-            hit = pc.is_in(batch.column(0), value_set=wanted)
-            if pc.any(hit).as_py():
-                ids.append(batch.column(0).filter(hit))
-                texts.append(batch.column(1).filter(hit))
-    if not ids:
-        return pa.array([], pa.string()), pa.array([], pa.large_string())
-    return pa.concat_arrays(ids), pa.concat_arrays([t.cast(pa.large_string()) for t in texts])
