@@ -377,6 +377,50 @@ def test_verify_candidates_falls_back_to_bucket_mates() -> None:
     assert labels.tolist() == [0, 1, 1, 3]
 
 
+def _fallback_reference(bands: list[np.ndarray], orphan: set[int], k: int) -> set[tuple[int, int]]:
+    """The documented bucket-mate rule, spelled out: per band, documents with equal keys form a
+    bucket whose anchor is its lowest id; a member at index i of the c non-anchor members (id
+    order) is offered mates i+1, i+2, ... (wrapping); an orphan takes its offers band by band,
+    then by distance, repeats dropped, the first k; pairs come out as (high, low)."""
+    offers: dict[int, list[int]] = {}
+    for keys in bands:
+        buckets: dict[int, list[int]] = {}
+        for doc, key in enumerate(keys.tolist()):
+            buckets.setdefault(key, []).append(doc)
+        for docs in buckets.values():
+            members = sorted(docs)[1:]
+            for i, who in enumerate(members):
+                if who in orphan:
+                    for step in range(1, min(len(members) - 1, k) + 1):
+                        offers.setdefault(who, []).append(members[(i + step) % len(members)])
+    out = set()
+    for who, mates in offers.items():
+        chosen = list(dict.fromkeys(mates))[:k]
+        out.update((max(who, m), min(who, m)) for m in chosen)
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(keys=st.lists(st.lists(st.integers(0, 3), min_size=12, max_size=12), min_size=1, max_size=5),
+       orphans=st.sets(st.integers(0, 11)), k=st.integers(1, 4))
+def test_streamed_fallback_matches_the_rule(keys: list[list[int]], orphans: set[int], k: int) -> None:
+    """The band-by-band fallback (offers pruned after every band) picks exactly the mates the
+    rule picks over all bands at once, whatever order the bands' edges come in."""
+    bands = [np.array(kk, np.uint64) for kk in keys]
+    src, dst, band = [], [], []
+    for t, kk in enumerate(bands):
+        s, d, _ = lsh.band_edges(kk, np.arange(12, dtype=np.int64))
+        src.append(s)
+        dst.append(d)
+        band.append(np.full(len(s), t, np.int64))
+    order = np.random.default_rng(len(keys)).permutation(sum(len(s) for s in src))
+    stream = lsh.split_bands(np.concatenate(src)[order], np.concatenate(dst)[order], np.concatenate(band)[order])
+    orphan = np.zeros(12, dtype=bool)
+    orphan[list(orphans)] = True
+    fs, fd = lsh._fallback_pairs(stream(), orphan, k)
+    assert set(zip(fs.tolist(), fd.tolist(), strict=True)) == _fallback_reference(bands, orphans, k)
+
+
 def test_verify_candidates_end_to_end_against_oracle() -> None:
     rng = random.Random(13)
     texts = []
