@@ -273,6 +273,11 @@ class PairTexts:
             self.close()
             raise
 
+    @property
+    def spilled(self) -> bool:
+        """Whether the texts passed the budget and went to local disk."""
+        return self._gathered.spilled
+
     def __enter__(self) -> PairTexts:
         return self
 

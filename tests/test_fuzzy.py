@@ -180,7 +180,8 @@ def test_block_wise_verification_gives_the_same_edges(corpus: tuple[Path, list[d
     store, spec = _run(root, sources, "default")
     whole = store.read_table(plan_task(store, spec, "duplicate_components", None).output_dir, "edges")
     outcome = execute(store, spec, "duplicate_components", None, ExecutionParams(text_block_bytes=40_000), force=True)
-    assert outcome.manifest.report["text_blocks"] > 5
+    report = outcome.manifest.report
+    assert report["text_blocks"] > 5 and report["text_spilled"] and report["candidate_text_bytes"] > 40_000
     blocked = store.read_table(plan_task(store, spec, "duplicate_components", None).output_dir, "edges")
     assert blocked.equals(whole)
     # the removal list's scores are read the same way

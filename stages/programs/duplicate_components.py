@@ -81,7 +81,7 @@ def run(
     doc_ids = nodes["doc_id"].combine_chunks()
     n = nodes.num_rows
     bands = band_stream(inputs, EDGE_BATCH_ROWS)
-    blocks = 0
+    blocks, text_bytes, spilled = 0, 0, False
     if params.verify == "jaccard":
         with ExitStack() as stack:
             found: list[tuple[PairTexts, np.ndarray]] = []
@@ -100,7 +100,8 @@ def run(
 
             e_src, e_dst, jac, candidates = verify_stream(n, bands, jaccard, threshold=params.threshold,
                                                           max_fallback=params.max_leaders)
-            blocks = found[0][0].blocks if found else 0
+            if found:  # what sizing TMPDIR and text_block_bytes needs to know
+                blocks, text_bytes, spilled = found[0][0].blocks, int(found[0][0].size.sum()), found[0][0].spilled
     else:
         e_src, e_dst = distinct_pairs(bands())
         candidates = len(e_src)
@@ -128,6 +129,8 @@ def run(
         "edges": len(e_src),
         "rejected_pairs": candidates - len(e_src) if params.verify == "jaccard" else 0,
         "text_blocks": blocks,
+        "candidate_text_bytes": text_bytes,
+        "text_spilled": spilled,
         "components": len(comp_sizes),
         "documents_in_components": len(idx),
         "largest_clusters": [int(x) for x in top],
