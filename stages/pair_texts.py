@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from numba import njit
 
 from stages.backend import Backend, pair_jaccard_on
+from stages.kernels.lsh import sorted_distinct, sorted_find
 from stages.registry import Inputs
 from stages.removal import raw_dirs
 
@@ -162,9 +163,8 @@ class IdIndex:
         rows = np.flatnonzero(pc.fill_null(ok, False).to_numpy(zero_copy_only=False))
         if rows.shape[0]:
             cand = pc.take(values, pa.array(rows)).to_numpy(zero_copy_only=False).astype(f"S{self.width}")
-            at = np.minimum(np.searchsorted(self.keys, cand), self.keys.shape[0] - 1)
-            hit = self.keys[at] == cand
-            out[rows[hit]] = self.order[at[hit]]
+            at = sorted_find(self.keys, cand)
+            out[rows[at >= 0]] = self.order[at[at >= 0]]
         return out
 
 
@@ -238,15 +238,6 @@ def _scatter(source: Path, tmp: Path, node_block: npt.NDArray[np.int64], blocks:
         for w in writers.values():
             w.close()
     return paths
-
-
-def sorted_distinct(x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Sorted distinct values (a sort and a neighbour compare: numpy's hash-based unique is
-    several times slower on millions of int64)."""
-    x = np.sort(x)
-    keep = np.ones(x.shape[0], dtype=bool)
-    keep[1:] = x[1:] != x[:-1]
-    return x[keep]
 
 
 class PairTexts:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from stages.keep import pick_survivors
+from stages.kernels.lsh import sorted_find
 from stages.params import ExecutionParams, FuzzyDuplicatesParams
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -29,13 +30,9 @@ def _verified_jaccard(inputs: Inputs, a: np.ndarray, b: np.ndarray) -> np.ndarra
     jac = edges["jaccard"].to_numpy()
     key = (np.maximum(src, dst) << 31) | np.minimum(src, dst)
     order = np.argsort(key, kind="stable")
-    key, jac = key[order], jac[order]
-    want = (np.maximum(a, b) << 31) | np.minimum(a, b)
-    at = np.minimum(np.searchsorted(key, want), max(len(key) - 1, 0))
-    out = np.full(len(want), np.nan, np.float32)
-    if len(key):
-        hit = key[at] == want
-        out[hit] = jac[at[hit]]
+    at = sorted_find(key[order], (np.maximum(a, b) << 31) | np.minimum(a, b))
+    out = np.full(len(at), np.nan, np.float32)
+    out[at >= 0] = jac[order][at[at >= 0]]
     return out
 
 
