@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -152,6 +153,34 @@ def test_a_second_attempt_on_a_busy_partition_fails_at_once(store: Store) -> Non
         assert proc.stdout.strip() == "held" and proc.returncode == -9
         store.writer(pdir).close()
     assert store.read_table(pdir, "t").num_rows == 2
+
+
+def test_a_busy_score_cache_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """While another attempt holds the heuristic score cache, filtered_documents scores without
+    it (same output, no cache written); the next run fills the cache."""
+    from stages.programs import filtered_documents as fd
+
+    src = tmp_path / "src.jsonl"
+    prose = "The quick brown fox jumps over the lazy dog near the river bank today. "
+    src.write_text("".join(json.dumps({"id": i, "text": prose * (i + 3) if i % 2 else "#### " * 30}) + "\n"
+                           for i in range(30)))
+    crawl = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=str(src), id_field="id")})
+    store = Store(str(tmp_path / "data"))
+    execute(store, crawl, "raw_documents", "s")
+    raw = store.read_manifest(plan_task(store, crawl, "raw_documents", "s").output_dir)
+    assert raw is not None
+    key = fd.hashlib.sha256(f"{fd.H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
+    cache = store.partition_dir(fd.SCORES, key, "c1", "s")
+    holder = store.writer(cache)  # the other attempt
+    out = plan_task(store, crawl, "filtered_documents", "s").output_dir
+    busy = execute(store, crawl, "filtered_documents", "s")
+    removed = store.read_table(out, "removed")
+    assert store.read_manifest(cache) is None and busy.manifest.report["removed"] > 0
+    holder.close()
+    free = execute(store, crawl, "filtered_documents", "s", force=True)
+    assert store.read_manifest(cache) is not None
+    assert free.manifest.report["removed"] == busy.manifest.report["removed"]
+    assert store.read_table(out, "removed").equals(removed)
 
 
 def test_a_failed_rewrite_keeps_the_committed_partition(store: Store) -> None:

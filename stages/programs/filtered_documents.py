@@ -63,16 +63,19 @@ def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) ->
         writer: PartitionWriter | None = store.writer(cache_dir)
     except PartitionBusy:  # another attempt is filling this cache right now: score without caching
         writer = None
-    parts = [_score_table([]).add_column(0, "doc_id", pa.array([], pa.string()))]
+    empty = _score_table([]).add_column(0, "doc_id", pa.array([], pa.string()))
+    held: list[pa.Table] = []  # the scores, when they cannot go to the cache
     batches = _chunks(store.iter_batches(raw_dir, "documents", ["doc_id", "text"], execution.batch_rows))
     for batch, scores in zip_results(batches, _score_batch, execution):
-        parts.append(scores.add_column(0, "doc_id", batch.column(0)))
-        if writer is not None:
-            writer.write("scores", parts.pop())
+        table = scores.add_column(0, "doc_id", batch.column(0))
+        if writer is None:
+            held.append(table)
+        else:
+            writer.write("scores", table)
     if writer is None:
-        return pa.concat_tables(parts)
+        return pa.concat_tables([empty, *held])
     if not writer.tables:
-        writer.write("scores", parts[0])
+        writer.write("scores", empty)
     writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source,
                            {"scorer_version": H.SCORER_VERSION}))
     return store.read_table(cache_dir, "scores")
