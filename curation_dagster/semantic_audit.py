@@ -173,12 +173,14 @@ def render_markdown(spec: CrawlSpec, bands: list[Band], report: dict[str, Any], 
 
 def write_audit(workdir: Path, crawl: str, out: Path | None = None, per_band: int = 4, seed: int = 0) -> Path:
     """Write the audit of ``crawl`` in ``workdir`` (default ``<workdir>/semantic-audit-<crawl>.html``)."""
-    from curation_dagster.resources import load_spec, spec_path
+    from curation_dagster.resources import CurationResource, load_spec, spec_path
 
     if not spec_path(workdir, crawl).exists():
         raise AuditError(f"crawl {crawl!r} is unknown in {workdir}; run `curate run` first")
     spec = load_spec(workdir, crawl)
-    bands, report = audit(Store(str(workdir / "data")), spec, per_band, seed)
+    # The data root `curate run --data-root` recorded (or $CURATE_DATA_ROOT), not <workdir>/data.
+    store = CurationResource(workdir=str(workdir)).store()
+    bands, report = audit(store, spec, per_band, seed)
     path = out or workdir / f"semantic-audit-{crawl}.html"
     text = render_markdown(spec, bands, report) if path.suffix == ".md" else render_html(spec, bands, report)
     path.parent.mkdir(parents=True, exist_ok=True)

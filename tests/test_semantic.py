@@ -386,9 +386,10 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     """Two sources (wire before blog in the keep rule): the blog's rewrites of two wire stories
     are removed by stage ``semantic`` as duplicates of the wire originals; its verbatim copy of
     one is removed by ``exact`` and never reaches semantic dedup; templated listings stay. A
-    third source loses everything to the heuristics and embeds nothing."""
+    third source loses everything to the heuristics and embeds nothing. The outputs live outside
+    the workdir (as after ``curate run --data-root``), where the audit must find them."""
     from curation_dagster import cli
-    from curation_dagster.resources import save_spec
+    from curation_dagster.resources import DATA_ROOT_FILE, save_spec
     from stages.paths import Store
     from stages.registry import CrawlSpec, execute, plan_task
 
@@ -404,7 +405,8 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     })
     work = tmp_path / "work"
     save_spec(work, spec)
-    store = Store(str(work / "data"))
+    (work / DATA_ROOT_FILE).write_text(str(tmp_path / "elsewhere") + "\n")
+    store = Store(str(tmp_path / "elsewhere"))
     for program in ("raw_documents", "filtered_documents", "exact_duplicates", "minhash_signatures", "lsh_buckets",
                     "duplicate_components", "fuzzy_duplicates", "document_embeddings", "semantic_clusters",
                     "semantic_duplicates"):
