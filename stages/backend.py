@@ -15,7 +15,7 @@ The backend is an execution setting, never part of a params key: CPU and GPU out
 paths, so every integer output of a twin is bit-identical to the CPU kernel's (tests/test_gpu_parity.py).
 Programs record the backend they used as ``report["backend"]``; it reaches every
 materialization's metadata (``stages.registry.metadata``). Nothing here imports torch until a
-twin runs or ``auto`` has to look for a GPU.
+twin runs or ``auto`` has to look for a GPU on a machine with a GPU driver.
 """
 
 from __future__ import annotations
@@ -56,10 +56,24 @@ class Backend:
 CPU = Backend("cpu")
 
 
+# Where a GPU driver shows itself: NVIDIA's kernel module, or ROCm's (torch.cuda covers both).
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+
+
+def gpu_driver_present() -> bool:
+    """A GPU driver is loaded and ``CUDA_VISIBLE_DEVICES`` does not hide every device. Without
+    one torch cannot see a device, so ``auto`` need not import torch (~1.3 s per process)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return any(os.path.exists(p) for p in DRIVER_PATHS)
+
+
 @lru_cache(maxsize=1)
 def cuda_available() -> bool:
-    """torch is installed and sees a CUDA device (imports torch once, only if installed)."""
-    if importlib.util.find_spec("torch") is None:
+    """torch is installed and sees a CUDA device (imports torch once, only if it is installed
+    and a GPU driver is present)."""
+    if not gpu_driver_present() or importlib.util.find_spec("torch") is None:
         return False
     import torch
 

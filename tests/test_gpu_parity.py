@@ -280,6 +280,24 @@ def test_gpu_package_and_backend_import_no_torch() -> None:
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
+def test_auto_without_a_gpu_driver_imports_no_torch() -> None:
+    """``auto`` on a machine with no GPU driver (or every device hidden) resolves to the CPU
+    without importing torch: that import costs ~1.3 s in every stage process."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, stages.backend as B; {patch}; "
+            "assert B.resolve('auto') == B.CPU and not B.gpu_driver_present(); "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", B.GPU_DEVICE_ENV)}
+    no_driver = code.format(patch="B.DRIVER_PATHS = ('/nonexistent/nvidia',)")
+    assert subprocess.run([sys.executable, "-c", no_driver], env=env).returncode == 0
+    for hidden in ("", "-1"):
+        assert subprocess.run([sys.executable, "-c", code.format(patch="pass")],
+                              env={**env, "CUDA_VISIBLE_DEVICES": hidden}).returncode == 0
+
+
 def test_backend_reaches_execution_params(tmp_path: Path) -> None:
     from curation_dagster.cli import parser
     from curation_dagster.resources import CurationResource
