@@ -56,8 +56,9 @@ class Backend:
 CPU = Backend("cpu")
 
 
-# Where a GPU driver shows itself: NVIDIA's kernel module, or ROCm's (torch.cuda covers both).
-DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+# Where a GPU driver shows itself: NVIDIA's kernel module (also in containers), WSL2's GPU
+# paravirtualisation, or ROCm's (torch.cuda covers them all).
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 
 def gpu_driver_present() -> bool:
