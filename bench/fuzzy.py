@@ -1,4 +1,4 @@
-"""Fuzzy dedup end to end: this project against datasketch and rensa on the same corpus, same run.
+"""Fuzzy dedup end to end: this project against datasketch, rensa and datatrove on the same corpus, same run.
 
 Corpus: ``curate sample`` real text (stdlib docstrings, license files, package descriptions)
 with ``--copies`` lightly varied copies of every document (near-duplicates by construction).
@@ -11,14 +11,28 @@ Each contender runs in its own subprocess so its peak RSS is its own:
 - ``rensa``: RMinHash (char-24 shingles, 260 perms) + RMinHashLSH (threshold 0.8, 20 bands).
 - ``datasketch``: MinHash + MinHashLSH (same settings) on a subset (``--peer-mb``); it runs at
   ~1 MB/s, so its MB/s is measured on fewer documents.
+- ``datatrove``: HuggingFace datatrove's four-stage MinHash pipeline (MinhashDedupSignature ->
+  MinhashDedupBuckets -> MinhashDedupCluster -> MinhashDedupFilter + JsonlWriter), each stage a
+  ``LocalPipelineExecutor`` with 2 workers (its default forkserver pool), reading the same JSONL
+  files with its ``JsonlReader`` (one task per input file; 14 bucket tasks; one cluster task).
+  **Its settings are its defaults, not ours**: ``MinhashConfig()`` = word 5-grams of simplified
+  text (lowercased, punctuation and numbers normalised, spaCy ``en`` tokens), 14 bands x 8
+  hashes, no verification; ours is char-24 shingles, 26 x 10 bands and exact Jaccard
+  verification. Its removed count therefore differs by design. datatrove's default hash
+  (xxhash64) passes ``str`` to ``xxhash``, which xxhash >= 4 (this project's) rejects; the bench
+  gives its signature step the same hash over the UTF-8 bytes, as xxhash < 4 did.
 
-Peers get the texts already in memory (their time starts at shingling); ours includes reading
-and writing Parquet. MB/s per core = text megabytes / CPU seconds of the process tree.
+Peers rensa and datasketch get the texts already in memory (their time starts at shingling);
+ours and datatrove include reading the JSONL and writing their files (all four datatrove stages:
+signatures, buckets, clusters, filtered output). MB/s per core = text megabytes / CPU seconds of
+the process tree.
 
     python bench/fuzzy.py [--copies 20] [--max-docs 1500] [--peer-mb 3] [--skip-datasketch]
     python bench/fuzzy.py --copies 480 --contenders ours   # ~1M documents, 2.3 GB: the memory target
 
-Peak RSS is the largest of the contender process's own high-water mark and its largest child's.
+Peak RSS is the largest of the contender process's own high-water mark and its largest child's
+(RUSAGE_CHILDREN, which covers grandchildren once reaped: datatrove's pool workers are children of
+its forkserver, so the bench stops the forkserver before reading it).
 """
 
 from __future__ import annotations
@@ -105,6 +119,59 @@ def run_datasketch(texts: list[str]) -> dict[str, Any]:
     return {"removed": _removed_from_pairs(len(texts), pairs)}
 
 
+def _xxh64_utf8(data: str | bytes) -> int:
+    """datatrove's default shingle hash (xxh64) over UTF-8 bytes: xxhash >= 4 no longer takes str."""
+    import xxhash
+
+    return xxhash.xxh64_intdigest(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def run_datatrove(folder: Path, work: Path, workers: int = 2) -> dict[str, Any]:
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashConfig,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
+    )
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.writers import JsonlWriter
+
+    # The same files ours ingests; a paths file because scraps/ sits in the same folder.
+    files = sorted(str(p.relative_to(folder)) for p in folder.glob("*/part-*")
+                   if p.parent.name not in ("scraps", "benchmarks"))
+    (work / "paths.txt").write_text("\n".join(files) + "\n")
+    config = MinhashConfig()  # word 5-grams, 14 x 8: datatrove's defaults, deliberately not ours
+
+    def reader() -> JsonlReader:
+        return JsonlReader(str(folder), paths_file=str(work / "paths.txt"), text_key="text", id_key="id")
+
+    def executor(pipeline: list[Any], tasks: int, name: str) -> LocalPipelineExecutor:
+        return LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(workers, tasks),
+                                     logging_dir=str(work / "logs" / name))
+
+    signature = MinhashDedupSignature(output_folder=str(work / "signatures"), config=config)
+    signature._hash_func = _xxh64_utf8
+    executor([reader(), signature], len(files), "signatures").run()
+    executor([MinhashDedupBuckets(input_folder=str(work / "signatures"), output_folder=str(work / "buckets"),
+                                  config=config)], config.num_buckets, "buckets").run()
+    executor([MinhashDedupCluster(input_folder=str(work / "buckets"), output_folder=str(work / "remove_ids"),
+                                  config=config)], 1, "clusters").run()
+    stats = executor([reader(), MinhashDedupFilter(input_folder=str(work / "remove_ids")),
+                      JsonlWriter(str(work / "deduplicated"))], len(files), "filter").run()
+    dropped = next(int(step.stats["dropped"].total) for step in stats.stats if "MinHash stage 4" in step.name)
+    return {"removed": dropped, "settings": f"word {config.n_grams}-grams, {config.num_buckets} x "
+                                            f"{config.hashes_per_bucket}, no verification"}
+
+
+def _reap_forkserver() -> None:
+    """Stop multiprocess's forkserver so its children's CPU time and peak RSS reach RUSAGE_CHILDREN."""
+    import multiprocess.forkserver
+
+    multiprocess.forkserver._forkserver._stop()
+
+
 def run_ours(folder: Path, work: Path) -> dict[str, Any]:
     from stages.params import ExecutionParams
     from stages.paths import Store
@@ -146,12 +213,12 @@ def run_ours_dagster(folder: Path, work: Path) -> dict[str, Any]:
 def child(name: str, folder: Path, work: Path, mb_limit: float | None) -> None:
     texts: list[str] = []
     mb = docs = 0.0
-    for t in _texts(folder):  # ours reads the files itself: only the peers hold the texts in memory
+    for t in _texts(folder):  # ours and datatrove read the files themselves: only rensa/datasketch hold texts
         size = len(t.encode("utf-8", "surrogatepass")) / 1e6
         if mb_limit and mb + size > mb_limit:
             break
         mb, docs = mb + size, docs + 1
-        if not name.startswith("ours"):
+        if name in ("rensa", "datasketch"):
             texts.append(t)
     w0 = time.perf_counter()
     if name == "ours":
@@ -160,9 +227,13 @@ def child(name: str, folder: Path, work: Path, mb_limit: float | None) -> None:
         out = run_ours_dagster(folder, work)
     elif name == "rensa":
         out = run_rensa(texts)
+    elif name == "datatrove":
+        out = run_datatrove(folder, work)
     else:
         out = run_datasketch(texts)
     wall = time.perf_counter() - w0
+    if name == "datatrove":
+        _reap_forkserver()
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
     out.update(name=name, docs=int(docs), mb=round(mb, 2), wall_s=round(wall, 2), cpu_s=round(cpu, 2),
@@ -177,7 +248,7 @@ def main() -> None:
     ap.add_argument("--max-docs", type=int, default=1500)
     ap.add_argument("--peer-mb", type=float, default=3.0, help="text for datasketch (slow)")
     ap.add_argument("--skip-datasketch", action="store_true")
-    ap.add_argument("--contenders", default="ours,ours+dagster,rensa,datasketch",
+    ap.add_argument("--contenders", default="ours,ours+dagster,rensa,datasketch,datatrove",
                     help="comma-separated subset to run (e.g. 'ours' alone for a 1M-document memory run)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -197,7 +268,7 @@ def main() -> None:
         if args.skip_datasketch:
             wanted.discard("datasketch")
         plan = [(name, args.peer_mb if name == "datasketch" else 0.0)
-                for name in ("ours", "ours+dagster", "rensa", "datasketch") if name in wanted]
+                for name in ("ours", "ours+dagster", "rensa", "datasketch", "datatrove") if name in wanted]
         for name, limit in plan:
             work = root / f"work-{name}"
             work.mkdir()
@@ -222,6 +293,9 @@ def main() -> None:
             if r is not base:
                 print(f"ours vs {r['name']}: {r['wall_s'] / base['wall_s'] * base['mb'] / r['mb']:.1f}x faster "
                       f"(wall, per MB), {base['mb_per_s_per_core'] / r['mb_per_s_per_core']:.1f}x per core")
+    if any(r["name"] == "datatrove" for r in results):
+        print("datatrove runs its own defaults (word 5-grams, 14 x 8 bands, no verification), not ours "
+              "(char-24, 26 x 10, exact Jaccard): its removed count differs by design")
 
 
 if __name__ == "__main__":
