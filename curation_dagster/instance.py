@@ -2,9 +2,9 @@
 
 The embedded default is SQLite in that folder with runs in-process, and one event-log database
 for all runs (``ConsolidatedSqliteEventLogStorage``): Dagster's default opens a new database per
-run, ~0.4 s each, and a crawl is dozens of short runs (one per asset partition). That storage
-takes an absolute path, so a workdir that was copied or moved gets its file pointed at its own
-folder again (only a file this module wrote; an edited one is left alone).
+run, ~0.4 s each, and a crawl is dozens of short runs (one per wave of assets and partition
+key). That storage takes an absolute path, so a workdir that was copied or moved gets its file
+pointed at its own folder again (only a file this module wrote; an edited one is left alone).
 """
 
 from __future__ import annotations

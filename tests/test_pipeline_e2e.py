@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 from tiny_corpus import (
     CRAWL,
     EXPECTED,
@@ -38,7 +38,7 @@ from tiny_corpus import (
 from curation_dagster import cli
 from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource, load_spec
-from curation_dagster.runner import run_crawl
+from curation_dagster.runner import plan, run_crawl, waves
 from stages.kernels.exact import normalize
 from stages.kernels.heuristics import RULE_TABLE, score_text
 from stages.paths import MANIFEST, Store
@@ -283,8 +283,29 @@ def test_definitions_load_with_an_asset_per_program() -> None:
     assert defs.get_assets_def("exact_duplicates").partitions_def is not None
 
 
+def test_waves_order_the_graph() -> None:
+    """Every program in exactly one wave, each wave of one level, every input from an earlier
+    wave or from earlier in the same one (same partition, so the run orders them)."""
+    order = [p for wave in waves() for p in wave]
+    assert sorted(order) == sorted(PROGRAMS)
+    for i, wave in enumerate(waves()):
+        assert len({PROGRAMS[p].level for p in wave}) == 1
+        if i:
+            assert PROGRAMS[wave[0]].level != PROGRAMS[waves()[i - 1][0]].level  # greedy: no two alike in a row
+        for program in wave:
+            assert all(order.index(dep) < order.index(program) for dep in PROGRAMS[program].deps), program
+    assert waves()[0][:2] == ["raw_documents", "filtered_documents"]
+
+
 def test_instance_records_a_materialization_per_asset_partition(base: Workdir) -> None:
     instance = DagsterInstance.from_config(str(base.path / "dagster"))
+    # One run per wave and partition key, with one step per asset of the wave.
+    runs = instance.get_runs()
+    assert len(runs) == len(plan(base.spec))
+    materialized = [sorted(e.asset_materialization.asset_key.to_user_string()
+                           for e in instance.all_logs(r.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+                           if e.asset_materialization is not None) for r in runs]
+    assert sorted(materialized) == sorted(sorted(wave) for wave, _ in plan(base.spec))
     keys = base.spec.keys()
     for program in PROGRAMS:
         for source in base.spec.partitions(program):
