@@ -98,6 +98,13 @@ def resolve(requested: str) -> Backend:
     return CPU
 
 
+def torch_device(requested: str) -> str:
+    """The torch device of a program that is torch code on every backend (semantic dedup, model
+    quality classifiers): the device ``resolve(requested)`` would run the twins on, ``cpu`` for
+    the CPU backend; ``gpu`` without a CUDA device raises ``BackendUnavailable``."""
+    return resolve(requested).device
+
+
 def reported(report: dict[str, Any]) -> str:
     """The backend a report says its program used: its ``backend``, else from a torch ``device``
     it names (the semantic programs), else ``cpu``."""

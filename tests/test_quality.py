@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 from tiny_models import hq_text, lq_text, make_hf_classifier, reference_scores, train_fasttext
 
+from stages.backend import cuda_available
 from stages.kernels import quality as Q
 from stages.params import QualityClassifier, QualityScoresParams, params_key
 from stages.paths import Store
@@ -229,6 +230,8 @@ def test_cascade_thresholds_cache_and_ledger(tmp_path: Path, models: dict[str, A
         assert rep["classifiers"]["ft"]["scored"] == 10 and rep["classifiers"]["edu"]["scored"] == 5
         assert rep["removed_per_reason"]["quality:ft"] == 5
         assert rep["classifiers"]["edu"]["histogram"]["count"] == 5
+        on_gpu = _exec().backend == "auto" and cuda_available()
+        assert (rep["device"], rep["backend"]) == (("cuda", "gpu") if on_gpu else ("cpu", "cpu"))
 
     ledger = store.read_table(plan_task(store, spec, "removal_ledger", None).output_dir, "ledger")
     q = ledger.filter(pc.equal(ledger["stage"], "quality"))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from stages.backend import torch_device
 from stages.params import DocumentEmbeddingsParams, ExecutionParams, embedding_model_path
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -44,20 +45,6 @@ GPU_BATCH_TOKENS = 131072
 def embeddings_schema(dim: int, dtype: str) -> pa.Schema:
     value = pa.float16() if dtype == "float16" else pa.float32()
     return pa.schema([("doc_id", pa.string()), ("tokens", pa.int32()), ("embedding", pa.list_(value, dim))])
-
-
-def device_for(backend: str) -> str:
-    """torch device of an execution backend: ``gpu`` -> cuda (required), ``auto`` -> cuda when
-    one is visible, ``cpu`` -> cpu."""
-    import torch
-
-    if backend == "gpu":
-        if not torch.cuda.is_available():
-            raise RuntimeError("backend 'gpu' asked for, but torch sees no CUDA device")
-        return "cuda"
-    if backend == "auto" and torch.cuda.is_available():
-        return "cuda"
-    return "cpu"
 
 
 class Encoder:
@@ -137,7 +124,7 @@ def run(
     if not params.enabled:
         output.write("embeddings", embeddings_schema(0, params.dtype).empty_table())
         return {"enabled": False, "input": 0}
-    device = device_for(execution.backend)
+    device = torch_device(execution.backend)
     enc = encoder(params.model, device, params.max_tokens)
     schema = embeddings_schema(enc.dim, params.dtype)
     value_type = np.float16 if params.dtype == "float16" else np.float32

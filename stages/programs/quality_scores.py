@@ -29,6 +29,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.backend import torch_device
 from stages.kernels import quality as Q
 from stages.params import ExecutionParams, QualityClassifier, QualityScoresParams
 from stages.paths import Manifest, PartitionBusy, PartitionWriter, Store
@@ -67,18 +68,6 @@ class FastTextScorer:
 
     def score(self, texts: list[str]) -> npt.NDArray[np.float64]:
         return Q.fasttext_scores(self.model, texts, self.label)
-
-
-def _device(backend: str) -> str:
-    if backend == "cpu":
-        return "cpu"
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda"
-    if backend == "gpu":
-        raise RuntimeError("backend 'gpu' requested but torch sees no CUDA device")
-    return "cpu"
 
 
 class HFScorer:
@@ -144,7 +133,7 @@ _LOADED: dict[tuple[str, ...], Scorer] = {}
 
 def load_scorer(clf: QualityClassifier, execution: ExecutionParams) -> Scorer:
     """The scorer of one classifier, loaded once per process (per model content and device)."""
-    device = _device(execution.backend) if clf.kind == "hf" else "cpu"
+    device = torch_device(execution.backend) if clf.kind == "hf" else "cpu"
     key = (clf.kind, clf.path, clf.fingerprint, clf.label or "", str(clf.max_tokens), device)
     if key not in _LOADED:
         if len(_LOADED) >= 2:
@@ -303,8 +292,11 @@ def run(
         }
     unknown = sorted({s for c in clfs for s in (*c.min_score_per_source, *c.max_score_per_source)}
                      - set(partition.spec.sources))
+    # Where the model classifiers ran (fastText is CPU code): it becomes the report's backend.
+    devices = {getattr(sc, "device", "cpu") for sc in scorers if sc is not None}
     report: dict[str, Any] = {
         "enabled": True,
+        "device": next((d for d in sorted(devices) if d.startswith("cuda")), "cpu"),
         "input": total,
         "kept": kept,
         "removed": total - kept,

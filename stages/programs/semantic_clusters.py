@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.backend import torch_device
 from stages.params import ExecutionParams, SemanticClustersParams
 from stages.paths import PartitionWriter
-from stages.programs.document_embeddings import device_for
 from stages.registry import Inputs, Partition
 from stages.removal import applied_programs, removed_ids
 
@@ -81,7 +81,7 @@ def run(
 
     from stages.kernels.semantic import embedding_matrix, semantic_clusters
 
-    device = device_for(execution.backend)
+    device = torch_device(execution.backend)
     t0 = time.perf_counter()
     x = torch.from_numpy(embedding_matrix(table["embedding"])).to(device)
     n = table.num_rows

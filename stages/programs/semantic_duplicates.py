@@ -28,9 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.backend import torch_device
 from stages.params import ExecutionParams, SemanticDuplicatesParams
 from stages.paths import PartitionWriter
-from stages.programs.document_embeddings import device_for
 from stages.programs.semantic_clusters import removed_before
 from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table
@@ -96,7 +96,7 @@ def run(
         rank_order,
     )
 
-    device = device_for(execution.backend)
+    device = torch_device(execution.backend)
     # Already dropped by semantic_clusters; checked again so that this removal list can never
     # name a document that an earlier stage removed, whatever produced the clusters.
     gone = pa.chunked_array(
