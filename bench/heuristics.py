@@ -50,9 +50,9 @@ this bench only measures them):
   found by this bench in the quality rules and the line rule: datatrove's word count leaves out
   punctuation-only tokens (``>>>``, ``=``, ``--``), ours counts every word; its mean word length
   is over those tokens unstripped, ours strips ``PUNCTUATION`` from each word (ours is shorter);
-  its stop-word rule counts *distinct* stop words, case-sensitive and unstripped (Gopher: "at
-  least two of the following English words"), ours counts occurrences of ``strip(w).lower()``,
-  so ``and ... and ... and`` passes ours and fails datatrove's; its symbol rule checks ``#`` and
+  both stop-word rules count *distinct* stop words (Gopher: "at least two of the following
+  English words"), datatrove's case-sensitive and unstripped, ours of ``strip(w).lower()``
+  (ours counted occurrences before ``SCORER_VERSION`` 2); its symbol rule checks ``#`` and
   ellipses separately, ours sums them; its bullets are only ``•`` and ``-`` and its bullet and
   ellipsis line ratios count blank lines in the denominator (``splitlines()``), ours drops blank
   lines and also has ``●○▪‣*·``; its terminal-punctuation lines are not stripped (a trailing

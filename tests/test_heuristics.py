@@ -55,7 +55,7 @@ def test_quality_scores_by_hand() -> None:
         "bullet_lines_frac": 1 / 4,
         "ellipsis_lines_frac": 2 / 4,
         "alpha_words_frac": 14 / 17,  # not: '•', '42', '...'
-        "stop_word_count": 4.0,  # The, the, with, and ('to-do' is not 'to')
+        "stop_word_count": 3.0,  # the (The, the), with, and; distinct; 'to-do' is not 'to'
         "top_2gram_char_frac": 10 / 88,  # all n-grams unique: the first one, "The quick,"
         "top_3gram_char_frac": 16 / 88,  # "The quick, brown"
         "top_4gram_char_frac": 21 / 88,  # "The quick, brown fox!"
@@ -251,7 +251,7 @@ def reference_scores(text: str) -> dict[str, float]:
         "bullet_lines_frac": ratio(sum(s.startswith(BULLETS) for s in lines), len(lines)),
         "ellipsis_lines_frac": ratio(sum(s.endswith(ELLIPSES) for s in lines), len(lines)),
         "alpha_words_frac": ratio(sum(any(c.isalpha() for c in w) for w in words), len(words)),
-        "stop_word_count": sum(s.lower() in STOP_WORDS for s in stripped),
+        "stop_word_count": len({s.lower() for s in stripped} & STOP_WORDS),
         "dup_line_frac": ratio(duplicates(lines)[0], len(lines)),
         "dup_para_frac": ratio(duplicates(paras)[0], len(paras)),
         "dup_line_char_frac": ratio(duplicates(lines)[1], len(text)),

@@ -23,7 +23,8 @@ symbol_word_ratio          (count of ``#`` + count of ``...`` + count of ``…``
 bullet_lines_frac          lines starting with one of ``BULLETS`` / lines
 ellipsis_lines_frac        lines ending with ``...`` or ``…`` / lines
 alpha_words_frac           words containing an alphabetic char (``str.isalpha``) / words
-stop_word_count            words with ``strip(w).lower()`` in ``STOP_WORDS`` (occurrences)
+stop_word_count            distinct ``strip(w).lower()`` in ``STOP_WORDS`` ("at least two of the
+                           following English words", Gopher; datatrove counts distinct too)
 dup_line_frac              lines equal to an earlier line / lines
 dup_para_frac              paragraphs equal to an earlier paragraph / paragraphs
 dup_line_char_frac         chars of the lines counted by dup_line_frac / chars
@@ -64,9 +65,12 @@ import numpy.typing as npt
 
 from stages.params import FilteredDocumentsParams
 
-SCORER_VERSION: int = 1
+# 2: stop_word_count counts distinct stop words (1 counted occurrences: "and and and" passed).
+SCORER_VERSION: int = 2
 
 STOP_WORDS: frozenset[str] = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
+# Bit k of a word's stop-word mask: it is the k-th of the sorted STOP_WORDS (distinct counting).
+_STOP_BIT: dict[str, int] = {w: 1 << k for k, w in enumerate(sorted(STOP_WORDS))}
 BULLETS: tuple[str, ...] = ("•", "●", "○", "▪", "‣", "-", "*", "·")
 ELLIPSES: tuple[str, ...] = ("...", "…")
 TERMINAL_PUNCTUATION: tuple[str, ...] = tuple(".!?\"'…。．！？‼⁇⁈⁉”’＂＇")
@@ -277,15 +281,20 @@ def _word_scores(
     def per_doc(attr: str) -> FloatArray:
         return _sum_per_doc(doc, weights * attrs[attr], n)
 
+    # Distinct stop words: "The" and "the," are different distinct words of one stop word, so
+    # the documents' masks are OR-ed per stop word rather than counted.
+    stop_words = np.zeros(n, np.float64)
+    for bit in _STOP_BIT.values():
+        stop_words += _sum_per_doc(doc, ((attrs["stop_bits"] & bit) != 0).astype(np.int64), n) > 0
     return {
         "mean_word_length": _ratio(per_doc("stripped_length"), per_doc("stripped_nonempty")),
         "alpha_words_frac": _ratio(per_doc("has_alpha"), n_words),
-        "stop_word_count": per_doc("stop_word"),
+        "stop_word_count": stop_words,
     }
 
 
 def _word_attrs(words: list[str]) -> dict[str, IntArray]:
-    """int64 (len(words),) columns: length, stripped length, has an alphabetic char, is a stop word.
+    """int64 (len(words),) columns: length, stripped length, has an alphabetic char, stop-word bit.
 
     Column-wise with C-level ``map`` rather than a call per word: this runs once per distinct word.
     """
@@ -299,7 +308,7 @@ def _word_attrs(words: list[str]) -> dict[str, IntArray]:
         "stripped_length": stripped_length,
         "stripped_nonempty": (stripped_length > 0).astype(np.int64),
         "has_alpha": np.fromiter(has_alpha, np.int64, size),
-        "stop_word": np.fromiter(map(STOP_WORDS.__contains__, map(str.lower, stripped)), np.int64, size),
+        "stop_bits": np.fromiter((_STOP_BIT.get(w, 0) for w in map(str.lower, stripped)), np.int64, size),
     }
 
 
