@@ -17,6 +17,7 @@ Ray is imported only by the Ray executor.
 from __future__ import annotations
 
 import os
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -47,7 +48,7 @@ def map_ordered(
         return
     from concurrent.futures import Future, ProcessPoolExecutor
 
-    with ProcessPoolExecutor(workers) as pool:
+    with ProcessPoolExecutor(workers, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         pending: deque[Future[R]] = deque()
         for item in items:
             pending.append(pool.submit(fn, item))
@@ -55,6 +56,19 @@ def map_ordered(
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pool worker initializer: the worker is killed when the process that started it dies
+    (SIGKILL, the OOM killer), instead of waiting forever on the pool's queue with its memory."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def zip_results(

@@ -181,6 +181,24 @@ class PartitionBusy(RuntimeError):
     """Another attempt is writing the same partition right now."""
 
 
+# Partition-lock descriptors this process holds. A forked child (a pool worker) inherits them, and
+# a flock is dropped only when every descriptor of it is closed, so a worker orphaned by a killed
+# attempt would keep that partition locked for the retry. A child closes its copies at once.
+_HELD_LOCKS: set[int] = set()
+
+
+def _close_inherited_locks() -> None:
+    for fd in _HELD_LOCKS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
 class PartitionWriter:
     """Writes the parts of one partition attempt; ``commit`` publishes them with the manifest.
 
@@ -188,7 +206,8 @@ class PartitionWriter:
     ``<root>/.locks/<hash of the partition dir>`` from creation to ``close``: a second attempt on
     the same partition (a rerun launched while one is running) fails at once with
     ``PartitionBusy`` instead of having its parts deleted by the other's commit. The kernel drops
-    the lock when the process dies, so a crashed attempt never blocks its retry. Object storage
+    the lock when the process dies (forked pool workers close their inherited copies, and die
+    with their parent: ``stages.parallel``), so a crashed attempt never blocks its retry. Object storage
     has no such lock: there, two concurrent attempts on one partition are the operator's to avoid
     (docs/operations.md).
     """
@@ -201,8 +220,11 @@ class PartitionWriter:
         self.rows: dict[str, int] = {}
         self.schemas: dict[str, pa.Schema] = {}
         self._lock: int | None = None  # set first: __del__ runs even when acquiring fails
+        self._pid = os.getpid()  # a forked child's copy of this writer must not close a descriptor
         if store.is_local:
             self._lock = self._acquire()
+            if self._lock is not None:
+                _HELD_LOCKS.add(self._lock)
         store.fs.makedirs(pdir, exist_ok=True)
 
     def _acquire(self) -> int | None:
@@ -229,9 +251,10 @@ class PartitionWriter:
 
     def close(self) -> None:
         """Release the partition (after ``commit``, or when the attempt is abandoned)."""
-        if self._lock is not None:
-            os.close(self._lock)  # closing the descriptor drops the flock
-            self._lock = None
+        if self._lock is not None and os.getpid() == self._pid:
+            _HELD_LOCKS.discard(self._lock)
+            os.close(self._lock)  # closing the last descriptor drops the flock
+        self._lock = None
 
     def __del__(self) -> None:
         self.close()

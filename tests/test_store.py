@@ -155,6 +155,60 @@ def test_a_second_attempt_on_a_busy_partition_fails_at_once(store: Store) -> Non
     assert store.read_table(pdir, "t").num_rows == 2
 
 
+KILLED_WITH_WORKERS = """
+import os, sys, time
+from stages.params import ExecutionParams
+from stages.parallel import map_ordered
+from stages.paths import Store
+
+def work(_: int) -> None:  # a pool worker: says it runs, then outlives its parent
+    open(os.path.join(sys.argv[3], str(os.getpid())), "w").close()
+    time.sleep(120)
+
+w = Store(sys.argv[1]).writer(sys.argv[2])
+for _ in map_ordered(work, range(4), ExecutionParams(workers=2)):
+    pass
+"""
+
+
+def test_an_attempt_killed_with_pool_workers_frees_its_partition(tmp_path: Path) -> None:
+    """SIGKILL to an attempt whose pool workers are busy: the workers die with it (they would wait
+    on the dead pool's queue forever), and even before they do the partition is free for the retry
+    (forked workers close their inherited copy of the lock)."""
+    import signal
+    import time
+
+    root, pids = tmp_path / "root", tmp_path / "pids"
+    pids.mkdir()
+    pdir = str(root / "p" / "k" / "c")
+    script = tmp_path / "attempt.py"
+    script.write_text(KILLED_WITH_WORKERS)
+    env = {**os.environ, "PYTHONPATH": str(Path(paths.__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, str(script), str(root), pdir, str(pids)], env=env)
+    deadline = time.monotonic() + 60
+    while len(os.listdir(pids)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = [int(p) for p in os.listdir(pids)]
+    assert len(workers) == 2, "the pool never started"
+    with pytest.raises(paths.PartitionBusy):
+        Store(str(root)).writer(pdir)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    Store(str(root)).writer(pdir).close()  # free at once
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(map(alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(alive, workers)), "pool workers outlived their killed parent"
+
+
 def test_a_busy_score_cache_is_skipped_not_fatal(tmp_path: Path) -> None:
     """While another attempt holds the heuristic score cache, filtered_documents scores without
     it (same output, no cache written); the next run fills the cache."""
