@@ -76,19 +76,10 @@ def _shingles(text: str) -> list[str]:
 
 
 def _removed_from_pairs(n: int, pairs: list[tuple[int, int]]) -> int:
-    parent = list(range(n))
+    """Documents a dedup over these pairs removes: all but one per connected component."""
+    from oracle import components  # bench/oracle.py's union-find (this script's folder is on sys.path)
 
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a, b in pairs:
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    return n - len({find(i) for i in range(n)})
+    return n - len(set(components(n, pairs)))
 
 
 def run_rensa(texts: list[str]) -> dict[str, Any]:

@@ -188,7 +188,9 @@ class DuplicateComponentsParams(StageParams):
     bucket member when its anchor is not a true partner.
     """
 
-    version: ClassVar[int] = 1
+    # 2: the bucket-mate fallback covers every member whose anchor edge failed, bucket by bucket
+    # (1: only members without any passing edge, with one budget across all bands).
+    version: ClassVar[int] = 2
     enabled: bool = True
     verify: Literal["jaccard", "none"] = "jaccard"
     threshold: float = Field(default=0.8, gt=0.0, le=1.0)

@@ -377,35 +377,36 @@ def test_verify_candidates_falls_back_to_bucket_mates() -> None:
     assert labels.tolist() == [0, 1, 1, 3]
 
 
-def _fallback_reference(bands: list[np.ndarray], orphan: set[int], k: int) -> set[tuple[int, int]]:
+def _fallback_reference(bands: list[np.ndarray], failed: set[tuple[int, int]], label: list[int],
+                        k: int) -> set[tuple[int, int]]:
     """The documented bucket-mate rule, spelled out: per band, documents with equal keys form a
     bucket whose anchor is its lowest id; a member at index i of the c non-anchor members (id
-    order) is offered mates i+1, i+2, ... (wrapping); an orphan takes its offers band by band,
-    then by distance, repeats dropped, the first k; pairs come out as (high, low)."""
-    offers: dict[int, list[int]] = {}
+    order) whose (member, anchor) pair failed is offered mates i+1, ..., i+min(c-1, k)
+    (wrapping); offers within one component (``label``) are dropped; pairs come out (high, low)."""
+    out = set()
     for keys in bands:
         buckets: dict[int, list[int]] = {}
         for doc, key in enumerate(keys.tolist()):
             buckets.setdefault(key, []).append(doc)
         for docs in buckets.values():
-            members = sorted(docs)[1:]
+            anchor, members = sorted(docs)[0], sorted(docs)[1:]
             for i, who in enumerate(members):
-                if who in orphan:
+                if (who, anchor) in failed:
                     for step in range(1, min(len(members) - 1, k) + 1):
-                        offers.setdefault(who, []).append(members[(i + step) % len(members)])
-    out = set()
-    for who, mates in offers.items():
-        chosen = list(dict.fromkeys(mates))[:k]
-        out.update((max(who, m), min(who, m)) for m in chosen)
+                        mate = members[(i + step) % len(members)]
+                        if label[who] != label[mate]:
+                            out.add((max(who, mate), min(who, mate)))
     return out
 
 
 @settings(max_examples=80, deadline=None)
 @given(keys=st.lists(st.lists(st.integers(0, 3), min_size=12, max_size=12), min_size=1, max_size=5),
-       orphans=st.sets(st.integers(0, 11)), k=st.integers(1, 4))
-def test_streamed_fallback_matches_the_rule(keys: list[list[int]], orphans: set[int], k: int) -> None:
-    """The band-by-band fallback (offers pruned after every band) picks exactly the mates the
-    rule picks over all bands at once, whatever order the bands' edges come in."""
+       fail=st.randoms(use_true_random=False), label=st.lists(st.integers(0, 3), min_size=12, max_size=12),
+       k=st.integers(1, 4))
+def test_streamed_fallback_matches_the_rule(keys: list[list[int]], fail: random.Random, label: list[int],
+                                            k: int) -> None:
+    """The band-by-band fallback picks exactly the mates the rule picks, whatever order the
+    bands' edges come in and whichever anchor pairs failed."""
     bands = [np.array(kk, np.uint64) for kk in keys]
     src, dst, band = [], [], []
     for t, kk in enumerate(bands):
@@ -413,12 +414,41 @@ def test_streamed_fallback_matches_the_rule(keys: list[list[int]], orphans: set[
         src.append(s)
         dst.append(d)
         band.append(np.full(len(s), t, np.int64))
+    pairs = sorted({(int(a), int(b)) for a, b in zip(np.concatenate(src), np.concatenate(dst), strict=True)})
+    failed = {p for p in pairs if fail.random() < 0.6}
     order = np.random.default_rng(len(keys)).permutation(sum(len(s) for s in src))
     stream = lsh.split_bands(np.concatenate(src)[order], np.concatenate(dst)[order], np.concatenate(band)[order])
-    orphan = np.zeros(12, dtype=bool)
-    orphan[list(orphans)] = True
-    fs, fd = lsh._fallback_pairs(stream(), orphan, k)
-    assert set(zip(fs.tolist(), fd.tolist(), strict=True)) == _fallback_reference(bands, orphans, k)
+    packed = np.array(sorted((a << 31) | b for a, b in failed), np.int64)
+    fs, fd = lsh._fallback_pairs(stream(), packed, np.array(label, np.int64), k)
+    got = list(zip(fs.tolist(), fd.tolist(), strict=True))
+    assert got == sorted(set(got))  # distinct, sorted
+    assert set(got) == _fallback_reference(bands, failed, label, k)
+
+
+def test_fallback_joins_duplicates_that_meet_under_an_unrelated_anchor() -> None:
+    """Two near-duplicates A, B that each have another partner meet only in a bucket whose anchor
+    is unrelated: they are compared and end in one component (they were not, when only members
+    without any passing edge fell back)."""
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9)))
+             for _ in range(5000)]
+
+    def text(n: int = 400) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    def edit(t: str, k: int) -> str:
+        w = t.split()
+        w[-k:] = [f"zzz{i}" for i in range(k)]
+        return " ".join(w)
+
+    a = text()
+    b = edit(a, 8)
+    docs = [text(), a, b, edit(a, 3), edit(b, 3)]
+    src = np.array([1, 2, 3, 4], np.int64)  # band 0: bucket {0, 1, 2}; band 1: {1, 3}; band 2: {2, 4}
+    dst = np.array([0, 0, 1, 2], np.int64)
+    band = np.array([0, 0, 1, 2], np.int64)
+    s, d, _ = lsh.verify_candidates(docs, src, dst, band)
+    assert lsh.connected_components(5, s, d).tolist() == [0, 1, 1, 1, 1]
 
 
 def test_verify_candidates_end_to_end_against_oracle() -> None:

@@ -367,24 +367,23 @@ BandEdges = tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
 def _band_offers(
-    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], orphan: npt.NDArray[np.bool_], max_fallback: int
+    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], stray: npt.NDArray[np.bool_], max_fallback: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """(who, mate) int64: up to ``max_fallback`` bucket-mates per orphan member in ONE band,
-    ordered by (who, distance).
+    """(who, mate) int64: up to ``max_fallback`` bucket-mates per stray member of ONE band.
 
-    A bucket is an anchor ``dst`` with its members in id order; a member at index i (of c) is
-    offered the mates i+1, i+2, ... (wrapping round, anchor excluded). Only buckets holding an
-    orphan are sorted, so the cost follows the orphans, not the band.
+    ``stray`` (bool per edge): the member's edge to its anchor failed verification. A bucket is
+    an anchor ``dst`` with its members in id order; a stray member at index i (of c) is offered
+    the mates i+1, i+2, ... (wrapping round, anchor excluded). Only buckets holding a stray
+    member are sorted, so the cost follows the failed edges, not the band.
     """
-    hit = orphan[src]
-    if not hit.any():
+    if not stray.any():
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    anchor = np.zeros(orphan.shape[0], dtype=bool)
-    anchor[dst[hit]] = True
-    keep = anchor[dst]
-    s, d = src[keep], dst[keep]
+    held = np.zeros(int(max(src.max(), dst.max())) + 1, dtype=bool)
+    held[dst[stray]] = True
+    keep = held[dst]
+    s, d, st = src[keep], dst[keep], stray[keep]
     order = np.lexsort((s, d))
-    s, d = s[order], d[order]
+    s, d, st = s[order], d[order], st[order]
     e = s.shape[0]
     new = np.empty(e, dtype=bool)
     new[0] = True
@@ -393,52 +392,34 @@ def _band_offers(
     gi = np.cumsum(new) - 1
     count = np.diff(np.append(starts, e))[gi]  # members (anchor excluded) in the row's bucket
     index = np.arange(e) - starts[gi]
-    rows = np.flatnonzero(orphan[s] & (count > 1))
+    rows = np.flatnonzero(st & (count > 1))
     offers = np.minimum(count[rows] - 1, max_fallback)
     rep = np.repeat(rows, offers)
     step = np.arange(rep.shape[0]) - np.repeat(np.cumsum(offers) - offers, offers) + 1
     mate = s[starts[gi[rep]] + (index[rep] + step) % count[rep]]
-    who = s[rep]
-    pick = np.lexsort((step, who))
-    return who[pick], mate[pick]
-
-
-def _first_offers(
-    who: npt.NDArray[np.int64], mate: npt.NDArray[np.int64], max_fallback: int
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The first ``max_fallback`` distinct mates of each ``who``; input in priority order within
-    each ``who``, output sorted by ``who`` (stable, so that order is kept)."""
-    order = np.argsort(who, kind="stable")
-    who, mate = who[order], mate[order]
-    _, first = _unique_pairs(who, mate, return_index=True)
-    first.sort()
-    who, mate = who[first], mate[first]
-    head = np.empty(who.shape[0], dtype=bool)
-    if head.shape[0]:
-        head[0] = True
-        head[1:] = who[1:] != who[:-1]
-    rank = np.arange(who.shape[0]) - np.maximum.accumulate(np.where(head, np.arange(who.shape[0]), 0))
-    keep = rank < max_fallback
-    return who[keep], mate[keep]
+    return s[rep], mate
 
 
 def _fallback_pairs(
-    bands: Iterable[BandEdges], orphan: npt.NDArray[np.bool_], max_fallback: int
+    bands: Iterable[BandEdges], failed: npt.NDArray[np.int64], label: npt.NDArray[np.int64], max_fallback: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Up to ``max_fallback`` bucket-mates per orphan member, as canonical (high, low) pairs.
+    """Bucket-mate pairs to verify, as distinct canonical (high, low) pairs sorted.
 
-    An orphan's offers from all its buckets are taken by band (``bands`` in ascending band
-    order), then by distance (``_band_offers``), repeats dropped, the first ``max_fallback``
-    kept. Bands stream: after each band only the chosen offers are held, which is exact since
-    a later band's offers rank after every earlier one's.
+    ``failed``: the (member, anchor) pairs that failed verification, packed ``member << 31 |
+    anchor`` and sorted; ``label`` (n,): components of the edges that passed. In every band, a
+    member whose edge to its anchor failed is offered up to ``max_fallback`` mates of that
+    bucket (``_band_offers``); offers already in one component are dropped (verifying them
+    cannot change the components). Bands stream: only the distinct chosen pairs are held.
     """
-    who = np.zeros(0, np.int64)
-    mate = np.zeros(0, np.int64)
+    packed = np.zeros(0, np.int64)
     for _, src, dst in bands:
-        w, m = _band_offers(src, dst, orphan, max_fallback)
-        if w.shape[0]:
-            who, mate = _first_offers(np.concatenate([who, w]), np.concatenate([mate, m]), max_fallback)
-    return _unique_pairs(np.maximum(who, mate), np.minimum(who, mate))[0]
+        stray = sorted_find(failed, (src << 31) | dst) >= 0
+        who, mate = _band_offers(src, dst, stray, max_fallback)
+        apart = label[who] != label[mate]
+        hi, lo = np.maximum(who, mate)[apart], np.minimum(who, mate)[apart]
+        if hi.shape[0]:
+            packed = sorted_distinct(np.concatenate([packed, (hi << 31) | lo]))
+    return packed >> 31, packed & ((1 << 31) - 1)
 
 
 def split_bands(
@@ -476,35 +457,36 @@ def verify_stream(
     *,
     threshold: float = 0.8,
     max_fallback: int = 8,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32], int]:
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32], int, int]:
     """``verify_candidates`` over node ids 0..n-1 with the edges read band by band (``bands()``
     yields them in ascending band order, at most twice) and the pair Jaccard from a callback
     (``jaccard(src, dst) -> float64 (e,)``), so a caller holds one band of edges and fetches texts
-    block by block. Returns (src, dst, jaccard, distinct candidate pairs)."""
+    block by block. Returns (src, dst, jaccard, distinct candidate pairs, fallback pairs compared)."""
     if max_fallback < 0:
         raise ValueError("max_fallback must be >= 0")
     ps, pd = distinct_pairs(bands())
     if ps.shape[0] == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32), 0
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32), 0, 0
     _check_rows(n, ps, pd)
     jac = jaccard(ps, pd)
     ok = jac >= threshold
     out_s, out_d, out_j = [ps[ok]], [pd[ok]], [jac[ok]]
+    fallback = 0
     if max_fallback:
-        linked = np.zeros(n, dtype=bool)
-        linked[ps[ok]] = True
-        linked[pd[ok]] = True
-        fs, fd = _fallback_pairs(bands(), ~linked, max_fallback)
-        # a mate pair that is also an anchor pair (either way round) was verified in step 1
         packed = (ps << 31) | pd  # sorted: distinct_pairs sorts by (src, dst)
+        label = connected_components(n, ps[ok], pd[ok])
+        fs, fd = _fallback_pairs(bands(), packed[~ok], label, max_fallback)
+        # a mate pair that is also an anchor pair (either way round) was verified in step 1
         tried = (sorted_find(packed, (fs << 31) | fd) >= 0) | (sorted_find(packed, (fd << 31) | fs) >= 0)
         fs, fd = fs[~tried], fd[~tried]
+        fallback = int(fs.shape[0])
         fj = jaccard(fs, fd) if fs.shape[0] else np.zeros(0, np.float64)
         ok = fj >= threshold
         out_s.append(fs[ok])
         out_d.append(fd[ok])
         out_j.append(fj[ok])
-    return np.concatenate(out_s), np.concatenate(out_d), np.concatenate(out_j).astype(np.float32), int(ps.shape[0])
+    return (np.concatenate(out_s), np.concatenate(out_d), np.concatenate(out_j).astype(np.float32),
+            int(ps.shape[0]), fallback)
 
 
 def verify_candidates(
@@ -525,11 +507,13 @@ def verify_candidates(
 
     1. Every distinct (member, anchor) pair is verified once, however many bands proposed it;
        pairs with Jaccard >= threshold are kept.
-    2. A member left with no kept edge at all (an *orphan*: its anchors were chained to it by
-       LSH, or the bucket is boilerplate) is compared with up to ``max_fallback`` of its
-       bucket-mates (see ``_fallback_pairs``), so a member that fails against the anchor but
-       duplicates another member still joins that member's group. Cost: at most
-       ``max_fallback`` extra comparisons per orphan, whatever the bucket size.
+    2. In every bucket, a member whose edge to the anchor failed (LSH chained it to the
+       anchor, or the anchor is unrelated boilerplate) is compared with up to ``max_fallback``
+       of its bucket-mates (see ``_fallback_pairs``), unless the two are already in one
+       component of the passing edges; so two duplicates that meet only in a bucket with an
+       unrelated anchor still join, whether or not either has other partners. Cost: at most
+       ``max_fallback`` extra comparisons per failed (member, bucket), whatever the bucket
+       size, i.e. a constant factor of the failed candidate edges LSH proposed.
     Kept edges are (higher id, lower id) for fallback pairs and (member, anchor) otherwise.
     ``jaccard(batch, src, dst, shingle) -> float64 (e,)`` replaces the pair kernel (a GPU twin with
     the same output, ``stages.kernels.gpu.lsh.pair_jaccard64``); default the numba one.
@@ -538,7 +522,7 @@ def verify_candidates(
     src, dst, band = _as_pairs(src, dst, band)
     batch = as_utf8(docs)
     _check_rows(len(batch), src, dst)
-    e_src, e_dst, e_jac, _ = verify_stream(len(batch), split_bands(src, dst, band),
+    e_src, e_dst, e_jac, _, _ = verify_stream(len(batch), split_bands(src, dst, band),
                                            lambda s, d: jaccard64(batch, s, d, shingle),
                                            threshold=threshold, max_fallback=max_fallback)
     return e_src, e_dst, e_jac

@@ -81,7 +81,7 @@ def run(
     doc_ids = nodes["doc_id"].combine_chunks()
     n = nodes.num_rows
     bands = band_stream(inputs, EDGE_BATCH_ROWS)
-    blocks, text_bytes, spilled = 0, 0, False
+    blocks, text_bytes, spilled, fallback = 0, 0, False, 0
     if params.verify == "jaccard":
         with ExitStack() as stack:
             found: list[tuple[PairTexts, np.ndarray]] = []
@@ -98,8 +98,8 @@ def run(
                 texts, label = found[0]
                 return texts.jaccard(s, d, label[s], shingle=shingle, backend=backend)
 
-            e_src, e_dst, jac, candidates = verify_stream(n, bands, jaccard, threshold=params.threshold,
-                                                          max_fallback=params.max_leaders)
+            e_src, e_dst, jac, candidates, fallback = verify_stream(
+                n, bands, jaccard, threshold=params.threshold, max_fallback=params.max_leaders)
             if found:  # what sizing TMPDIR and text_block_bytes needs to know
                 blocks, text_bytes, spilled = found[0][0].blocks, int(found[0][0].size.sum()), found[0][0].spilled
     else:
@@ -126,8 +126,9 @@ def run(
         "threshold": params.threshold,
         "nodes": n,
         "candidate_pairs": candidates,
+        "fallback_pairs": fallback,  # bucket-mate pairs compared beyond the candidates
         "edges": len(e_src),
-        "rejected_pairs": candidates - len(e_src) if params.verify == "jaccard" else 0,
+        "rejected_pairs": candidates + fallback - len(e_src) if params.verify == "jaccard" else 0,
         "text_blocks": blocks,
         "candidate_text_bytes": text_bytes,
         "text_spilled": spilled,
