@@ -1,6 +1,7 @@
 """``curate``: run a crawl through the Dagster asset graph and ask it why sources shrank.
 
-    curate run --workdir DIR --crawl NAME --source NAME=URL [...] [--stages LIST] [--config FILE]
+    curate run --workdir DIR --crawl NAME --source NAME=URL [...] [--text-field F] [--id-field F] [--url-field F]
+               [--stages LIST] [--config FILE]
                [--data-root URL] [--executor ray] [--ray-address ADDR] [--backend auto|cpu|gpu]
     curate report --workdir DIR --crawl NAME [--json]
     curate ledger --workdir DIR --crawl NAME --out FILE.parquet
@@ -57,10 +58,11 @@ def _read_config(path: str | None) -> dict[str, Any]:
 
 def build_spec(
     workdir: Path, crawl: str, sources: list[str], stages: str | None, config: dict[str, Any],
-    against: str | None = None,
+    against: str | None = None, fields: dict[str, str] | None = None,
 ) -> CrawlSpec:
     """The crawl spec from the command line and config file. With neither sources nor a config,
-    the saved spec of the crawl is reused as it is (``--stages`` may still change it)."""
+    the saved spec of the crawl is reused as it is (``--stages`` may still change it).
+    ``fields`` (``text_field``, ``id_field``, ``url_field``) apply to the ``--source`` sources."""
     from curation_dagster.resources import earlier_crawls, load_spec, prior_specs, spec_path
 
     saved = load_spec(workdir, crawl) if spec_path(workdir, crawl).exists() else None
@@ -83,7 +85,7 @@ def build_spec(
         name, sep, url = item.partition("=")
         if not sep or not name or not url:
             raise CliError(f"--source expects NAME=URL, got {item!r}")
-        cfg_sources[name] = {**cfg_sources.get(name, {}), "url": url}
+        cfg_sources[name] = {**cfg_sources.get(name, {}), "url": url, **(fields or {})}
     if not cfg_sources:
         if saved is None:
             raise CliError(f"crawl {crawl!r} is new: give its sources with --source NAME=URL")
@@ -109,7 +111,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         load_config(workdir)
     except (ValueError, OSError, yaml.YAMLError) as exc:  # pydantic's ValidationError is a ValueError
         raise CliError(f"{workdir / 'curate.yaml'}: {' '.join(str(exc).split())}") from exc
-    spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against)
+    fields = {f: getattr(args, f) for f in ("text_field", "id_field", "url_field") if getattr(args, f)}
+    if fields and not args.source:
+        raise CliError(f"--{next(iter(fields)).replace('_', '-')} applies to the sources given with --source")
+    spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against,
+                      fields)
     if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
         (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")
     executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
@@ -320,6 +326,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--workdir", required=True)
     r.add_argument("--crawl", required=True)
     r.add_argument("--source", action="append", metavar="NAME=URL", help="a source of this crawl (repeat)")
+    for field, default in (("text", "text"), ("id", "none: record_id left empty"), ("url", "none")):
+        r.add_argument(f"--{field}-field", metavar="FIELD",
+                       help=f"the record field holding the {field} of the --source sources (default: {default})")
     r.add_argument("--stages", help=f"removal stages to run, comma-separated (default: all: {','.join(STAGES)})")
     r.add_argument("--config", help="YAML/JSON/TOML with sources, params per program, keep, stages")
     r.add_argument("--against", metavar="CRAWLS",

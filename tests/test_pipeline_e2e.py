@@ -437,3 +437,26 @@ def test_bad_execution_section_fails_with_one_line(tmp_path: Path) -> None:
     code, _, err = curate("run", "--workdir", str(work), "--crawl", CRAWL, "--source", "a=/nowhere")
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "text_block_bytes" in err and "bogus" in err
+
+
+def test_source_fields_on_the_command_line(tmp_path: Path) -> None:
+    """``--text-field/--id-field/--url-field`` name the fields of the ``--source`` sources, so a
+    crawl needs no config file for records that keep their text elsewhere or carry ids."""
+    src = tmp_path / "in.jsonl"
+    body = "A paragraph of ordinary prose that is long enough to be a document of its own. " * 3
+    records = [{"key": f"r{i}", "body": body if i < 2 else f"{body} {i}", "link": f"u{i}"} for i in range(4)]
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    work = tmp_path / "w"
+    code, _, err = curate("run", "--workdir", str(work), "--crawl", "c9", "--source", f"a={src}", "--stages", "exact",
+                          "--text-field", "body", "--id-field", "key", "--url-field", "link", "--quiet")
+    assert code == 0, err
+    source = load_spec(work, "c9").sources["a"]
+    assert (source.text_field, source.id_field, source.url_field) == ("body", "key", "link")
+    ledger = tmp_path / "ledger.parquet"
+    assert curate("ledger", "--workdir", str(work), "--crawl", "c9", "--out", str(ledger))[0] == 0
+    rows = pq.read_table(ledger).to_pylist()
+    assert len(rows) == 1 and rows[0]["stage"] == "exact"  # r0 and r1 share the body; the keep rule picks
+    assert {rows[0]["record_id"], rows[0]["duplicate_of_record_id"]} == {"r0", "r1"}
+    # without --source the fields have nothing to apply to
+    code, _, err = curate("run", "--workdir", str(work), "--crawl", "c9", "--id-field", "key")
+    assert code == 1 and "--id-field applies to the sources given with --source" in err
