@@ -142,14 +142,10 @@ def run_crawl(
         TimeElapsedColumn(), disable=quiet, transient=False,
     ) as progress:
         bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(wave) for wave, _ in steps))
-
-        def name_of(program: str) -> str:
-            return f"{program}[{source}]" if source else f"{program}[{spec.crawl}]"
-
         for wave, source in steps:
             todo: list[str] = []
             for program in wave:
-                name = name_of(program)
+                name = _name(spec, program, source)
                 label = escape(name)
                 progress.update(bar, description=f"{label:<40}")
                 # Only a prefix of the wave is skipped: a program after a stale one may read its
@@ -174,15 +170,15 @@ def run_crawl(
             failed_checks = [e for e in result.get_asset_check_evaluations() if not e.passed]
             for failed in failed_checks:
                 if failed.severity == AssetCheckSeverity.ERROR and failed.blocking:
-                    raise RunFailed(f"{name_of(failed.asset_key.to_user_string())}: "
+                    raise RunFailed(f"{_name(spec, failed.asset_key.to_user_string(), source)}: "
                                     f"check {failed.check_name} failed: {failed.description}")
             if not result.success:
                 step, msg = _failure(result)
-                name = name_of(step) if step else ", ".join(name_of(p) for p in todo)
+                name = _name(spec, step, source) if step else ", ".join(_name(spec, p, source) for p in todo)
                 raise RunFailed(msg if msg.startswith(name) else f"{name}: {msg}")
             seconds = _step_seconds(result)
             for program in todo:
-                label = escape(name_of(program))
+                label = escape(_name(spec, program, source))
                 for failed in failed_checks:
                     if failed.asset_key.to_user_string() == program:
                         progress.console.print(f"  ! {label} check {failed.check_name} ({failed.severity.value}): "
@@ -195,6 +191,11 @@ def run_crawl(
                     progress.console.print(f"  + {label} {_summary(report)} ({took:.1f}s)")
                 progress.advance(bar)
     return _manifest_report(resource, spec, "removal_ledger", None)
+
+
+def _name(spec: CrawlSpec, program: str, source: str | None) -> str:
+    """``program[source]``, or ``program[crawl]`` for a crawl-level partition."""
+    return f"{program}[{source}]" if source else f"{program}[{spec.crawl}]"
 
 
 def _manifest_report(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None) -> dict[str, Any]:
