@@ -41,20 +41,11 @@ from curation_dagster.resources import (
     spec_path,
 )
 from stages.paths import UnsafeNameError, check_name
-from stages.registry import PROGRAMS, CrawlSpec
+from stages.registry import CrawlSpec, waves
 
-
-def _root_programs() -> list[str]:
-    """Per-source programs that need nothing but other per-source programs: one run per source
-    materializes all of them, in dependency order."""
-    out: list[str] = []
-    for name, program in PROGRAMS.items():  # topological order
-        if program.level == "source" and all(dep in out for dep in program.deps):
-            out.append(name)
-    return out
-
-
-ROOT_PROGRAMS: list[str] = _root_programs()
+# The per-source head of the graph (the first wave: per-source programs that need nothing but
+# other per-source programs): one run per source materializes all of them, in dependency order.
+ROOT_PROGRAMS: list[str] = waves()[0]
 TARGET = AssetSelection.assets(*ROOT_PROGRAMS)
 
 

@@ -1,13 +1,13 @@
 """Drive one crawl through the asset graph on a real Dagster instance, with a progress display.
 
 Per-source and crawl-level assets have different partitions, so a crawl is materialized as a
-sequence of Dagster runs in dependency order: one per *wave* and partition, a wave being the
-assets of one level (per source, or per crawl) whose inputs are all materialized by then (the
-daemon groups its runs the same way). Each run shows in the UI like a run launched there, with one
-step per asset. A partition whose committed output is already up to date (same parameters, same
-input data) and whose materialization the instance has recorded is skipped without a run; an
-up-to-date asset after a stale one of its wave goes into the run, where its step finds the output
-up to date and records it without recomputing.
+sequence of Dagster runs in dependency order: one per wave (``stages.registry.waves``: the assets
+of one level, per source or per crawl, whose inputs are materialized by then; the recrawl sensor's
+first runs are the first wave) and partition. Each run shows in the UI like a run launched there,
+with one step per asset. A partition whose committed output is already up to date (same
+parameters, same input data) and whose materialization the instance has recorded is skipped
+without a run; an up-to-date asset after a stale one of its wave goes into the run, where its
+step finds the output up to date and records it without recomputing.
 
 Why waves: a Dagster run costs ~0.4 s of its own (events written to the SQLite instance), which a
 small crawl paid 7 x (sources + 1) times with one run per asset partition; with waves it is
@@ -34,7 +34,7 @@ from curation_dagster.checks import CHECKS, blocking_failures
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource, save_spec
-from stages.registry import PROGRAMS, CrawlSpec, data_version, plan_task
+from stages.registry import CrawlSpec, data_version, plan_task, waves
 
 # CRITICAL: a failed step is reported once, as RunFailed's one line, not as Dagster's ERROR
 # log with a stack trace on stderr (the instance's event log still records it for the UI).
@@ -43,31 +43,6 @@ QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 class RunFailed(RuntimeError):
     """A Dagster run of the crawl failed; the message is the step's error, on one line."""
-
-
-def waves() -> list[list[str]]:
-    """The programs in dependency order, cut into waves: each wave is of one level, and every
-    input of a program comes from an earlier wave or from the same wave (same partition, so one
-    run materializes them in order). Greedy: a wave takes every program of its level whose inputs
-    are ready, including those its own members make ready."""
-    done: set[str] = set()
-    out: list[list[str]] = []
-    while len(done) < len(PROGRAMS):
-        ready = [n for n, p in PROGRAMS.items() if n not in done and set(p.deps) <= done]
-        level = PROGRAMS[ready[0]].level
-        wave: list[str] = []
-        grew = True
-        while grew:
-            grew = False
-            for name, program in PROGRAMS.items():  # topological order
-                if (name not in done and name not in wave and program.level == level
-                        and set(program.deps) <= done | set(wave)):
-                    wave.append(name)
-                    grew = True
-        wave.sort(key=list(PROGRAMS).index)
-        out.append(wave)
-        done.update(wave)
-    return out
 
 
 def plan(spec: CrawlSpec) -> list[tuple[list[str], str | None]]:

@@ -161,6 +161,25 @@ def removal_programs() -> list[Program]:
     return [PROGRAMS[name] for name in STAGES.values()]
 
 
+def waves() -> list[list[str]]:
+    """The programs in dependency order, cut into waves: each wave is of one level (per source,
+    or per crawl) and takes every program of that level whose inputs come from earlier waves or
+    from earlier in the wave (same partition, so one run materializes a wave's partition in
+    order). One pass in ``PROGRAMS``' topological order finds a wave's closure: a program's
+    inputs come before it."""
+    done: set[str] = set()
+    out: list[list[str]] = []
+    while len(done) < len(PROGRAMS):
+        level = next(p.level for n, p in PROGRAMS.items() if n not in done and set(p.deps) <= done)
+        wave: list[str] = []
+        for name, program in PROGRAMS.items():
+            if name not in done and program.level == level and set(program.deps) <= done.union(wave):
+                wave.append(name)
+        out.append(wave)
+        done.update(wave)
+    return out
+
+
 class CrawlSpec(BaseModel):
     """Everything that defines one crawl's outputs: its sources and every stage's parameters."""
 

@@ -38,11 +38,11 @@ from tiny_corpus import (
 from curation_dagster import cli
 from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource, load_spec
-from curation_dagster.runner import plan, run_crawl, waves
+from curation_dagster.runner import plan, run_crawl
 from stages.kernels.exact import normalize
 from stages.kernels.heuristics import RULE_TABLE, score_text
 from stages.paths import MANIFEST, Store
-from stages.registry import PROGRAMS, QUARANTINE, CrawlSpec
+from stages.registry import PROGRAMS, QUARANTINE, CrawlSpec, waves
 
 DEFAULT = EXPECTED["default"]
 RULE_SCORE = {rule.name: rule.score for rule in RULE_TABLE}
