@@ -10,7 +10,7 @@ without a run; an up-to-date asset after a stale one of its wave goes into the r
 step finds the output up to date and records it without recomputing.
 
 Why waves: a Dagster run costs ~0.4 s of its own (events written to the SQLite instance), which a
-small crawl paid 7 x (sources + 1) times with one run per asset partition; with waves it is
+small crawl paid 6 x sources + 8 times with one run per asset partition; with waves it is
 4 x (sources + 1).
 """
 
