@@ -43,7 +43,8 @@ class BackendUnavailable(ValueError):
 
 @dataclass(frozen=True)
 class Backend:
-    """A resolved backend: ``name`` goes into reports; ``device`` is the twins' torch device."""
+    """A resolved backend: ``name`` goes into reports; ``device`` is the torch device of the twins
+    and of the programs that are torch code on every backend (semantic dedup, model classifiers)."""
 
     name: Literal["cpu", "gpu", "gpu-twin-on-cpu"]
     device: str = "cpu"
@@ -96,13 +97,6 @@ def resolve(requested: str) -> Backend:
         raise BackendUnavailable("backend 'gpu' asked for, but torch sees no CUDA device "
                                  "(install the 'gpu' extra on a machine with one, or use --backend auto/cpu)")
     return CPU
-
-
-def torch_device(requested: str) -> str:
-    """The torch device of a program that is torch code on every backend (semantic dedup, model
-    quality classifiers): the device ``resolve(requested)`` would run the twins on, ``cpu`` for
-    the CPU backend; ``gpu`` without a CUDA device raises ``BackendUnavailable``."""
-    return resolve(requested).device
 
 
 def reported(report: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from stages.backend import torch_device
+from stages.backend import resolve
 from stages.params import DocumentEmbeddingsParams, ExecutionParams, embedding_model_path
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -124,7 +124,7 @@ def run(
     if not params.enabled:
         output.write("embeddings", embeddings_schema(0, params.dtype).empty_table())
         return {"enabled": False, "input": 0}
-    device = torch_device(execution.backend)
+    device = resolve(execution.backend).device
     enc = encoder(params.model, device, params.max_tokens)
     schema = embeddings_schema(enc.dim, params.dtype)
     value_type = np.float16 if params.dtype == "float16" else np.float32

@@ -29,7 +29,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stages.backend import torch_device
+from stages.backend import resolve
 from stages.kernels import quality as Q
 from stages.params import ExecutionParams, QualityClassifier, QualityScoresParams
 from stages.paths import Manifest, PartitionBusy, PartitionWriter, Store
@@ -44,13 +44,18 @@ BATCH_TOKENS = {"cpu": 16_384, "cuda": 262_144}  # padded tokens per forward bat
 
 
 class Scorer(Protocol):
-    """The one contract of every classifier: a batch of texts in, float64 (n,) scores out."""
+    """The one contract of every classifier: a batch of texts in, float64 (n,) scores out, on
+    ``device`` (a torch device name; ``cpu`` for non-torch models)."""
+
+    device: str
 
     def score(self, texts: list[str]) -> npt.NDArray[np.float64]: ...
 
 
 class FastTextScorer:
     """A fastText ``.bin`` model; the score is the probability of ``label``."""
+
+    device = "cpu"
 
     def __init__(self, clf: QualityClassifier) -> None:
         import fasttext
@@ -133,7 +138,7 @@ _LOADED: dict[tuple[str, ...], Scorer] = {}
 
 def load_scorer(clf: QualityClassifier, execution: ExecutionParams) -> Scorer:
     """The scorer of one classifier, loaded once per process (per model content and device)."""
-    device = torch_device(execution.backend) if clf.kind == "hf" else "cpu"
+    device = resolve(execution.backend).device if clf.kind == "hf" else "cpu"
     key = (clf.kind, clf.path, clf.fingerprint, clf.label or "", str(clf.max_tokens), device)
     if key not in _LOADED:
         if len(_LOADED) >= 2:
@@ -293,7 +298,7 @@ def run(
     unknown = sorted({s for c in clfs for s in (*c.min_score_per_source, *c.max_score_per_source)}
                      - set(partition.spec.sources))
     # Where the model classifiers ran (fastText is CPU code): it becomes the report's backend.
-    devices = {getattr(sc, "device", "cpu") for sc in scorers if sc is not None}
+    devices = {sc.device for sc in scorers if sc is not None}
     report: dict[str, Any] = {
         "enabled": True,
         "device": next((d for d in sorted(devices) if d.startswith("cuda")), "cpu"),

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stages.backend import torch_device
+from stages.backend import resolve
 from stages.params import ExecutionParams, SemanticClustersParams
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -81,7 +81,7 @@ def run(
 
     from stages.kernels.semantic import embedding_matrix, semantic_clusters
 
-    device = torch_device(execution.backend)
+    device = resolve(execution.backend).device
     t0 = time.perf_counter()
     x = torch.from_numpy(embedding_matrix(table["embedding"])).to(device)
     n = table.num_rows

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stages.backend import torch_device
+from stages.backend import resolve
 from stages.params import ExecutionParams, SemanticDuplicatesParams
 from stages.paths import PartitionWriter
 from stages.programs.semantic_clusters import removed_before
@@ -96,7 +96,7 @@ def run(
         rank_order,
     )
 
-    device = torch_device(execution.backend)
+    device = resolve(execution.backend).device
     # Already dropped by semantic_clusters; checked again so that this removal list can never
     # name a document that an earlier stage removed, whatever produced the clusters.
     gone = pa.chunked_array(
