@@ -38,7 +38,6 @@ its forkserver, so the bench stops the forkserver before reading it).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import resource
@@ -46,39 +45,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from common import char_shingles, components, peak_self_kib, sample_texts
 
 SHINGLE, NUM_PERM, BANDS, THRESHOLD = 24, 260, 20, 0.8
 
 
-def _texts(folder: Path) -> Iterator[str]:
-    for source in sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "scraps" and p.name != "benchmarks"):
-        for part in sorted(source.iterdir()):
-            data = gzip.decompress(part.read_bytes()) if part.suffix == ".gz" else part.read_bytes()
-            yield from (json.loads(line)["text"] for line in data.decode().splitlines() if line.strip())
-
-
-def _peak_self_kib() -> int:
-    """This process's own high-water mark (VmHWM): ru_maxrss would carry the parent's over."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _shingles(text: str) -> list[str]:
-    if len(text) < SHINGLE:
-        return [text]
-    return [text[i : i + SHINGLE] for i in range(len(text) - SHINGLE + 1)]
-
-
 def _removed_from_pairs(n: int, pairs: list[tuple[int, int]]) -> int:
     """Documents a dedup over these pairs removes: all but one per connected component."""
-    from oracle import components  # bench/oracle.py's union-find (this script's folder is on sys.path)
-
     return n - len(set(components(n, pairs)))
 
 
@@ -89,7 +65,7 @@ def run_rensa(texts: list[str]) -> dict[str, Any]:
     hashes = []
     for i, text in enumerate(texts):
         m = RMinHash(num_perm=NUM_PERM, seed=42)
-        m.update(_shingles(text))
+        m.update(char_shingles(text))
         hashes.append(m)
         lsh.insert(i, m)
     pairs = [(i, j) for i, m in enumerate(hashes) for j in lsh.query(m) if j != i]
@@ -103,7 +79,7 @@ def run_datasketch(texts: list[str]) -> dict[str, Any]:
     hashes = []
     for i, text in enumerate(texts):
         m = MinHash(num_perm=NUM_PERM, seed=42)
-        m.update_batch([s.encode("utf-8", "surrogatepass") for s in _shingles(text)])
+        m.update_batch([s.encode("utf-8", "surrogatepass") for s in char_shingles(text)])
         hashes.append(m)
         lsh.insert(i, m)
     pairs = [(i, j) for i, m in enumerate(hashes) for j in lsh.query(m) if j != i]
@@ -204,7 +180,7 @@ def run_ours_dagster(folder: Path, work: Path) -> dict[str, Any]:
 def child(name: str, folder: Path, work: Path, mb_limit: float | None) -> None:
     texts: list[str] = []
     mb = docs = 0.0
-    for t in _texts(folder):  # ours and datatrove read the files themselves: only rensa/datasketch hold texts
+    for t in sample_texts(folder):  # ours and datatrove read the files themselves: only rensa/datasketch hold texts
         size = len(t.encode("utf-8", "surrogatepass")) / 1e6
         if mb_limit and mb + size > mb_limit:
             break
@@ -229,7 +205,7 @@ def child(name: str, folder: Path, work: Path, mb_limit: float | None) -> None:
     cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
     out.update(name=name, docs=int(docs), mb=round(mb, 2), wall_s=round(wall, 2), cpu_s=round(cpu, 2),
                mb_per_s=round(mb / wall, 2), mb_per_s_per_core=round(mb / cpu, 2) if cpu else None,
-               peak_rss_mb=round(max(_peak_self_kib(), kids.ru_maxrss) / 1024, 1))
+               peak_rss_mb=round(max(peak_self_kib(), kids.ru_maxrss) / 1024, 1))
     print(json.dumps(out))
 
 

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import json
 import math
 import sys
@@ -78,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import SKIPPED_SOURCES, sample_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -85,8 +85,6 @@ from stages.kernels import heuristics as H
 from stages.params import ExecutionParams, FilteredDocumentsParams
 from stages.programs.filtered_documents import CHUNK_CHARS
 from stages.sample import build_sample
-
-SKIPPED_SOURCES = ("scraps", "benchmarks")
 
 # datatrove's rejection reasons -> our rule names (the same rule where both have it).
 DT_RULE: dict[str, str] = {
@@ -110,13 +108,6 @@ DT_RULE: dict[str, str] = {
     "lorem_ipsum": "max_lorem_ipsum",
     "curly_bracket": "max_curly_brackets",
 }
-
-
-def _texts(folder: Path) -> Iterator[str]:
-    for source in sorted(p for p in folder.iterdir() if p.is_dir() and p.name not in SKIPPED_SOURCES):
-        for part in sorted(source.iterdir()):
-            data = gzip.decompress(part.read_bytes()) if part.suffix == ".gz" else part.read_bytes()
-            yield from (json.loads(line)["text"] for line in data.decode().splitlines() if line.strip())
 
 
 def _chunks(texts: list[str]) -> Iterator[list[str]]:
@@ -317,7 +308,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         build_sample(root / "corpus", max_docs_per_source=args.max_docs, copies=args.copies)
-        texts = list(_texts(root / "corpus"))
+        texts = list(sample_texts(root / "corpus"))
         # The program first: its worker processes fork from a process without spaCy loaded.
         program = run_ours_program(root / "corpus", root / "work")
     ours = run_ours_kernel(texts, params)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numba
 import numpy as np
+from common import char_shingles
 
 from stages.kernels import lsh
 from stages.kernels import minhash as mh
@@ -56,13 +57,6 @@ def best_of(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
         wall = min(wall, time.perf_counter() - w0)
         cpu = min(cpu, time.process_time() - c0)
     return wall, cpu
-
-
-def char_shingles(text: str) -> list[str]:
-    """What a Python caller must build for the peers: the shingle strings themselves."""
-    if len(text) < SHINGLE:
-        return [text] if text else []
-    return [text[i : i + SHINGLE] for i in range(len(text) - SHINGLE + 1)]
 
 
 def peer_datasketch(texts: list[str]) -> None:

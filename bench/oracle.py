@@ -57,6 +57,7 @@ import numpy as np
 import orjson
 import pyarrow.parquet as pq
 import xxhash
+from common import char_shingles, components
 
 K, THRESHOLD, CRAWL = 24, 0.8, "c1"
 LONG_MAX_BYTES = 4 << 20
@@ -240,22 +241,9 @@ def exact_oracle(docs: list[dict[str, Any]]) -> dict[str, str]:
     return removed
 
 
-def shingles(text: str) -> set[str]:
-    """Code-point 24-grams; a shorter non-empty text is one shingle (docs/minhash.md §2)."""
-    n = len(text)
-    if n == 0:
-        return set()
-    L = min(K, n)
-    return {text[i:i + L] for i in range(n - L + 1)}
-
-
 def shingle_hashes(text: str) -> np.ndarray:
     """Sorted unique int64 Python hashes of the shingles (64-bit; collisions negligible)."""
-    n = len(text)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    L = min(K, n)
-    return np.unique(np.fromiter((hash(text[i:i + L]) for i in range(n - L + 1)), np.int64, n - L + 1))
+    return np.unique(np.fromiter(map(hash, char_shingles(text, K)), np.int64))
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -270,7 +258,7 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
 
 def string_jaccard(s: str, t: str) -> float:
     """Exact Jaccard of the two texts' shingle-string sets."""
-    a, b = shingles(s), shingles(t)
+    a, b = set(char_shingles(s, K)), set(char_shingles(t, K))
     return 1.0 if not a and not b else len(a & b) / len(a | b)
 
 
@@ -329,23 +317,6 @@ def true_pairs(hashes: list[np.ndarray]) -> tuple[list[tuple[int, int, float]], 
                 if J >= THRESHOLD - 0.02:
                     out.append((key[0], key[1], J))
     return out, verified
-
-
-def components(n: int, pairs: Iterable[tuple[int, int]]) -> list[int]:
-    """Union-find; the label of a node is the smallest index in its component."""
-    parent = list(range(n))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for i, j in pairs:
-        ri, rj = find(i), find(j)
-        if ri != rj:
-            parent[max(ri, rj)] = min(ri, rj)
-    return [find(i) for i in range(n)]
 
 
 # ----------------------------------------------------------------------------- run + compare

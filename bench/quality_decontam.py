@@ -11,7 +11,6 @@ tokenization time vs forward time; decontam index build and match throughput.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import random
 import sys
@@ -21,20 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import source_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stages.kernels import decontam as D
 from stages.kernels import quality as Q
 from stages.sample import build_sample
-
-
-def _texts(folder: Path) -> list[str]:
-    out = []
-    for part in sorted(folder.glob("part-*")):
-        data = gzip.decompress(part.read_bytes()) if part.name.endswith(".gz") else part.read_bytes()
-        out.extend(json.loads(line)["text"] for line in data.splitlines())
-    return out
 
 
 def bench_fasttext(texts: list[str], other: list[str], tmp: Path) -> dict[str, Any]:
@@ -151,8 +143,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folders = build_sample(Path(tmp) / "s", max_docs_per_source=args.docs, copies=args.copies)
-        docs = _texts(folders["docstrings"])
-        other = _texts(folders["licenses"]) + _texts(folders["package_docs"])
+        docs = list(source_texts(folders["docstrings"]))
+        other = [*source_texts(folders["licenses"]), *source_texts(folders["package_docs"])]
         originals = docs[: args.docs]
         out = {
             "fasttext": bench_fasttext(originals, other, Path(tmp)),
