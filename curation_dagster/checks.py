@@ -6,6 +6,9 @@
   of at least ``min_documents``.
 - ``giant_groups`` (every crawl-level program but the output; WARN): a ``largest_*`` size in the
   report (LSH buckets, duplicate clusters) above the bound; passes when there is none.
+- ``input_complete`` (raw_documents; ERROR, blocking): a file of the source is damaged (truncated
+  or corrupt), so records after the damage were never read; passes with a warning when the crawl
+  allows damaged files (``allow_damaged_files``).
 - ``doc_id_unique`` (raw_documents, curated_documents, removal_ledger; ERROR): a doc_id twice.
 - ``ledger_consistency`` (curated_documents, removal_ledger; ERROR): input != kept + quarantined +
   removed, ledger rows != counts, or a ledger built from stale curated partitions.
@@ -203,6 +206,30 @@ def evaluate_doc_id_unique(
     return Verdict(True, f"{len(ids):,} rows, every doc_id distinct", metadata=meta)
 
 
+def evaluate_input_complete(
+    store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
+) -> Verdict:
+    """Every byte of the source's files was read: no file is damaged (or the crawl accepts it)."""
+    report = _manifest(store, spec, program, source).report
+    damaged: list[dict[str, Any]] = list(report.get("damaged_files", []))
+    unread = int(report.get("unread_bytes", 0))
+    meta = {"files": report.get("files", 0), "damaged_files": len(damaged), "unread_bytes": unread,
+            "ignored_files": report.get("ignored_files", 0)}
+    if not damaged:
+        return Verdict(True, f"every byte of {report.get('files', 0)} file(s) read", metadata=meta)
+    rows = [f"| {d['file']} | {d['size']:,} | {d['unread_bytes']:,} | {d['partial_bytes']:,} | {d['error']} |"
+            for d in damaged]
+    table = "\n".join(["| file | bytes | unread bytes | dropped partial record bytes | error |",
+                       "|---|---:|---:|---:|---|", *rows])
+    first = damaged[0]
+    what = (f"{len(damaged)} damaged file(s), {unread:,} bytes unread; first: {first['error']}")
+    if spec.allow_damaged_files:
+        return Verdict(True, f"{what} (accepted: allow_damaged_files)", metadata=meta, table=table)
+    return Verdict(False, f"{what}; the records after the damage are missing. Replace the file(s), or accept "
+                          "them with allow_damaged_files: true in the crawl config (curate run "
+                          "--allow-damaged-files)", "ERROR", meta, table)
+
+
 def _adds_up(entry: dict[str, Any]) -> tuple[bool, int]:
     total = int(entry["kept"]) + int(entry["quarantined"]) + sum(int(v) for v in entry["removed"].values())
     return total == int(entry["input"]), total
@@ -274,6 +301,9 @@ CHECK_KINDS: tuple[CheckKind, ...] = (
               "A dedup stage that finds no duplicate in a large crawl is suspicious (warns)."),
     CheckKind("giant_groups", evaluate_giant_groups, lambda p: p.level == "crawl" and p.group != "output", False,
               "Largest LSH bucket / duplicate cluster (report keys largest_*) <= checks.giant_groups bound (warns)."),
+    CheckKind("input_complete", evaluate_input_complete, lambda p: p.name == "raw_documents", True,
+              "Every byte of the source's files was read (no truncated or corrupt file), unless the crawl "
+              "allows damaged files (blocks downstream)."),
     CheckKind("doc_id_unique", evaluate_doc_id_unique, lambda p: p.name in UNIQUE_TABLES, False,
               "Every doc_id occurs once."),
     CheckKind("ledger_consistency", evaluate_ledger_consistency, lambda p: p.name in LEDGER_PROGRAMS, False,

@@ -96,6 +96,7 @@ def build_spec(
     return CrawlSpec.model_validate({
         "crawl": crawl, "sources": cfg_sources, "stages": stage_list or tuple(config.get("stages", STAGES)),
         "params": config.get("params", {}), "keep": config.get("keep", {}), "dedup_against": dedup_against,
+        "allow_damaged_files": bool(config.get("allow_damaged_files", False)),
     })
 
 
@@ -111,11 +112,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         load_config(workdir)
     except (ValueError, OSError, yaml.YAMLError) as exc:  # pydantic's ValidationError is a ValueError
         raise CliError(f"{workdir / 'curate.yaml'}: {' '.join(str(exc).split())}") from exc
-    fields = {f: getattr(args, f) for f in ("text_field", "id_field", "url_field") if getattr(args, f)}
+    fields = {f: getattr(args, f) for f in ("text_field", "id_field", "url_field") if getattr(args, f) is not None}
     if fields and not args.source:
         raise CliError(f"--{next(iter(fields)).replace('_', '-')} applies to the sources given with --source")
     spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against,
                       fields)
+    if args.allow_damaged_files and not spec.allow_damaged_files:
+        spec = spec.model_copy(update={"allow_damaged_files": True})
     if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
         (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")
     executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
@@ -326,7 +329,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--workdir", required=True)
     r.add_argument("--crawl", required=True)
     r.add_argument("--source", action="append", metavar="NAME=URL", help="a source of this crawl (repeat)")
-    for field, default in (("text", "text"), ("id", "none: record_id left empty"), ("url", "none")):
+    for field, default in (("text", "text"), ("id", "id; '' for none"), ("url", "url; '' for none")):
         r.add_argument(f"--{field}-field", metavar="FIELD",
                        help=f"the record field holding the {field} of the --source sources (default: {default})")
     r.add_argument("--stages", help=f"removal stages to run, comma-separated (default: all: {','.join(STAGES)})")
@@ -335,6 +338,9 @@ def parser() -> argparse.ArgumentParser:
                    help="earlier crawls to dedup against, comma-separated, or 'none' "
                         "(default for a new crawl: every crawl registered before it)")
     r.add_argument("--force", action="store_true", help="recompute every partition")
+    r.add_argument("--allow-damaged-files", action="store_true",
+                   help="accept sources with truncated or corrupt files (their records before the damage; the "
+                        "files are still reported); default: the input_complete check stops the crawl")
     r.add_argument("--quiet", action="store_true", help="no progress display")
     r.add_argument("--data-root", metavar="URL",
                    help="where outputs go: a folder or fsspec URL (s3://bucket/prefix); remembered by the workdir "

@@ -37,20 +37,31 @@ class StageParams(BaseModel):
 class RawDocumentsParams(StageParams):
     """Ingestion of one source: where the records are and which fields mean what.
 
+    ``id_field`` / ``url_field``: the record's own id and URL (default ``id`` and ``url``, as
+    datatrove's readers and most crawl exports name them; ``""`` or None: none). A record without
+    an id is named in the ledger by its locator (``file:line``, ``file#row``).
     ``max_chars``: a longer text is quarantined (``text_too_long``) instead of reaching the
-    stages after ingestion (None: no limit). The URL must not carry credentials
-    (``user:password@``): they would end up in keys, manifests and the Dagster UI.
+    stages after ingestion (None: no limit). The URL must not carry credentials: they would end
+    up in keys, manifests and the Dagster UI.
     """
 
     # v2: duplicate record ids and overlong texts are quarantined
+    # v3: every record judged on its own (deep nesting, big integers, NaN, BOMs, dictionary and
+    #     view text columns), damaged files reported instead of quarantined, a locator per
+    #     document, ids and URLs read from ``id``/``url`` by default
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
-    version: ClassVar[int] = 2
-    url: str = Field(description="fsspec URL, glob or directory of JSONL(.gz/.zst) or Parquet files")
+    version: ClassVar[int] = 3
+    url: str = Field(description="fsspec URL, glob or directory of JSONL (.gz/.bz2/.xz/.lz4/.zst) or Parquet files")
     text_field: str = "text"
-    id_field: str | None = None
-    url_field: str | None = None
+    id_field: str | None = "id"
+    url_field: str | None = "url"
     format: Literal["auto", "jsonl", "parquet"] = "auto"
     max_chars: int | None = Field(default=10_000_000, ge=1)
+
+    @field_validator("id_field", "url_field")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value or None
 
     @field_validator("url")
     @classmethod
@@ -283,16 +294,22 @@ def workdir_tuning(workdir: str | os.PathLike[str]) -> ExecutionTuning:
 
 
 def params_key(program: str, params: StageParams, upstream: dict[str, str] | None = None) -> str:
-    """Key of a program's output: 16 hex chars of sha256 over name, version, params, upstream keys.
+    """Key of a program's output: 16 hex chars of sha256 over name, version, params, upstream keys
+    and the versions of the code behind the output (``stages.versions``).
 
     ``upstream`` maps input names to their params keys; its order does not matter.
     """
-    payload = {
+    from stages.versions import code_versions
+
+    payload: dict[str, Any] = {
         "program": program,
         "version": type(params).version,
         "params": params.canonical(),
         "upstream": dict(sorted((upstream or {}).items())),
     }
+    code = code_versions(program)
+    if code:  # the kernels, scorers and formats behind the output (stages/versions.py)
+        payload["code"] = code
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

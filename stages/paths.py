@@ -283,6 +283,12 @@ class PartitionWriter:
         """Rows this attempt has written to ``table`` so far (for multi-pass programs)."""
         return self.store._read_files(self.pdir, self.tables.get(table, []), columns)
 
+    def iter_batches(self, table: str, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
+        """Stream the rows this attempt has written to ``table`` so far, ``batch_rows`` at a time."""
+        for name in list(self.tables.get(table, [])):
+            with self.store.fs.open(f"{self.pdir}/{name}", "rb") as fh:
+                yield from pq.ParquetFile(fh).iter_batches(batch_size=batch_rows)
+
     def commit(self, manifest: Manifest) -> Manifest:
         """Write the manifest last (atomically), then remove parts no manifest names."""
         manifest.tables = self.tables

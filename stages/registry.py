@@ -193,6 +193,9 @@ class CrawlSpec(BaseModel):
     # Earlier crawls whose kept documents this crawl is deduplicated against, each with the keys
     # of the outputs read from it (``prior_outputs``); fixed when the crawl is first registered.
     dedup_against: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # Accept sources with damaged files (their records before the damage): the ``input_complete``
+    # check then passes with a warning instead of holding the crawl back. Keys no output.
+    allow_damaged_files: bool = False
 
     def model_post_init(self, __context: Any) -> None:
         check_name("crawl", self.crawl)

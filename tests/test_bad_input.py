@@ -124,16 +124,17 @@ def build_nasty(root: Path) -> dict[str, Any]:
     (root / "cookies" / "pages.jsonl").write_bytes(b'{"text": "Accept all cookies"}\n' * 100_000)
 
     reasons = {"invalid_json": 2 + 1, "invalid_utf8": 1, "nul_byte": 1, "missing_text": 2, "text_not_string": 2,
-               "empty_text": 1, "not_an_object": 1, "duplicate_record_id": 2, "unreadable_file": 2,
+               "empty_text": 1, "not_an_object": 1, "duplicate_record_id": 2,
                "wrong_schema": 6, "text_too_long": 1}
     kept = 4 + 1 + 1  # g0-g3, the twin that survives exact, the d1 record with the lowest doc_id
     removed = {"heuristic": n_gz + n_zst, "exact": 1, "fuzzy": 1}
     quarantined = sum(reasons.values())
     return {
         "messy": {"input": kept + quarantined + sum(removed.values()), "kept": kept, "quarantined": quarantined,
-                  "removed": removed, "reasons": reasons, "empty_files": 5},
+                  "removed": removed, "reasons": reasons, "empty_files": 5,
+                  "damaged": ["cut.jsonl.gz", "cut.jsonl.zst"]},
         "cookies": {"input": 100_000, "kept": 0, "quarantined": 0, "removed": {"heuristic": 100_000},
-                    "reasons": {}, "empty_files": 0},
+                    "reasons": {}, "empty_files": 0, "damaged": []},
     }
 
 
@@ -156,6 +157,7 @@ def test_nasty_corpus_through_dagster(tmp_path: Path, monkeypatch: pytest.Monkey
             "sources": {"messy": {"url": str(root / "in" / "messy"), "id_field": "id"},
                         "cookies": {"url": str(root / "in" / "cookies")}},
             "stages": ["heuristic", "exact", "fuzzy"],
+            "allow_damaged_files": True,  # the two cut files: reported, their records before the cut kept
         }))
         work = root / "w"
         work.mkdir()
@@ -181,6 +183,7 @@ def test_nasty_corpus_through_dagster(tmp_path: Path, monkeypatch: pytest.Monkey
             assert raw is not None
             assert raw.report["quarantine_reasons"] == w["reasons"], source
             assert raw.report["empty_files"] == w["empty_files"], source
+            assert [d["file"] for d in raw.report["damaged_files"]] == w["damaged"], source
             rows = [r for r in ledger if r["source"] == source and r["stage"] == "quarantine"]
             assert Counter(r["reason"] for r in rows) == Counter(w["reasons"]), source
             assert all(r["detail"] and "\n" not in r["detail"] for r in rows)  # one clear line each
@@ -277,7 +280,7 @@ def test_a_record_id_naming_different_records_keeps_the_lowest_doc_id(tmp_path: 
 
 
 def test_without_an_id_field_records_never_clash(tmp_path: Path) -> None:
-    got = ingest(tmp_path, _write(tmp_path / "in", {"all.jsonl": CLASH}))
+    got = ingest(tmp_path, _write(tmp_path / "in", {"all.jsonl": CLASH}), id_field="")
     assert not got["bad"] and len(got["docs"]) == len(CLASH)
 
 

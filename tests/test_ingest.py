@@ -133,9 +133,12 @@ def test_truncated_gzip_keeps_the_records_before_the_damage(tmp_path: Path) -> N
     kept = [d["record_id"] for d in got.docs]
     assert 0 < len(kept) < len(records)
     assert kept == [r["id"] for r in records[: len(kept)]]  # a prefix, nothing half-read
-    assert got.reasons == {"unreadable_file": 1}
-    assert "cut.jsonl.gz" in got.bad[0]["detail"]
-    assert got.report["input"] == len(kept) + 1
+    assert not got.bad  # damage is not a record: the file is reported damaged instead
+    (damaged,) = got.report["damaged_files"]
+    assert damaged["file"] == "cut.jsonl.gz" and "end-of-stream" in damaged["error"]
+    assert damaged["size"] == len(data) // 2 and damaged["partial_bytes"] > 0
+    assert got.report["unread_bytes"] > 0
+    assert got.report["input"] == len(kept)
 
 
 def test_truncated_zstd_keeps_the_records_before_the_damage(tmp_path: Path) -> None:
@@ -150,8 +153,9 @@ def test_truncated_zstd_keeps_the_records_before_the_damage(tmp_path: Path) -> N
     kept = [d["record_id"] for d in got.docs]
     assert 150 <= len(kept) < len(records)
     assert kept == [r["id"] for r in records[: len(kept)]]
-    assert got.reasons == {"unreadable_file": 1}
-    assert "cut.jsonl.zst" in got.bad[0]["detail"]
+    assert not got.bad
+    (damaged,) = got.report["damaged_files"]
+    assert damaged["file"] == "cut.jsonl.zst" and "truncated" in damaged["error"]
 
 
 def test_multi_frame_zstd_is_read_whole(tmp_path: Path) -> None:
@@ -165,14 +169,16 @@ def test_multi_frame_zstd_is_read_whole(tmp_path: Path) -> None:
     assert [d["record_id"] for d in got.docs] == [r["id"] for r in records] and not got.bad
 
 
-def test_corrupt_files_are_quarantined_not_fatal(tmp_path: Path) -> None:
+def test_corrupt_files_are_reported_damaged_not_fatal(tmp_path: Path) -> None:
     write(tmp_path / "in" / "a.jsonl", jsonl(GOOD))
     (tmp_path / "in" / "b.jsonl.gz").write_bytes(b"this is not gzip at all")
     (tmp_path / "in" / "c.jsonl.zst").write_bytes(b"nor is this zstd")
     (tmp_path / "in" / "d.parquet").write_bytes(b"PAR1 but not really")
     got = ingest(tmp_path, tmp_path / "in")
-    assert len(got.docs) == 1
-    assert got.reasons == {"unreadable_file": 3}
+    assert len(got.docs) == 1 and not got.bad
+    damaged = {d["file"]: d for d in got.report["damaged_files"]}
+    assert sorted(damaged) == ["b.jsonl.gz", "c.jsonl.zst", "d.parquet"]
+    assert damaged["d.parquet"]["unread_bytes"] == len(b"PAR1 but not really")
 
 
 def test_parquet_with_a_wrong_typed_text_column_gives_one_row_per_record(tmp_path: Path) -> None:
@@ -209,7 +215,7 @@ def test_glob_and_directory_urls(tmp_path: Path) -> None:
     src = tmp_path / "src"
     write(src / "a.jsonl", jsonl({"id": "a", "text": "from a"}))
     write(src / "b.jsonl.gz", jsonl({"id": "b", "text": "from b"}))
-    write(src / "notes.txt", b"not a data file")
+    write(src / "_SUCCESS", b"")  # bookkeeping files are passed over (and counted)
     write(src / "sub" / "c.jsonl.zst", jsonl({"id": "c", "text": "from c"}))
     pq.write_table(pa.table({"id": ["d"], "text": ["from d"]}), src / "sub" / "d.parquet")
 
@@ -224,10 +230,10 @@ def test_glob_and_directory_urls(tmp_path: Path) -> None:
     assert records(f"file://{src}/sub", "url") == ["c", "d"]
 
 
-@pytest.mark.parametrize("pattern", ["missing/*.jsonl", "missing-dir", "empty", "only-text"])
+@pytest.mark.parametrize("pattern", ["missing/*.jsonl", "missing-dir", "empty", "only-hidden"])
 def test_a_url_matching_nothing_is_a_clear_error(tmp_path: Path, pattern: str) -> None:
     (tmp_path / "empty").mkdir()
-    write(tmp_path / "only-text" / "readme.txt", b"hello")
+    write(tmp_path / "only-hidden" / "_SUCCESS", b"")
     url = str(tmp_path / pattern)
     with pytest.raises(NoInputError, match="matches no JSONL or Parquet file") as err:
         ingest(tmp_path, url)

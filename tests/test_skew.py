@@ -17,9 +17,9 @@ import pytest
 import zstandard
 from peak_rss import PEAK
 
+from stages.ingest.ids import Counts as _Counts
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import Store
-from stages.programs.raw_documents import _Counts
 from stages.registry import CrawlSpec, execute, plan_task
 
 INGEST = PEAK + """

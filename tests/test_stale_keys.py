@@ -7,6 +7,7 @@ later is covered automatically, and one this test cannot vary fails it until it 
 
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from tiny_corpus import SOURCES, read, spec
 
 from stages import params as P
+from stages import versions
 from stages.params import ExecutionParams, KeepParams, RawDocumentsParams
 from stages.paths import Store
 from stages.registry import PROGRAMS, STAGES, CrawlSpec, execute_crawl, plan_task
@@ -35,7 +37,7 @@ def special_values(tmp: Path) -> dict[tuple[str, str], Any]:
     return {
         ("RawDocumentsParams", "url"): str(tmp / "other"),
         ("RawDocumentsParams", "text_field"): "body",
-        ("RawDocumentsParams", "id_field"): "id",
+        ("RawDocumentsParams", "id_field"): "rid",
         ("RawDocumentsParams", "url_field"): "link",
         ("DocumentEmbeddingsParams", "model"): str(model),
         ("QualityScoresParams", "classifiers"): ({"name": "q", "kind": "fasttext", "path": str(tmp / "q.bin")},),
@@ -152,6 +154,38 @@ def test_a_version_bump_rekeys_like_a_parameter(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(P.ExactDuplicatesParams, "version", P.ExactDuplicatesParams.version + 1)
     after = base.keys()
     assert {part for part in before if before[part] != after[part]} == affected(base, {("exact_duplicates", None)})
+
+
+@pytest.mark.parametrize("constant", sorted({c for names in versions.USES.values() for c in names}))
+def test_a_code_version_bump_rekeys_its_programs_and_everything_downstream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, constant: str
+) -> None:
+    """Scorer, kernel and format versions (stages/versions.py) key outputs like parameters do, so
+    a changed rule set never shares a key (and a crawl never mixes two)."""
+    base = base_spec(tmp_path)
+    before = base.keys()
+    monkeypatch.setattr(versions, constant, getattr(versions, constant) + 1)
+    after = base.keys()
+    users = {p for p, names in versions.USES.items() if constant in names}
+    assert users and users <= set(PROGRAMS)
+    start = {(p, s) for p in users for s in base.partitions(p)}
+    assert {part for part in before if before[part] != after[part]} == affected(base, start)
+
+
+def test_kernels_take_their_versions_from_stages_versions() -> None:
+    """A version constant written as a number anywhere but stages/versions.py would not key
+    anything: bumping it would leave stale outputs looking current."""
+    root = Path(__file__).resolve().parents[1] / "stages"
+    literal = re.compile(r"^\s*[A-Z_]*VERSION\w*\s*(:\s*int\s*)?=\s*\d", re.MULTILINE)
+    offenders = [str(path.relative_to(root)) for path in root.rglob("*.py")
+                 if path.name != "versions.py" and literal.search(path.read_text())]
+    assert offenders == []
+    from stages.kernels import decontam, heuristics
+    from stages.programs import quality_scores
+
+    assert heuristics.SCORER_VERSION == versions.HEURISTIC_SCORER
+    assert decontam.HASH_VERSION == versions.DECONTAM_HASH
+    assert quality_scores.SCORER_VERSION == versions.QUALITY_SCORER
 
 
 # --- execution settings ---------------------------------------------------------------------------

@@ -24,7 +24,9 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-HASH_VERSION = 1  # bump when words(), word or n-gram hashing change
+from stages import versions
+
+HASH_VERSION = versions.DECONTAM_HASH  # bumped in stages/versions.py when words() or the hashing change
 _WORD = re.compile(r"[^\W_]+")
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # odd: the polynomial is invertible mod 2**64
 

@@ -63,10 +63,10 @@ from typing import Literal, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from stages import versions
 from stages.params import FilteredDocumentsParams
 
-# 2: stop_word_count counts distinct stop words (1 counted occurrences: "and and and" passed).
-SCORER_VERSION: int = 2
+SCORER_VERSION: int = versions.HEURISTIC_SCORER  # bumped in stages/versions.py, which keys the outputs
 
 STOP_WORDS: frozenset[str] = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 # Bit k of a word's stop-word mask: it is the k-th of the sorted STOP_WORDS (distinct counting).

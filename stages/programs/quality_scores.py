@@ -29,6 +29,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages import versions
 from stages.backend import resolve
 from stages.kernels import quality as Q
 from stages.params import ExecutionParams, QualityClassifier, QualityScoresParams
@@ -37,7 +38,7 @@ from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
 
 SCORES = "quality_model_scores"
-SCORER_VERSION = 1  # bump when a kernel's scores change for the same model
+SCORER_VERSION = versions.QUALITY_SCORER  # bumped in stages/versions.py when scores change for one model
 NO_MODEL = "no model configured"
 CHUNK = 2048  # texts per tokenize/forward step; the next chunk is tokenized during this one's forward
 BATCH_TOKENS = {"cpu": 16_384, "cuda": 262_144}  # padded tokens per forward batch

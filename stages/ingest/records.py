@@ -1,0 +1,253 @@
+"""One record at a time: parse, validate, and turn into a document row or a quarantine row.
+
+Every record that parses is judged on its own, whatever else is in its file: a record nested
+hundreds of levels deep, holding integers beyond 64 bits, NaN or Infinity, a lone surrogate, or
+values Arrow cannot turn into Python is accepted or quarantined with a reason, and never costs
+its neighbours. orjson parses and serializes the common case; what it refuses (NaN, nesting
+deeper than it allows, integers beyond 64 bits) goes to the standard library's ``json``; what
+neither can take (nesting beyond the interpreter's recursion limit) is quarantined as
+``too_deeply_nested``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import xxhash
+
+from stages.ingest.streams import Overlong
+from stages.params import RawDocumentsParams
+
+RAW_EXCERPT = 2000  # characters of a bad record kept in the quarantine table
+
+# What a task returns per good record; the doc_id is assigned by the ingesting process.
+PARSED = pa.schema([
+    ("record_id", pa.string()),
+    ("url", pa.string()),
+    ("text", pa.large_string()),
+    ("metadata", pa.string()),
+])
+
+
+class Unserializable(ValueError):
+    """A record that no JSON serializer here can write (nested beyond the recursion limit)."""
+
+
+def _nan_to_null(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nan_to_null(v) for v in value]
+    return value
+
+
+def canonical(value: Any) -> bytes:
+    """Canonical JSON (sorted keys) of a parsed value: orjson's, or, for what orjson cannot write
+    (nesting beyond 254 levels, integers beyond 64 bits), the standard library's with NaN and
+    Infinity as null (as orjson writes them) and non-ASCII escaped (always valid UTF-8)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str)
+    except (TypeError, orjson.JSONEncodeError):
+        pass
+    try:
+        return json.dumps(_nan_to_null(value), sort_keys=True, separators=(",", ":"), default=str,
+                          ensure_ascii=True).encode()
+    except RecursionError as exc:
+        raise Unserializable("nested deeper than the recursion limit") from exc
+
+
+def parse(line: bytes) -> tuple[Any, str | None, str]:
+    """(value, reason, detail) of one JSON line; ``reason`` is None when it parsed."""
+    try:
+        return orjson.loads(line), None, ""
+    except orjson.JSONDecodeError as exc:
+        first = str(exc)
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "invalid_utf8", first
+    try:  # NaN/Infinity, nesting beyond orjson's 1024 levels, lone surrogates
+        return json.loads(text), None, ""
+    except RecursionError:
+        return None, "too_deeply_nested", "nested deeper than the recursion limit"
+    except ValueError:
+        return None, "invalid_json", first
+
+
+def as_id(value: Any) -> str | None:
+    """A record id as text: a string as it is, an integer in decimal (so ``1`` and ``"1"`` name
+    the same record, in JSONL and Parquet alike), anything else as canonical JSON."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _valid_text(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    try:
+        return canonical(value).decode()
+    except Unserializable:
+        return None
+
+
+def _valid_text(value: str) -> str:
+    """``value``, with lone surrogates (which no UTF-8 column can hold) escaped."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@dataclass
+class Bad:
+    """A quarantined record as a task sees it; ``pos`` is relative to the task (1-based line or
+    row), the ingesting process turns it into a file position and an id."""
+
+    pos: int
+    reason: str
+    message: str
+    raw: str
+    record_id: str | None
+    raw_digest: bytes
+
+
+def judge(rec: Any, params: RawDocumentsParams) -> tuple[dict[str, Any] | None, str | None, str, str | None]:
+    """(row, reason, detail, record_id) for one parsed record; ``row`` is None when it is bad."""
+    if not isinstance(rec, dict):
+        return None, "not_an_object", f"record is a JSON {type(rec).__name__}", None
+    record_id = as_id(rec.get(params.id_field)) if params.id_field else None
+    if params.text_field not in rec or rec[params.text_field] is None:
+        return None, "missing_text", f"no {params.text_field!r} field", record_id
+    text = rec[params.text_field]
+    if isinstance(text, bytes):  # a Parquet binary column
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, "invalid_utf8", f"{params.text_field!r} is not valid UTF-8", record_id
+    if not isinstance(text, str):
+        return None, "text_not_string", f"{params.text_field!r} is a {type(text).__name__}", record_id
+    if not text.strip():
+        return None, "empty_text", "text is empty or whitespace", record_id
+    if params.max_chars is not None and len(text) > params.max_chars:
+        return None, "text_too_long", f"text has {len(text)} characters, more than max_chars={params.max_chars}", \
+            record_id
+    if "\x00" in text:
+        return None, "nul_byte", "text contains a NUL character", record_id
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None, "invalid_utf8", "text holds a lone surrogate (\\ud800-\\udfff), which is not UTF-8", record_id
+    meta = {k: v for k, v in rec.items() if k not in (params.text_field, params.id_field, params.url_field)}
+    url = rec.get(params.url_field) if params.url_field else None
+    row = {
+        "record_id": record_id,
+        "url": as_id(url),
+        "text": text,
+        "metadata": canonical(meta).decode() if meta else None,
+    }
+    return row, None, "", record_id
+
+
+class Collect:
+    """What one task finds: good records as ``PARSED`` columns with their content digests, bad
+    records, and the lines it read (to number lines across the tasks of one file)."""
+
+    def __init__(self, params: RawDocumentsParams) -> None:
+        self.params = params
+        self.cols: dict[str, list[Any]] = {n: [] for n in PARSED.names}
+        self.positions: list[int] = []
+        self.digests: list[bytes] = []
+        self.bad: list[Bad] = []
+        self.lines = 0
+        self.blank = 0
+        self.chars = 0
+
+    def record(self, rec: Any, pos: int, raw: bytes | None = None, wrong_schema: str | None = None) -> None:
+        """Judge one parsed record found at ``pos`` (task-relative line or row); ``raw`` is its
+        input bytes, for the excerpt of a record that cannot be serialized; ``wrong_schema``: why
+        the record's file cannot hold a text (quarantined as ``wrong_schema``, with its own id
+        and excerpt)."""
+        try:
+            canon = canonical(rec)
+        except Unserializable as exc:
+            excerpt = (raw or b"")[:4 * RAW_EXCERPT]
+            self.bad.append(Bad(pos, "too_deeply_nested", str(exc), excerpt.decode(errors="backslashreplace"),
+                                None, xxhash.xxh3_128_digest(raw or b"")))
+            return
+        row: dict[str, Any] | None
+        reason: str | None
+        record_id: str | None
+        try:
+            if wrong_schema is not None:
+                rid = as_id(rec.get(self.params.id_field)) if self.params.id_field and isinstance(rec, dict) else None
+                row, reason, detail, record_id = None, "wrong_schema", wrong_schema, rid
+            else:
+                row, reason, detail, record_id = judge(rec, self.params)
+        except Exception as exc:  # a value no rule foresaw: this record only
+            row, reason, detail, record_id = None, "invalid_record", f"{type(exc).__name__}: {exc}", None
+        if row is None:
+            assert reason is not None
+            self.bad.append(Bad(pos, reason, detail, canon[:4 * RAW_EXCERPT].decode(errors="backslashreplace"),
+                                record_id, xxhash.xxh3_128_digest(canon)))
+            return
+        for name in ("record_id", "url", "text", "metadata"):
+            self.cols[name].append(row[name])
+        self.positions.append(pos)
+        self.digests.append(xxhash.xxh3_128_digest(canon))
+        self.chars += len(row["text"])
+
+    def line(self, line: bytes | Overlong) -> None:
+        """Judge one JSONL line (the file's first line without its byte-order mark)."""
+        self.lines += 1
+        pos = self.lines
+        if isinstance(line, Overlong):
+            self.bad.append(Bad(pos, "record_too_large", f"a line of {line.size} bytes, more than the "
+                                f"{max_line_bytes(self.params)} bytes a record within max_chars can take",
+                                line.head.decode(errors="backslashreplace"), None,
+                                xxhash.xxh3_128_digest(line.head + str(line.size).encode())))
+            return
+        line = line.rstrip(b"\r\n")
+        if not line.strip():
+            self.blank += 1
+            return
+        rec, reason, detail = parse(line)
+        if reason is not None:
+            raw = line[:4 * RAW_EXCERPT].decode("utf-8", errors="backslashreplace")
+            self.bad.append(Bad(pos, reason, detail, raw, None, xxhash.xxh3_128_digest(line)))
+            return
+        self.record(rec, pos, line)
+
+    def done(self, damage: dict[str, Any] | None = None) -> Done:
+        docs = pa.table({n: pa.array(self.cols[n], PARSED.field(n).type) for n in PARSED.names}, schema=PARSED)
+        return Done(docs, b"".join(self.digests), np.asarray(self.positions, np.int64), self.bad, self.lines,
+                    self.blank, self.chars, damage)
+
+
+def max_line_bytes(params: RawDocumentsParams) -> int | None:
+    """Longest JSONL line read whole: a valid record within ``max_chars`` fits (a character is at
+    most 12 bytes of JSON, a surrogate pair of ``\\u`` escapes), plus 1 MiB for other fields."""
+    return None if params.max_chars is None else 12 * params.max_chars + (1 << 20)
+
+
+@dataclass
+class Done:
+    """What one task found, ready for the ingesting process."""
+
+    docs: pa.Table
+    digests: bytes  # 16 bytes per row of docs: xxh3-128 of its canonical JSON
+    positions: np.ndarray  # int64 (rows,): task-relative line or row of each row of docs
+    bad: list[Bad] = field(default_factory=list)
+    lines: int = 0
+    blank: int = 0
+    chars: int = 0
+    damage: dict[str, Any] | None = None  # the file's damage, when this task found it
