@@ -9,8 +9,6 @@ import json
 import random
 from pathlib import Path
 
-import pytest
-
 from curation_dagster import cli
 
 WORDS = ("river stone garden window letter market winter summer engine bridge pocket silver "
@@ -44,7 +42,6 @@ def report(*where: str, crawl: str) -> dict[str, dict[str, int]]:
     return json.loads(out)["sources"]  # type: ignore[no-any-return]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16: earlier crawls are looked up in <workdir>/data only")
 def test_second_crawl_on_a_non_default_data_root_is_deduplicated_against_the_first(tmp_path: Path) -> None:
     """Issue 16: 200 identical documents in crawl 2 are all removed as duplicates of crawl 1's,
     on a data root given with --data-root exactly as on the default one."""
