@@ -27,18 +27,20 @@ from typing import Any, Literal
 
 import numpy as np
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetKey,
+    DagsterInstance,
     MetadataValue,
     asset_check,
 )
 from dagster._utils.warnings import PreviewWarning
 
 from curation_dagster.config import ChecksConfig, load_config
-from curation_dagster.partitions import partitions_for, split_key
+from curation_dagster.partitions import CRAWL, partitions_for, split_key
 from curation_dagster.resources import CurationResource
 from stages.dataroot import DataRoot
 from stages.paths import Manifest, Store
@@ -329,14 +331,22 @@ def evaluate(curation: CurationResource, kind: CheckKind, program: str, crawl: s
         return Verdict(False, str(exc), "WARN", {"materialized": False})
 
 
-def _result(verdict: Verdict) -> AssetCheckResult:
+def _metadata(verdict: Verdict) -> dict[str, Any]:
     meta: dict[str, Any] = {"details": MetadataValue.md(verdict.description)}
     if verdict.table:
         meta["per_source"] = MetadataValue.md(verdict.table)
     for k, v in verdict.metadata.items():
         meta[k] = MetadataValue.json(v) if isinstance(v, (dict, list)) else v
-    severity = AssetCheckSeverity.ERROR if verdict.severity == "ERROR" else AssetCheckSeverity.WARN
-    return AssetCheckResult(passed=verdict.passed, severity=severity, metadata=meta, description=verdict.description)
+    return meta
+
+
+def _severity(verdict: Verdict) -> AssetCheckSeverity:
+    return AssetCheckSeverity.ERROR if verdict.severity == "ERROR" else AssetCheckSeverity.WARN
+
+
+def _result(verdict: Verdict) -> AssetCheckResult:
+    return AssetCheckResult(passed=verdict.passed, severity=_severity(verdict), metadata=_metadata(verdict),
+                            description=verdict.description)
 
 
 def build_check(program: Program, kind: CheckKind) -> AssetChecksDefinition:
@@ -374,3 +384,22 @@ def blocking_failures(
             if not verdict.passed and verdict.severity == "ERROR":
                 out.append((kind.name, verdict))
     return out
+
+
+def report_stale_dependents(instance: DagsterInstance, curation: CurationResource, crawl: str) -> list[str]:
+    """After ``crawl`` was rerun with new parameters: the later crawls deduplicated against its
+    old outputs, whose ``prior_crawls_current`` evaluations (failed) are recorded on ``instance``
+    without a run, so the UI and the automation hold them back before anyone reruns them."""
+    kind = next(k for k in CHECK_KINDS if k.name == "prior_crawls_current")
+    later = curation.dataroot().stale_dependents(crawl)
+    for name in later:
+        if not instance.has_dynamic_partition(CRAWL, name):  # a crawl this instance never ran
+            continue
+        for program in (p.name for p in PROGRAMS.values() if kind.applies(p)):
+            verdict = evaluate(curation, kind, program, name, None)
+            instance.report_runless_asset_event(AssetCheckEvaluation(
+                asset_key=AssetKey(program), check_name=kind.name, passed=verdict.passed,
+                severity=_severity(verdict), description=verdict.description, metadata=_metadata(verdict),
+                blocking=kind.blocking, partition=name,
+            ))
+    return later

@@ -30,7 +30,7 @@ from dagster import (
 )
 
 from curation_dagster.assets import ASSETS
-from curation_dagster.checks import CHECKS, blocking_failures
+from curation_dagster.checks import CHECKS, blocking_failures, report_stale_dependents
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource
@@ -166,6 +166,8 @@ def run_crawl(
                     took = seconds.get(program, time.perf_counter() - t0)
                     progress.console.print(f"  + {label} {_summary(report)} ({took:.1f}s)")
                 progress.advance(bar)
+    # Later crawls deduplicated against this crawl's old outputs: their check fails in the UI now.
+    report_stale_dependents(instance, resource, spec.crawl)
     return _manifest_report(resource, spec, "removal_ledger", None)
 
 
