@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -141,10 +140,10 @@ class DataRoot:
     def record(self, crawl: str) -> CrawlRecord | None:
         """The crawl's record, or None when it is not registered."""
         path = self.record_path(crawl)
-        blob = _read_text(self.store, path)
+        blob = self.store.read_text(path)
         if blob is None and self.legacy_specs is not None and (self.legacy_specs / f"{crawl}.json").exists():
             self._migrate()
-            blob = _read_text(self.store, path)
+            blob = self.store.read_text(path)
         return None if blob is None else CrawlRecord.model_validate_json(blob)
 
     def spec(self, crawl: str) -> CrawlSpec:
@@ -171,7 +170,7 @@ class DataRoot:
 
     def _blobs(self) -> list[str]:
         folder = f"{self.store.root}/{CRAWLS_DIR}"
-        blobs = (_read_text(self.store, f"{folder}/{name}.json") for name in self._names())
+        blobs = (self.store.read_text(f"{folder}/{name}.json") for name in self._names())
         return [b for b in blobs if b is not None]
 
     def published(self, spec: CrawlSpec) -> bool:
@@ -197,7 +196,7 @@ class DataRoot:
 
     def _write(self, record: CrawlRecord) -> None:
         blob = json.dumps(json.loads(record.model_dump_json()), indent=1, sort_keys=True)
-        _write_atomic(self.store, self.record_path(record.crawl), blob)
+        self.store.write_atomic(self.record_path(record.crawl), blob)
 
     def _migrate(self) -> None:
         """Register the specs of ``<workdir>/crawls/`` that the data root does not hold yet, in
@@ -305,39 +304,3 @@ class DataRoot:
         current = prior_outputs(record.spec)
         return [r.crawl for r in self.records()
                 if r.crawl != crawl and crawl in r.spec.dedup_against and r.spec.dedup_against[crawl] != current]
-
-
-def _read_text(store: Store, path: str) -> str | None:
-    """A small object's text, or None when it does not exist; retried on transient errors,
-    and never served from a cached listing (another process may have replaced it)."""
-    def read() -> str | None:
-        if not store.is_local:
-            store.fs.invalidate_cache(path.rsplit("/", 1)[0])
-        try:
-            with store.fs.open(path, "r") as fh:
-                return str(fh.read())
-        except FileNotFoundError:
-            return None
-
-    return retry(read)
-
-
-def _write_atomic(store: Store, path: str, text: str) -> None:
-    """Replace ``path`` whole: a local temporary file, fsynced, renamed; one PUT on object storage."""
-    folder = path.rsplit("/", 1)[0]
-    if store.is_local:
-        os.makedirs(folder, exist_ok=True)
-        tmp = f"{folder}/.{path.rsplit('/', 1)[1]}.{uuid.uuid4().hex[:12]}"
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        return
-
-    def put() -> None:
-        with store.fs.open(path, "w") as fh:
-            fh.write(text)
-
-    retry(put)
-    store.fs.invalidate_cache(folder)
