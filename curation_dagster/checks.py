@@ -12,10 +12,14 @@
 - ``doc_id_unique`` (raw_documents, curated_documents, removal_ledger; ERROR): a doc_id twice.
 - ``ledger_consistency`` (curated_documents, removal_ledger; ERROR): input != kept + quarantined +
   removed, ledger rows != counts, or a ledger built from stale curated partitions.
+- ``prior_crawls_current`` (the cross-crawl remover and the ledger; ERROR, blocking): the crawl was
+  deduplicated against outputs of an earlier crawl that are no longer its current ones (it was
+  rerun with new parameters since), so a removed document's kept copy may be gone from both.
 
 The verdicts are plain functions of the store and the crawl spec (``evaluate_*``): they read
 manifests (and, for doc_id uniqueness and the ledger, one or two columns), never a kernel.
-Bounds come from ``<workdir>/curate.yaml`` (``checks:``), read at every evaluation. A partition
+Bounds come from ``<workdir>/curate.yaml`` (``checks:``), read at every evaluation; specs from the
+data root's crawl registry (``stages.dataroot``). A partition
 ``(crawl, source)`` whose source is not part of the crawl passes with ``in_crawl: false``.
 """
 
@@ -26,19 +30,22 @@ from typing import Any, Literal
 
 import numpy as np
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetKey,
+    DagsterInstance,
     MetadataValue,
     asset_check,
 )
 from dagster._utils.warnings import PreviewWarning
 
 from curation_dagster.config import ChecksConfig, load_config
-from curation_dagster.partitions import partitions_for, split_key
-from curation_dagster.resources import CurationResource, spec_path
+from curation_dagster.partitions import CRAWL, partitions_for, split_key
+from curation_dagster.resources import CurationResource
+from stages.dataroot import DataRoot
 from stages.paths import Manifest, Store
 from stages.registry import PROGRAMS, QUARANTINE, STAGES, CrawlSpec, Program, plan_task
 
@@ -282,6 +289,29 @@ def evaluate_ledger_consistency(
     return Verdict(True, "every document is kept, quarantined or removed exactly once", metadata=meta)
 
 
+def evaluate_prior_crawls_current(
+    store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
+) -> Verdict:
+    """The earlier crawls this crawl was deduplicated against still have the outputs it read.
+
+    When one was rerun with new parameters, this crawl removed documents as duplicates of its
+    *old* kept documents, which its new run may have removed: such a document would be lost
+    from both crawls. ``curate run`` of this crawl dedups it against the current outputs."""
+    stale = DataRoot(store).stale_priors(spec)
+    meta = {"dedup_against": sorted(spec.dedup_against), "stale": sorted(stale)}
+    if stale:
+        names = ", ".join(sorted(stale))
+        why = "; ".join(stale.values())
+        return Verdict(False, f"crawl {spec.crawl} was deduplicated against outputs of earlier crawl(s) {names} that "
+                              f"are no longer current ({why}): a document it removed as a duplicate may be lost from "
+                              f"both crawls; rerun crawl {spec.crawl} (`curate run --crawl {spec.crawl}` dedups it "
+                              "against their current outputs)", "ERROR", meta)
+    if not spec.dedup_against:
+        return Verdict(True, f"crawl {spec.crawl} is not deduplicated against an earlier crawl", metadata=meta)
+    return Verdict(True, f"deduplicated against the current outputs of {', '.join(sorted(spec.dedup_against))}",
+                   metadata=meta)
+
+
 Evaluator = Callable[[Store, CrawlSpec, str, "str | None", ChecksConfig], Verdict]
 
 
@@ -308,30 +338,45 @@ CHECK_KINDS: tuple[CheckKind, ...] = (
               "Every doc_id occurs once."),
     CheckKind("ledger_consistency", evaluate_ledger_consistency, lambda p: p.name in LEDGER_PROGRAMS, False,
               "input = kept + quarantined + removed for every source, and the ledger rows match."),
+    # On the remover that reads earlier crawls (it holds the crawl's output back) and the ledger.
+    CheckKind("prior_crawls_current", evaluate_prior_crawls_current,
+              lambda p: p.reads_prior and (p.stage is not None or p.name == "removal_ledger"), True,
+              "The earlier crawls this crawl was deduplicated against have not been rerun with new parameters "
+              "since (else a document could be lost from both; blocks downstream)."),
 )
 
 
 def evaluate(curation: CurationResource, kind: CheckKind, program: str, crawl: str, source: str | None) -> Verdict:
     """One check on one partition, with the workdir's current bounds."""
-    if not spec_path(curation.workdir, crawl).exists():
-        return Verdict(False, f"crawl {crawl!r} has no spec in {curation.workdir}", "WARN")
-    spec = curation.spec(crawl)
+    root = curation.dataroot()
+    record = root.record(crawl)
+    if record is None:
+        return Verdict(False, f"crawl {crawl!r} is not registered in {root.url}", "WARN")
+    spec = record.spec
     if source is not None and source not in spec.sources:
         return Verdict(True, f"source {source!r} is not part of crawl {crawl!r}", metadata={"in_crawl": False})
     try:
-        return kind.evaluate(curation.store(), spec, program, source, load_config(curation.workdir).checks)
+        return kind.evaluate(root.store, spec, program, source, load_config(curation.workdir).checks)
     except NotMaterialized as exc:
         return Verdict(False, str(exc), "WARN", {"materialized": False})
 
 
-def _result(verdict: Verdict) -> AssetCheckResult:
+def _metadata(verdict: Verdict) -> dict[str, Any]:
     meta: dict[str, Any] = {"details": MetadataValue.md(verdict.description)}
     if verdict.table:
         meta["per_source"] = MetadataValue.md(verdict.table)
     for k, v in verdict.metadata.items():
         meta[k] = MetadataValue.json(v) if isinstance(v, (dict, list)) else v
-    severity = AssetCheckSeverity.ERROR if verdict.severity == "ERROR" else AssetCheckSeverity.WARN
-    return AssetCheckResult(passed=verdict.passed, severity=severity, metadata=meta, description=verdict.description)
+    return meta
+
+
+def _severity(verdict: Verdict) -> AssetCheckSeverity:
+    return AssetCheckSeverity.ERROR if verdict.severity == "ERROR" else AssetCheckSeverity.WARN
+
+
+def _result(verdict: Verdict) -> AssetCheckResult:
+    return AssetCheckResult(passed=verdict.passed, severity=_severity(verdict), metadata=_metadata(verdict),
+                            description=verdict.description)
 
 
 def build_check(program: Program, kind: CheckKind) -> AssetChecksDefinition:
@@ -369,3 +414,22 @@ def blocking_failures(
             if not verdict.passed and verdict.severity == "ERROR":
                 out.append((kind.name, verdict))
     return out
+
+
+def report_stale_dependents(instance: DagsterInstance, curation: CurationResource, crawl: str) -> list[str]:
+    """After ``crawl`` was rerun with new parameters: the later crawls deduplicated against its
+    old outputs, whose ``prior_crawls_current`` evaluations (failed) are recorded on ``instance``
+    without a run, so the UI and the automation hold them back before anyone reruns them."""
+    kind = next(k for k in CHECK_KINDS if k.name == "prior_crawls_current")
+    later = curation.dataroot().stale_dependents(crawl)
+    for name in later:
+        if not instance.has_dynamic_partition(CRAWL, name):  # a crawl this instance never ran
+            continue
+        for program in (p.name for p in PROGRAMS.values() if kind.applies(p)):
+            verdict = evaluate(curation, kind, program, name, None)
+            instance.report_runless_asset_event(AssetCheckEvaluation(
+                asset_key=AssetKey(program), check_name=kind.name, passed=verdict.passed,
+                severity=_severity(verdict), description=verdict.description, metadata=_metadata(verdict),
+                blocking=kind.blocking, partition=name,
+            ))
+    return later

@@ -3,13 +3,14 @@
     curate run --workdir DIR --crawl NAME --source NAME=URL [...] [--text-field F] [--id-field F] [--url-field F]
                [--stages LIST] [--config FILE]
                [--data-root URL] [--executor ray] [--ray-address ADDR] [--backend auto|cpu|gpu]
-    curate report --workdir DIR --crawl NAME [--json]
-    curate ledger --workdir DIR --crawl NAME --out FILE.parquet
-    curate explain --workdir DIR --crawl NAME DOC_ID
+    curate register (--workdir DIR | --data-root URL) --crawl NAME --source NAME=URL [...] | --config FILE
+    curate report (--workdir DIR | --data-root URL) --crawl NAME [--json]
+    curate ledger (--workdir DIR | --data-root URL) --crawl NAME --out FILE.parquet
+    curate explain (--workdir DIR | --data-root URL) --crawl NAME DOC_ID
     curate sample --out DIR
     curate lsh-curve --bands B --rows R
-    curate decontam-report --workdir DIR --crawl NAME [--json]
-    curate semantic-audit --workdir DIR --crawl NAME [--out FILE.html|FILE.md] [--per-band N]
+    curate decontam-report (--workdir DIR | --data-root URL) --crawl NAME [--json]
+    curate semantic-audit (--workdir DIR | --data-root URL) --crawl NAME [--out FILE.html|FILE.md] [--per-band N]
     curate ui --workdir DIR [--port 3000]
     curate k8s render [--asset NAME] [--crawl NAME] [--source NAME] [--templates DIR]
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from curation_dagster.instance import ensure_instance_config
+from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
 from stages.params import LSH_PRESETS
 from stages.paths import Store
 from stages.registry import QUARANTINE, STAGES, CrawlSpec
@@ -57,29 +59,22 @@ def _read_config(path: str | None) -> dict[str, Any]:
 
 
 def build_spec(
-    workdir: Path, crawl: str, sources: list[str], stages: str | None, config: dict[str, Any],
+    root: DataRoot, crawl: str, sources: list[str], stages: str | None, config: dict[str, Any],
     against: str | None = None, fields: dict[str, str] | None = None,
 ) -> CrawlSpec:
-    """The crawl spec from the command line and config file. With neither sources nor a config,
-    the saved spec of the crawl is reused as it is (``--stages`` may still change it).
-    ``fields`` (``text_field``, ``id_field``, ``url_field``) apply to the ``--source`` sources."""
-    from curation_dagster.resources import earlier_crawls, load_spec, prior_specs, spec_path
-
-    saved = load_spec(workdir, crawl) if spec_path(workdir, crawl).exists() else None
+    """The crawl spec from the command line and config file (``DataRoot.build_spec`` makes it).
+    With neither sources nor a config, the registered spec of the crawl is reused as it is
+    (``--stages`` and ``--against`` may still change it). ``fields`` (``text_field``,
+    ``id_field``, ``url_field``) apply to the ``--source`` sources."""
+    saved = root.record(crawl)
     stage_list = tuple(s.strip() for s in stages.split(",") if s.strip()) if stages else None
-    if against is not None:
-        names = [] if against.strip() in ("", "none") else [a.strip() for a in against.split(",") if a.strip()]
-        dedup_against = prior_specs(workdir, names)
-    elif saved is not None:
-        dedup_against = saved.dedup_against
-    else:  # a new crawl is deduplicated against every crawl registered before it
-        dedup_against = prior_specs(workdir, earlier_crawls(workdir, crawl))
+    names = None if against is None else \
+        [] if against.strip() in ("", "none") else [a.strip() for a in against.split(",") if a.strip()]
     if saved is not None and not sources and not config:
-        update: dict[str, Any] = {"dedup_against": dedup_against}
-        if stage_list is not None:
-            update["stages"] = stage_list
-        return CrawlSpec.model_validate({**saved.model_dump(), **update})
-
+        old = saved.spec
+        return root.build_spec(crawl, {k: v.model_dump() for k, v in old.sources.items()},
+                               stages=stage_list or old.stages, params=old.params, keep=old.keep.model_dump(),
+                               against=names, allow_damaged_files=old.allow_damaged_files)
     cfg_sources: dict[str, dict[str, Any]] = dict(config.get("sources", {}))
     for item in sources:
         name, sep, url = item.partition("=")
@@ -89,22 +84,46 @@ def build_spec(
     if not cfg_sources:
         if saved is None:
             raise CliError(f"crawl {crawl!r} is new: give its sources with --source NAME=URL")
-        cfg_sources = {k: v.model_dump() for k, v in saved.sources.items()}
+        cfg_sources = {k: v.model_dump() for k, v in saved.spec.sources.items()}
     missing = [name for name, s in cfg_sources.items() if "url" not in s]
     if missing:
         raise CliError(f"source(s) {', '.join(missing)} have no url")
-    return CrawlSpec.model_validate({
-        "crawl": crawl, "sources": cfg_sources, "stages": stage_list or tuple(config.get("stages", STAGES)),
-        "params": config.get("params", {}), "keep": config.get("keep", {}), "dedup_against": dedup_against,
-        "allow_damaged_files": bool(config.get("allow_damaged_files", False)),
-    })
+    return root.build_spec(crawl, cfg_sources, stages=stage_list or config.get("stages"),
+                           params=config.get("params"), keep=config.get("keep"), against=names,
+                           allow_damaged_files=config.get("allow_damaged_files"))
+
+
+def _spec_from_args(root: DataRoot, args: argparse.Namespace) -> CrawlSpec:
+    """``run``/``register``: the spec, its dedup against earlier crawls refreshed where they were
+    rerun with new parameters since (printed: that re-keys this crawl's cross-crawl dedup)."""
+    fields = {f: getattr(args, f) for f in ("text_field", "id_field", "url_field") if getattr(args, f) is not None}
+    if fields and not args.source:
+        raise CliError(f"--{next(iter(fields)).replace('_', '-')} applies to the sources given with --source")
+    spec = build_spec(root, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against,
+                      fields)
+    if getattr(args, "allow_damaged_files", False) and not spec.allow_damaged_files:
+        spec = spec.model_copy(update={"allow_damaged_files": True})
+    spec, refreshed = root.refresh_priors(spec)
+    for crawl in refreshed:
+        print(f"crawl {spec.crawl}: deduplicated against crawl {crawl}'s current outputs now ({crawl} was rerun "
+              "with new parameters): its cross-crawl dedup is recomputed", flush=True)
+    return spec
+
+
+def _stale_dependents(root: DataRoot, crawl: str) -> None:
+    """Name the later crawls deduplicated against ``crawl``'s outputs before its rerun."""
+    later = root.stale_dependents(crawl)
+    if later:
+        names = ", ".join(later)
+        print(f"crawl(s) {names} were deduplicated against crawl {crawl}'s earlier outputs: `curate run --crawl "
+              f"NAME` dedups them against its current ones (until then their check prior_crawls_current fails)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     import yaml
 
     from curation_dagster.config import load_config
-    from curation_dagster.resources import DATA_ROOT_FILE, CurationResource
+    from curation_dagster.resources import CurationResource
     from curation_dagster.runner import RunFailed, run_crawl
 
     workdir, home = _workdir_paths(args.workdir)
@@ -112,13 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         load_config(workdir)
     except (ValueError, OSError, yaml.YAMLError) as exc:  # pydantic's ValidationError is a ValueError
         raise CliError(f"{workdir / 'curate.yaml'}: {' '.join(str(exc).split())}") from exc
-    fields = {f: getattr(args, f) for f in ("text_field", "id_field", "url_field") if getattr(args, f) is not None}
-    if fields and not args.source:
-        raise CliError(f"--{next(iter(fields)).replace('_', '-')} applies to the sources given with --source")
-    spec = build_spec(workdir, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against,
-                      fields)
-    if args.allow_damaged_files and not spec.allow_damaged_files:
-        spec = spec.model_copy(update={"allow_damaged_files": True})
+    root = DataRoot.open(args.data_root, workdir)
+    spec = _spec_from_args(root, args)
     if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
         (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")
     executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
@@ -137,22 +151,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunFailed as exc:  # one line, no traceback: the step's error is in the Dagster event log
         raise CliError(str(exc)) from exc
     print_report(report)
+    _stale_dependents(root, spec.crawl)
     return 0
 
 
-def _store(workdir: Path) -> Store:
-    from curation_dagster.resources import CurationResource
+def cmd_register(args: argparse.Namespace) -> int:
+    root = _dataroot(args)
+    spec = _spec_from_args(root, args)
+    record = root.register(spec)
+    print(f"crawl {spec.crawl} registered in {root.url} (#{record.sequence}, sources {', '.join(sorted(spec.sources))}"
+          f"{'; deduplicated against ' + ', '.join(spec.dedup_against) if spec.dedup_against else ''})")
+    _stale_dependents(root, spec.crawl)
+    return 0
 
-    return CurationResource(workdir=str(workdir)).store()  # the data root `curate run` recorded
+
+def _dataroot(args: argparse.Namespace) -> DataRoot:
+    """``--data-root`` (else ``$CURATE_DATA_ROOT``), else the data root of ``--workdir``."""
+    return DataRoot.open(args.data_root, Path(args.workdir).resolve() if args.workdir else None)
 
 
-def _ledger_dir(workdir: Path, crawl: str) -> tuple[Store, str, CrawlSpec]:
-    from curation_dagster.resources import load_spec, spec_path
-
-    if not spec_path(workdir, crawl).exists():
-        raise CliError(f"crawl {crawl!r} is unknown in {workdir}; run `curate run` first")
-    spec = load_spec(workdir, crawl)
-    store = _store(workdir)
+def _ledger_dir(root: DataRoot, crawl: str) -> tuple[Store, str, CrawlSpec]:
+    spec = root.spec(crawl)
+    store = root.store
     key = spec.keys()[("removal_ledger", None)]
     pdir = store.partition_dir("removal_ledger", key, crawl)
     if store.read_manifest(pdir) is None:
@@ -160,8 +180,8 @@ def _ledger_dir(workdir: Path, crawl: str) -> tuple[Store, str, CrawlSpec]:
     return store, pdir, spec
 
 
-def load_report(workdir: Path, crawl: str) -> dict[str, Any]:
-    store, pdir, _ = _ledger_dir(workdir, crawl)
+def load_report(root: DataRoot, crawl: str) -> dict[str, Any]:
+    store, pdir, _ = _ledger_dir(root, crawl)
     manifest = store.read_manifest(pdir)
     assert manifest is not None
     return manifest.report
@@ -193,8 +213,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    workdir, _ = _workdir_paths(args.workdir)
-    report = load_report(workdir, args.crawl)
+    report = load_report(_dataroot(args), args.crawl)
     if args.json:
         out = {"crawl": report["crawl"], "sources": {
             s: {"input": r["input"], "kept": r["kept"], "quarantined": r["quarantined"], "removed": r["removed"]}
@@ -209,8 +228,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_ledger(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    workdir, _ = _workdir_paths(args.workdir)
-    store, pdir, _ = _ledger_dir(workdir, args.crawl)
+    store, pdir, _ = _ledger_dir(_dataroot(args), args.crawl)
     table = store.read_table(pdir, "ledger")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -224,8 +242,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from curation_dagster.explain import explain
 
-    workdir, _ = _workdir_paths(args.workdir)
-    store, pdir, spec = _ledger_dir(workdir, args.crawl)
+    store, pdir, spec = _ledger_dir(_dataroot(args), args.crawl)
     text, found = explain(store, spec, pdir, args.doc_id)
     print(text)
     return 0 if found else 1
@@ -253,12 +270,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_decontam_report(args: argparse.Namespace) -> int:
     from curation_dagster.decontam_report import decontam_report, print_decontam_report
-    from curation_dagster.resources import load_spec, spec_path
 
-    workdir, _ = _workdir_paths(args.workdir)
-    if not spec_path(workdir, args.crawl).exists():
-        raise CliError(f"crawl {args.crawl!r} is unknown in {workdir}; run `curate run` first")
-    report = decontam_report(_store(workdir), load_spec(workdir, args.crawl))
+    root = _dataroot(args)
+    report = decontam_report(root.store, root.spec(args.crawl))
     if report is None:
         raise CliError(f"crawl {args.crawl!r} has no decontam output for its current parameters; run `curate run`")
     if args.json:
@@ -271,9 +285,11 @@ def cmd_decontam_report(args: argparse.Namespace) -> int:
 def cmd_semantic_audit(args: argparse.Namespace) -> int:
     from curation_dagster.semantic_audit import AuditError, write_audit
 
-    workdir, _ = _workdir_paths(args.workdir)
+    # The report goes beside the workdir's data by default, else into the current folder.
+    folder = Path(args.workdir) if args.workdir else Path.cwd()
+    out = Path(args.out) if args.out else folder / f"semantic-audit-{args.crawl}.html"
     try:
-        path = write_audit(workdir, args.crawl, Path(args.out) if args.out else None, args.per_band, args.seed)
+        path = write_audit(_dataroot(args), args.crawl, out, args.per_band, args.seed)
     except AuditError as exc:
         raise CliError(str(exc)) from exc
     print(f"semantic audit -> {path}")
@@ -321,31 +337,44 @@ def cmd_k8s_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spec_arguments(p: argparse.ArgumentParser) -> None:
+    """What makes a crawl spec (``run`` and ``register``)."""
+    p.add_argument("--crawl", required=True)
+    p.add_argument("--source", action="append", metavar="NAME=URL", help="a source of this crawl (repeat)")
+    for field, default in (("text", "text"), ("id", "id; '' for none"), ("url", "url; '' for none")):
+        p.add_argument(f"--{field}-field", metavar="FIELD",
+                       help=f"the record field holding the {field} of the --source sources (default: {default})")
+    p.add_argument("--stages", help=f"removal stages to run, comma-separated (default: all: {','.join(STAGES)})")
+    p.add_argument("--config", help="YAML/JSON/TOML with sources, params per program, keep, stages")
+    p.add_argument("--against", metavar="CRAWLS",
+                   help="earlier crawls to dedup against, comma-separated, or 'none' (default for a new crawl: "
+                        "every crawl published in the data root before it)")
+    p.add_argument("--allow-damaged-files", action="store_true",
+                   help="accept sources with truncated or corrupt files (their records before the damage; the "
+                        "files are still reported); default: the input_complete check stops the crawl")
+
+
+def _where(p: argparse.ArgumentParser) -> None:
+    """The data root a command reads: given, or the workdir's (one of them, or $CURATE_DATA_ROOT)."""
+    p.add_argument("--workdir", help="a local workdir: its data root (WORKDIR/data, or the one `curate run "
+                                     "--data-root` recorded)")
+    p.add_argument("--data-root", metavar="URL", help="the data root (a folder or fsspec URL, s3://bucket/prefix); "
+                                                      "default: $CURATE_DATA_ROOT, else the workdir's")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="curate", description="Curate crawled text into LLM training data.")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="materialize the asset graph for one crawl")
     r.add_argument("--workdir", required=True)
-    r.add_argument("--crawl", required=True)
-    r.add_argument("--source", action="append", metavar="NAME=URL", help="a source of this crawl (repeat)")
-    for field, default in (("text", "text"), ("id", "id; '' for none"), ("url", "url; '' for none")):
-        r.add_argument(f"--{field}-field", metavar="FIELD",
-                       help=f"the record field holding the {field} of the --source sources (default: {default})")
-    r.add_argument("--stages", help=f"removal stages to run, comma-separated (default: all: {','.join(STAGES)})")
-    r.add_argument("--config", help="YAML/JSON/TOML with sources, params per program, keep, stages")
-    r.add_argument("--against", metavar="CRAWLS",
-                   help="earlier crawls to dedup against, comma-separated, or 'none' "
-                        "(default for a new crawl: every crawl registered before it)")
+    _spec_arguments(r)
     r.add_argument("--force", action="store_true", help="recompute every partition")
-    r.add_argument("--allow-damaged-files", action="store_true",
-                   help="accept sources with truncated or corrupt files (their records before the damage; the "
-                        "files are still reported); default: the input_complete check stops the crawl")
     r.add_argument("--quiet", action="store_true", help="no progress display")
     r.add_argument("--data-root", metavar="URL",
-                   help="where outputs go: a folder or fsspec URL (s3://bucket/prefix); remembered by the workdir "
-                        "(default: $CURATE_DATA_ROOT, the last one given, or WORKDIR/data). Storage options: "
-                        "the standard AWS environment/profile, or JSON in $CURATE_STORAGE_OPTIONS")
+                   help="where crawl specs and outputs go: a folder or fsspec URL (s3://bucket/prefix); remembered "
+                        "by the workdir (default: $CURATE_DATA_ROOT, the last one given, or WORKDIR/data). Storage "
+                        "options: the standard AWS environment/profile, or JSON in $CURATE_STORAGE_OPTIONS")
     r.add_argument("--executor", choices=["local", "ray"],
                    help="where fanned-out work runs: a process pool, or Ray tasks (the default with --ray-address)")
     r.add_argument("--ray-address", metavar="ADDR",
@@ -355,20 +384,26 @@ def parser() -> argparse.ArgumentParser:
                         "(docs/gpu.md); recorded in every materialization's metadata")
     r.set_defaults(fn=cmd_run)
 
+    reg = sub.add_parser("register", help="save a crawl's spec in the data root, without running it (a deployment "
+                                          "picks it up once its partitions are added)")
+    _where(reg)
+    _spec_arguments(reg)
+    reg.set_defaults(fn=cmd_register)
+
     rep = sub.add_parser("report", help="the source x stage table of a crawl")
-    rep.add_argument("--workdir", required=True)
+    _where(rep)
     rep.add_argument("--crawl", required=True)
     rep.add_argument("--json", action="store_true")
     rep.set_defaults(fn=cmd_report)
 
     led = sub.add_parser("ledger", help="write the removal ledger of a crawl as Parquet")
-    led.add_argument("--workdir", required=True)
+    _where(led)
     led.add_argument("--crawl", required=True)
     led.add_argument("--out", required=True)
     led.set_defaults(fn=cmd_ledger)
 
     ex = sub.add_parser("explain", help="why a document was removed, and what it duplicated")
-    ex.add_argument("--workdir", required=True)
+    _where(ex)
     ex.add_argument("--crawl", required=True)
     ex.add_argument("doc_id")
     ex.set_defaults(fn=cmd_explain)
@@ -380,15 +415,16 @@ def parser() -> argparse.ArgumentParser:
     sa.set_defaults(fn=cmd_sample)
 
     dr = sub.add_parser("decontam-report", help="per benchmark: documents removed, from which sources")
-    dr.add_argument("--workdir", required=True)
+    _where(dr)
     dr.add_argument("--crawl", required=True)
     dr.add_argument("--json", action="store_true")
     dr.set_defaults(fn=cmd_decontam_report)
 
     sm = sub.add_parser("semantic-audit", help="sampled pairs per similarity band, to choose semantic eps")
-    sm.add_argument("--workdir", required=True)
+    _where(sm)
     sm.add_argument("--crawl", required=True)
-    sm.add_argument("--out", help="report path, .html (default <workdir>/semantic-audit-<crawl>.html) or .md")
+    sm.add_argument("--out", help="report path, .html (default: semantic-audit-<crawl>.html in the workdir, "
+                                  "else in the current folder) or .md")
     sm.add_argument("--per-band", type=int, default=4, help="pairs shown per similarity band")
     sm.add_argument("--seed", type=int, default=0, help="seed of the pair sample")
     sm.set_defaults(fn=cmd_semantic_audit)
@@ -425,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.fn(args))
-    except CliError as exc:
+    except (CliError, UnknownCrawl, NoDataRoot, StalePrior) as exc:
         print(f"curate: error: {exc}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError, KeyError) as exc:  # pydantic validation, bad names, paths

@@ -2,7 +2,7 @@
 
 In production each asset partition runs in its own pod, submitted by dagster-k8s's
 ``PipesK8sClient`` from the Dagster run (``CurationResource(mode="k8s")``): the CPU or GPU stage
-image runs ``python -m stages PROGRAM --workdir ... --crawl ... [--source ...]`` and reports its
+image runs ``python -m stages PROGRAM --crawl ... --data-root ... [--source ...]`` and reports its
 materialization back over Dagster Pipes (the pod's log stream). Asset code is the same as local.
 
 One function, :func:`pod_spec`, turns ``stages.registry.Resources`` into the pod spec:
@@ -12,7 +12,8 @@ One function, :func:`pod_spec`, turns ``stages.registry.Resources`` into the pod
   image, the GPU node selector and the GPU tolerations;
 - non-root, read-only root filesystem, no privilege escalation, every capability dropped,
   ``RuntimeDefault`` seccomp, no service-account token; writable ``emptyDir`` volumes for ``/tmp``
-  and the cache directory, the workdir from a PersistentVolumeClaim;
+  and the cache directory; no shared volume: the crawl's spec and every output are in the data
+  root (``stages.dataroot``), usually object storage;
 - credentials only through ``envFrom`` Secret references: never in the command line, the
   environment values or the metadata.
 
@@ -63,9 +64,10 @@ class K8sSettings(BaseModel):
     image_pull_secrets: tuple[str, ...] = ()
     # Secrets whose keys become environment variables of the stage (envFrom): S3 keys, tokens.
     secrets: tuple[str, ...] = ("curation-credentials",)
-    # PersistentVolumeClaim (ReadWriteMany) mounted at the workdir path in the code location, the
-    # run pods and every stage pod: it holds the crawl specs (and the data when no data_root).
-    workdir_claim: str | None = "curation-workdir"
+    # A PersistentVolumeClaim (ReadWriteMany) mounted at the workdir path in every stage pod: only
+    # for a data root on a shared POSIX volume. Crawl specs live in the data root, so a data root
+    # on object storage needs no volume at all.
+    workdir_claim: str | None = None
     cache_dir: str = "/cache"
     tmp_dir: str = "/tmp"
     cache_gib: float = 16.0

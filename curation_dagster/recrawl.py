@@ -1,13 +1,14 @@
 """Recrawls: a sensor that registers new crawl snapshots found under a URL prefix, and a schedule
 that registers a new crawl of the configured sources on a cron.
 
-Registering a crawl = saving its spec (``<workdir>/crawls/<crawl>.json``: sources and every
-stage's parameters, copied from a template), adding the ``crawl`` partition and any new
-``source`` partitions, and requesting one run per source of the per-source programs at the root
-of the graph (``ROOT_PROGRAMS``). Declarative automation (``AutomationCondition.eager``, see
-``assets.py``) carries the crawl on through the fan-in dedup stages to the curated output and
-the ledger, each partition once all of its parents are materialized and their blocking checks
-passed. Both are configured in ``<workdir>/curate.yaml`` (``recrawl:``; docs/operations.md).
+Registering a crawl = saving its spec in the data root (``<data root>/_crawls/<crawl>.json``:
+sources and every stage's parameters, copied from a template; ``stages.dataroot``), adding the
+``crawl`` partition and any new ``source`` partitions, and requesting one run per source of the
+per-source programs at the root of the graph (``ROOT_PROGRAMS``). Declarative automation
+(``AutomationCondition.eager``, see ``assets.py``) carries the crawl on through the fan-in dedup
+stages to the curated output and the ledger, each partition once all of its parents are
+materialized and their blocking checks passed. Both are configured in ``<workdir>/curate.yaml``
+(``recrawl:``; docs/operations.md).
 """
 
 from typing import Any
@@ -32,14 +33,8 @@ from dagster import (
 
 from curation_dagster.config import RecrawlConfig, load_config
 from curation_dagster.partitions import CRAWL, SOURCE, crawl_partitions, source_partitions
-from curation_dagster.resources import (
-    CurationResource,
-    earlier_crawls,
-    load_spec,
-    prior_specs,
-    save_spec,
-    spec_path,
-)
+from curation_dagster.resources import CurationResource
+from stages.dataroot import DataRoot
 from stages.paths import UnsafeNameError, check_name
 from stages.registry import CrawlSpec, waves
 
@@ -92,11 +87,12 @@ def discover(cfg: RecrawlConfig) -> tuple[dict[str, dict[str, str]], list[str]]:
     return found, notes
 
 
-def spec_for(workdir: str, cfg: RecrawlConfig, crawl: str, urls: dict[str, str]) -> CrawlSpec | None:
+def spec_for(root: DataRoot, cfg: RecrawlConfig, crawl: str, urls: dict[str, str]) -> CrawlSpec | None:
     """The spec of a new crawl: each source's fields from ``recrawl.sources``, else from the
     template crawl's spec, else ``source_defaults`` (or skipped, with ``new_sources: skip``);
-    params, stages and keep from the recrawl section, else from the template."""
-    base = load_spec(workdir, cfg.template) if cfg.template else None
+    params, stages and keep from the recrawl section, else from the template. Deduplicated
+    against the documents every crawl published before it kept (incremental dedup)."""
+    base = root.spec(cfg.template) if cfg.template else None
     sources: dict[str, dict[str, Any]] = {}
     for name, url in sorted(urls.items()):
         if name in cfg.sources:
@@ -110,16 +106,12 @@ def spec_for(workdir: str, cfg: RecrawlConfig, crawl: str, urls: dict[str, str])
         sources[name] = {**fields, "url": url}
     if not sources:
         return None
-    extra: dict[str, Any] = {}
-    if cfg.params is not None or base is not None:
-        extra["params"] = cfg.params if cfg.params is not None else base.params if base else {}
-    if cfg.stages is not None or base is not None:
-        extra["stages"] = tuple(cfg.stages) if cfg.stages is not None else base.stages if base else ()
-    if cfg.keep is not None or base is not None:
-        extra["keep"] = cfg.keep if cfg.keep is not None else base.keep if base else {}
-    # Deduplicated against the documents every crawl published before it kept (incremental dedup).
-    extra["dedup_against"] = prior_specs(workdir, earlier_crawls(workdir, crawl))
-    return CrawlSpec.model_validate({"crawl": crawl, "sources": sources, **extra})
+    return root.build_spec(
+        crawl, sources,
+        params=cfg.params if cfg.params is not None else base.params if base else None,
+        stages=cfg.stages if cfg.stages is not None else base.stages if base else None,
+        keep=cfg.keep if cfg.keep is not None else base.keep.model_dump() if base else None,
+    )
 
 
 def run_requests(spec: CrawlSpec, trigger: str) -> list[RunRequest]:
@@ -135,13 +127,14 @@ def run_requests(spec: CrawlSpec, trigger: str) -> list[RunRequest]:
     ]
 
 
-def register(workdir: str, cfg: RecrawlConfig, crawl: str, urls: dict[str, str]) -> CrawlSpec | None:
-    """Save the spec of a new crawl (an existing spec file is kept as it is) and return it."""
-    if spec_path(workdir, crawl).exists():
-        return load_spec(workdir, crawl)
-    spec = spec_for(workdir, cfg, crawl, urls)
+def register(root: DataRoot, cfg: RecrawlConfig, crawl: str, urls: dict[str, str]) -> CrawlSpec | None:
+    """Register a new crawl in the data root (a registered crawl's spec is kept as it is) and return its spec."""
+    record = root.record(crawl)
+    if record is not None:
+        return record.spec
+    spec = spec_for(root, cfg, crawl, urls)
     if spec is not None:
-        save_spec(workdir, spec)
+        root.register(spec)
     return spec
 
 
@@ -162,10 +155,11 @@ def build_recrawl_sensor(cfg: RecrawlConfig) -> SensorDefinition:
         known = set(context.instance.get_dynamic_partitions(CRAWL))
         known_sources = set(context.instance.get_dynamic_partitions(SOURCE))
         specs = []
+        root = curation.dataroot()
         for crawl, urls in found.items():
             if crawl in known:
                 continue
-            spec = register(curation.workdir, rc, crawl, urls)
+            spec = register(root, rc, crawl, urls)
             if spec is None:
                 notes.append(f"{crawl}: none of its sources is configured (recrawl.new_sources: skip)")
             else:
@@ -205,14 +199,15 @@ def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition:
         instance = context.instance
         if instance.has_dynamic_partition(CRAWL, crawl):
             return SkipReason(f"crawl {crawl!r} is already registered")
+        root = curation.dataroot()
         names = dict(rc.sources)
         if not names and rc.template:
-            names = {s: p.model_dump() for s, p in load_spec(curation.workdir, rc.template).sources.items()}
+            names = {s: p.model_dump() for s, p in root.spec(rc.template).sources.items()}
         urls = {s: str(f.get("url", "")).replace("{crawl}", crawl).replace("{prefix}", (rc.prefix or "").rstrip("/"))
                 for s, f in names.items()}
         if not urls or not all(urls.values()):
             return SkipReason("recrawl.sources (or recrawl.template) must name every source with a url")
-        spec = register(curation.workdir, rc, crawl, urls)
+        spec = register(root, rc, crawl, urls)
         if spec is None:
             return SkipReason(f"crawl {crawl!r}: no source to register")
         # A schedule cannot return dynamic partition requests: add them before requesting runs.

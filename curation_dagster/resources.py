@@ -7,7 +7,6 @@ subprocess speaking Dagster Pipes, a process pool or a Ray cluster), never in as
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -22,74 +21,29 @@ from dagster import (
 )
 from pydantic import Field
 
+from stages.dataroot import STORAGE_OPTIONS_ENV, DataRoot, UnknownCrawl, data_root_url, storage_options
 from stages.params import ExecutionParams, workdir_tuning
-from stages.paths import Store, check_name, use_storage_options
-from stages.registry import CrawlSpec, execute, metadata, prior_outputs
-
-
-def spec_path(workdir: str | Path, crawl: str) -> Path:
-    """``<workdir>/crawls/<crawl>.json``; an unsafe crawl name (``../x``) is an UnsafeNameError."""
-    return Path(workdir) / "crawls" / f"{check_name('crawl', crawl)}.json"
+from stages.paths import Store
+from stages.registry import CrawlSpec, execute, metadata
 
 
 def load_spec(workdir: str | Path, crawl: str) -> CrawlSpec:
-    path = spec_path(workdir, crawl)
-    if not path.exists():
-        raise Failure(f"crawl {crawl!r} has no spec at {path}; register it with `curate run`")
-    return CrawlSpec.model_validate_json(path.read_text())
+    """The spec of ``crawl`` in the data root of ``workdir`` (the embedded default)."""
+    try:
+        return DataRoot.open(workdir=workdir).spec(crawl)
+    except UnknownCrawl as exc:
+        raise Failure(str(exc)) from exc
 
 
-def save_spec(workdir: str | Path, spec: CrawlSpec) -> Path:
-    path = spec_path(workdir, spec.crawl)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(json.loads(spec.model_dump_json()), indent=1, sort_keys=True))
-    tmp.replace(path)
-    return path
-
-
-# The data root's fsspec options as JSON, for the stage processes the resource launches (an
-# environment variable, never a command-line argument: those show in logs and process lists).
-STORAGE_OPTIONS_ENV = "CURATE_STORAGE_OPTIONS"
-DATA_ROOT_FILE = "data_root"  # <workdir>/data_root: where `curate run --data-root` put the outputs
-
-
-def storage_options_from_env() -> dict[str, Any]:
-    blob = os.environ.get(STORAGE_OPTIONS_ENV, "")
-    return dict(json.loads(blob)) if blob.strip() else {}
-
-
-def data_root_of(workdir: str | Path) -> str | None:
-    """``$CURATE_DATA_ROOT``, else the data root the workdir's last ``curate run`` recorded."""
-    path = Path(workdir) / DATA_ROOT_FILE
-    return os.environ.get("CURATE_DATA_ROOT") or (path.read_text().strip() or None if path.exists() else None)
-
-
-def earlier_crawls(workdir: str | Path, crawl: str, data_root: str | None = None) -> list[str]:
-    """Published crawls of ``workdir`` registered before ``crawl``, oldest first: those whose
-    removal ledger is committed for their current spec. A new crawl is deduplicated against their
-    kept documents (``CrawlSpec.dedup_against``)."""
-    from stages.registry import plan_task
-
-    store = Store(data_root or str(Path(workdir) / "data"))
-    specs = sorted((Path(workdir) / "crawls").glob("*.json"), key=lambda p: (p.stat().st_mtime, p.stem))
-    out = []
-    for path in specs:
-        if path.stem == crawl:
-            continue
-        spec = load_spec(workdir, path.stem)
-        if store.read_manifest(plan_task(store, spec, "removal_ledger", None).output_dir) is not None:
-            out.append(path.stem)
-    return out
-
-
-def prior_specs(workdir: str | Path, crawls: list[str]) -> dict[str, dict[str, str]]:
-    """``CrawlSpec.dedup_against`` for the named earlier crawls: the keys of their outputs."""
-    return {c: prior_outputs(load_spec(workdir, c)) for c in crawls}
+def save_spec(workdir: str | Path, spec: CrawlSpec) -> str:
+    """Register ``spec`` in the data root of ``workdir``; returns the record's path."""
+    root = DataRoot.open(workdir=workdir)
+    root.register(spec)
+    return root.record_path(spec.crawl)
 
 
 class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
-    """Workdir (crawl specs), data root (outputs) and execution settings of stage tasks.
+    """Workdir (operating config), data root (crawl specs, outputs) and execution settings of stage tasks.
 
     ``storage_options``: fsspec options of the data root (``endpoint_url``, ``profile``,
     ``client_kwargs``, ...), also this process's defaults for source URLs of the same protocol.
@@ -109,21 +63,28 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     ray_address: str | None = None
     backend: Literal["auto", "cpu", "gpu"] = "auto"  # kernels: auto = the GPU twins where torch sees CUDA
 
+    def dataroot(self) -> DataRoot:
+        """The data root (``stages.dataroot.DataRoot.open``: this resource's data root, else
+        ``$CURATE_DATA_ROOT``, else the workdir's) with the crawl registry on it."""
+        return DataRoot.open(self.data_root, self.workdir, self.storage_options)
+
     def root(self) -> str:
-        return self.data_root or data_root_of(self.workdir) or str(Path(self.workdir) / "data")
+        return data_root_url(self.data_root, self.workdir)
 
     def options(self) -> dict[str, Any]:
         """``storage_options``, else ``$CURATE_STORAGE_OPTIONS`` (JSON), else none."""
-        return dict(self.storage_options) or storage_options_from_env()
+        return storage_options(self.storage_options)
 
     def store(self) -> Store:
-        """The data root; its storage options also become this process's fsspec defaults for
-        its protocol, so source URLs there (fingerprinted before any stage runs) open alike."""
-        use_storage_options(self.root(), self.options())
-        return Store(self.root(), self.options())
+        """The data root's outputs; its storage options also become this process's fsspec
+        defaults for its protocol, so source URLs there open alike."""
+        return self.dataroot().store
 
     def spec(self, crawl: str) -> CrawlSpec:
-        return load_spec(self.workdir, crawl)
+        try:
+            return self.dataroot().spec(crawl)
+        except UnknownCrawl as exc:
+            raise Failure(str(exc)) from exc
 
     def execution(self) -> ExecutionParams:
         execution = ExecutionParams(batch_rows=self.batch_rows, workers=self.workers, executor=self.executor,
@@ -131,9 +92,14 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
         return workdir_tuning(self.workdir).apply(execution)  # curate.yaml's execution: section
 
     def command(self, program: str, crawl: str, source: str | None) -> list[str]:
-        """The stage command line: what a subprocess or a Kubernetes pod runs for one partition."""
-        cmd = ["-m", "stages", program, "--workdir", self.workdir, "--crawl", crawl,
-               "--data-root", self.root(), "--batch-rows", str(self.batch_rows), "--workers", str(self.workers)]
+        """The stage command line: what a subprocess or a Kubernetes pod runs for one partition.
+        It needs nothing but the data root (the spec is there) and names the workdir's
+        execution tuning itself, so a pod mounts no workdir."""
+        cmd = ["-m", "stages", program, "--crawl", crawl, "--data-root", self.root(),
+               "--batch-rows", str(self.batch_rows), "--workers", str(self.workers)]
+        tuning = workdir_tuning(self.workdir).model_dump(exclude_none=True)
+        if tuning:  # not secret: sizes of batches and blocks
+            cmd += ["--tuning", json.dumps(tuning, sort_keys=True)]
         if self.executor != "local":
             cmd += ["--executor", self.executor] + (["--ray-address", self.ray_address] if self.ray_address else [])
         if self.backend != "auto":  # auto is the stage CLI's default

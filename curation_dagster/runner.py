@@ -30,10 +30,10 @@ from dagster import (
 )
 
 from curation_dagster.assets import ASSETS
-from curation_dagster.checks import CHECKS, blocking_failures
+from curation_dagster.checks import CHECKS, blocking_failures, report_stale_dependents
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
-from curation_dagster.resources import CurationResource, save_spec
+from curation_dagster.resources import CurationResource
 from stages.registry import CrawlSpec, data_version, plan_task, waves
 
 # CRITICAL: a failed step is reported once, as RunFailed's one line, not as Dagster's ERROR
@@ -102,12 +102,13 @@ def run_crawl(
     workdir: Path, home: Path, spec: CrawlSpec, *, quiet: bool = False, force: bool = False,
     resource: CurationResource | None = None,
 ) -> dict[str, Any]:
-    """Materialize every partition of ``spec``'s crawl and return the report of its ledger."""
+    """Register ``spec`` in the resource's data root, materialize every partition of its crawl
+    and return the report of its ledger."""
     from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    save_spec(workdir, spec)
     resource = resource or CurationResource(workdir=str(workdir))
+    resource.dataroot().register(spec)
     instance = DagsterInstance.from_config(str(ensure_instance_config(home)))
     instance.add_dynamic_partitions(CRAWL, [spec.crawl])
     instance.add_dynamic_partitions(SOURCE, sorted(spec.sources))
@@ -165,6 +166,8 @@ def run_crawl(
                     took = seconds.get(program, time.perf_counter() - t0)
                     progress.console.print(f"  + {label} {_summary(report)} ({took:.1f}s)")
                 progress.advance(bar)
+    # Later crawls deduplicated against this crawl's old outputs: their check fails in the UI now.
+    report_stale_dependents(instance, resource, spec.crawl)
     return _manifest_report(resource, spec, "removal_ledger", None)
 
 

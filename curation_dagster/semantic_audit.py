@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.dataroot import DataRoot
 from stages.paths import Store
 from stages.registry import CrawlSpec
 
@@ -171,20 +172,13 @@ def render_markdown(spec: CrawlSpec, bands: list[Band], report: dict[str, Any], 
     return "\n".join(out) + "\n"
 
 
-def write_audit(workdir: Path, crawl: str, out: Path | None = None, per_band: int = 4, seed: int = 0) -> Path:
-    """Write the audit of ``crawl`` in ``workdir`` (default ``<workdir>/semantic-audit-<crawl>.html``)."""
-    from curation_dagster.resources import CurationResource, load_spec, spec_path
-
-    if not spec_path(workdir, crawl).exists():
-        raise AuditError(f"crawl {crawl!r} is unknown in {workdir}; run `curate run` first")
-    spec = load_spec(workdir, crawl)
-    # The data root `curate run --data-root` recorded (or $CURATE_DATA_ROOT), not <workdir>/data.
-    store = CurationResource(workdir=str(workdir)).store()
-    bands, report = audit(store, spec, per_band, seed)
-    path = out or workdir / f"semantic-audit-{crawl}.html"
-    text = render_markdown(spec, bands, report) if path.suffix == ".md" else render_html(spec, bands, report)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+def write_audit(root: DataRoot, crawl: str, out: Path, per_band: int = 4, seed: int = 0) -> Path:
+    """Write the audit of ``crawl``, from the data root ``root``, to ``out`` (.html, or .md)."""
+    spec = root.spec(crawl)
+    bands, report = audit(root.store, spec, per_band, seed)
+    text = render_markdown(spec, bands, report) if out.suffix == ".md" else render_html(spec, bands, report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    tmp.replace(out)
+    return out

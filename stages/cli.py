@@ -1,8 +1,11 @@
-"""``python -m stages PROGRAM --workdir DIR --crawl NAME [--source NAME]``: run one partition.
+"""``python -m stages PROGRAM --data-root URL --crawl NAME [--source NAME]``: run one partition.
 
-The same entry point runs in a subprocess, a container or a Kubernetes pod. When launched by
-Dagster through Pipes (``DAGSTER_PIPES_CONTEXT`` set), it reports the materialization back over
-Pipes; otherwise it prints one JSON line with the output directory and whether it was cached.
+The same entry point runs in a subprocess, a container or a Kubernetes pod. It needs nothing but
+the data root: the crawl's spec is read from its registry (``stages.dataroot``); execution
+tuning comes with ``--tuning`` (or from ``<workdir>/curate.yaml`` with ``--workdir``, the local
+default, whose data root is also the default). When launched by Dagster through Pipes
+(``DAGSTER_PIPES_CONTEXT`` set), it reports the materialization back over Pipes; otherwise it
+prints one JSON line with the output directory and whether it was cached.
 """
 
 from __future__ import annotations
@@ -11,20 +14,21 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
-from stages.params import ExecutionParams, workdir_tuning
-from stages.paths import Store, check_name, use_storage_options
-from stages.registry import PROGRAMS, CrawlSpec, execute, metadata
+from stages.dataroot import DataRoot, NoDataRoot, UnknownCrawl
+from stages.params import ExecutionParams, ExecutionTuning, workdir_tuning
+from stages.registry import PROGRAMS, execute, metadata
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stages", description=__doc__)
     parser.add_argument("program", choices=sorted(PROGRAMS))
-    parser.add_argument("--workdir", required=True)
     parser.add_argument("--crawl", required=True)
     parser.add_argument("--source")
-    parser.add_argument("--data-root")
+    parser.add_argument("--data-root", help="where the crawl's spec and the outputs are (default: "
+                                            "$CURATE_DATA_ROOT, else the workdir's)")
+    parser.add_argument("--workdir", help="a local workdir: its data root, and its curate.yaml's execution tuning")
+    parser.add_argument("--tuning", metavar="JSON", help="execution tuning (the execution: section of curate.yaml)")
     parser.add_argument("--batch-rows", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=0, help="0 = every core")
     parser.add_argument("--executor", choices=["local", "ray"], default="local", help="where fanned-out work runs")
@@ -34,30 +38,20 @@ def main(argv: list[str] | None = None) -> int:
                              "gpu when torch sees a CUDA device (docs/gpu.md)")
     parser.add_argument("--force", action="store_true", help="recompute even if up to date")
     args = parser.parse_args(argv)
-    try:
-        spec_file = Path(args.workdir) / "crawls" / f"{check_name('crawl', args.crawl)}.json"
-    except ValueError as exc:  # a crawl name that would leave the workdir
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        spec = CrawlSpec.model_validate_json(spec_file.read_text())
-    except FileNotFoundError:
-        print(f"error: crawl {args.crawl!r} has no spec at {spec_file}", file=sys.stderr)
-        return 2
     # Storage options (credentials, endpoint_url) come as JSON in $CURATE_STORAGE_OPTIONS, never
     # as arguments; without them s3fs reads the standard AWS environment, profile or pod identity.
-    root = args.data_root or str(Path(args.workdir) / "data")
-    blob = os.environ.get("CURATE_STORAGE_OPTIONS", "")
-    options = json.loads(blob) if blob.strip() else {}
-    use_storage_options(root, options)
-    store = Store(root, options)
-    execution = ExecutionParams(batch_rows=args.batch_rows, workers=args.workers, executor=args.executor,
-                                ray_address=args.ray_address, backend=args.backend)
     try:
-        execution = workdir_tuning(args.workdir).apply(execution)  # curate.yaml's execution: section
-    except ValueError as exc:  # pydantic's ValidationError is one
+        root = DataRoot.open(args.data_root, args.workdir)
+        spec = root.spec(args.crawl)
+        tuning = ExecutionTuning.model_validate_json(args.tuning) if args.tuning else \
+            workdir_tuning(args.workdir) if args.workdir else ExecutionTuning()
+    except (NoDataRoot, UnknownCrawl, ValueError) as exc:  # unsafe names and bad tuning are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    store = root.store
+    execution = tuning.apply(ExecutionParams(batch_rows=args.batch_rows, workers=args.workers,
+                                             executor=args.executor, ray_address=args.ray_address,
+                                             backend=args.backend))
     if "DAGSTER_PIPES_CONTEXT" in os.environ:
         from dagster_pipes import open_dagster_pipes  # only the Pipes entry point needs it
 

@@ -127,24 +127,45 @@ class Store:
         return "/".join(parts)
 
     def read_manifest(self, pdir: str) -> Manifest | None:
-        path = f"{pdir}/{MANIFEST}"
-        if self.is_local:
-            try:
-                with self.fs.open(path, "r") as fh:
-                    return Manifest.from_json(fh.read())
-            except FileNotFoundError:
-                return None
+        blob = self.read_text(f"{pdir}/{MANIFEST}")
+        return None if blob is None else Manifest.from_json(blob)
 
+    def read_text(self, path: str) -> str | None:
+        """A small object's text (a manifest, a crawl record), or None when it does not exist.
+        On object storage: retried on transient errors, and never read at the size a cached
+        listing holds (another process may have replaced it)."""
         def read() -> str | None:
-            self.fs.invalidate_cache(pdir)  # a cached listing holds the size of an older manifest
+            if not self.is_local:
+                self.fs.invalidate_cache(path.rsplit("/", 1)[0])
             try:
                 with self.fs.open(path, "r") as fh:
                     return str(fh.read())
             except FileNotFoundError:
                 return None
 
-        blob = retry(read)
-        return None if blob is None else Manifest.from_json(blob)
+        return read() if self.is_local else retry(read)
+
+    def write_atomic(self, path: str, text: str) -> None:
+        """Replace ``path`` whole, so a reader sees the old text or the new: locally a temporary
+        ``.<name>.<random>`` beside it, fsynced, then renamed; on object storage one PUT (no rename
+        there; one PUT replaces an object whole), retried: the same bytes again."""
+        folder, name = path.rsplit("/", 1)
+        if self.is_local:
+            os.makedirs(folder, exist_ok=True)
+            tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}"
+            with open(tmp, "w") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            return
+
+        def put() -> None:
+            with self.fs.open(path, "w") as fh:
+                fh.write(text)
+
+        retry(put)
+        self.fs.invalidate_cache(folder)
 
     def read_table(self, pdir: str, table: str, columns: list[str] | None = None) -> pa.Table:
         """All rows of one committed table (empty tables keep their schema)."""
@@ -293,23 +314,8 @@ class PartitionWriter:
         """Write the manifest last (atomically), then remove parts no manifest names."""
         manifest.tables = self.tables
         manifest.rows = self.rows
-        blob = manifest.to_json()
-        fs, final = self.store.fs, f"{self.pdir}/{MANIFEST}"
-        if self.store.is_local:
-            tmp = f"{self.pdir}/.{MANIFEST}.{self.attempt}"
-            with open(tmp, "w") as fh:
-                fh.write(blob)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        else:
-            # No rename on object storage: one PUT replaces an object whole, so readers see the
-            # old manifest or the new one. Retrying it is safe: the same bytes again.
-            def put() -> None:
-                with fs.open(final, "w") as fh:
-                    fh.write(blob)
-
-            retry(put)
+        fs = self.store.fs
+        self.store.write_atomic(f"{self.pdir}/{MANIFEST}", manifest.to_json())
         keep = {name for names in self.tables.values() for name in names} | {MANIFEST}
         try:
             fs.invalidate_cache(self.pdir)

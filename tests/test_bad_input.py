@@ -32,6 +32,7 @@ from tiny_corpus import TINY, fast_tmp
 
 from curation_dagster import cli
 from curation_dagster.resources import load_spec
+from stages.dataroot import CRAWLS_DIR
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import MANIFEST, Store
 from stages.registry import CrawlSpec, execute, plan_task
@@ -213,7 +214,7 @@ def test_credentials_in_a_source_url_are_refused_without_echoing_them(tmp_path: 
     assert code == 1
     assert "carries credentials" in err and len(err.strip().splitlines()) == 1
     assert FAKE_SECRET not in err + out and FAKE_KEY_ID not in err + out
-    assert not (tmp_path / "w" / "crawls").exists() or not any((tmp_path / "w" / "crawls").iterdir())
+    assert not (tmp_path / "w" / "data" / CRAWLS_DIR).exists()
     with pytest.raises(ValueError, match="carries credentials") as exc:
         CrawlSpec(crawl="c1", sources={"news": RawDocumentsParams(url=url)})
     assert FAKE_SECRET not in str(exc.value)

@@ -24,6 +24,7 @@ from curation_dagster.checks import (
 )
 from curation_dagster.config import ChecksConfig, load_config
 from curation_dagster.resources import CurationResource, save_spec
+from stages.dataroot import CRAWLS_DIR
 from stages.paths import Manifest, Store
 from stages.registry import PROGRAMS, CrawlSpec, plan_task
 
@@ -174,7 +175,7 @@ def test_ledger_consistency_of_the_ledger(store: Store, spec: CrawlSpec) -> None
 def test_partitions_outside_the_crawl_and_unmaterialized(tmp_path: Path, spec: CrawlSpec) -> None:
     curation = CurationResource(workdir=str(tmp_path))
     v = evaluate(curation, KIND["over_deletion"], "filtered_documents", "c1", "a")
-    assert (v.passed, v.severity, v.description) == (False, "WARN", f"crawl 'c1' has no spec in {tmp_path}")
+    assert (v.passed, v.severity, v.description) == (False, "WARN", f"crawl 'c1' is not registered in {tmp_path}/data")
     save_spec(tmp_path, spec)
     v = evaluate(curation, KIND["over_deletion"], "filtered_documents", "c1", "blog")
     assert v.passed and v.metadata == {"in_crawl": False}
@@ -229,4 +230,5 @@ def test_curate_run_stops_at_a_failed_blocking_check(tmp_path: Path) -> None:
     with pytest.raises(RunFailed) as err:
         run_crawl(workdir, home, spec, quiet=True, resource=resource)
     assert str(err.value) == message
-    assert json.loads((workdir / "crawls" / "tiny.json").read_text())["stages"] == ["heuristic", "exact"]
+    record = json.loads((workdir / "data" / CRAWLS_DIR / "tiny.json").read_text())
+    assert record["spec"]["stages"] == ["heuristic", "exact"]

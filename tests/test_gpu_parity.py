@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stages import backend as B
+from stages.dataroot import CRAWLS_DIR
 from stages.kernels import lsh
 from stages.kernels import minhash as mh
 from stages.paths import Store
@@ -315,7 +316,7 @@ def test_backend_reaches_execution_params(tmp_path: Path) -> None:
 
         argv = ["run", "--workdir", str(tmp_path), "--crawl", "c1", "--source", f"a={tmp_path}", "--backend", "gpu"]
         assert main(argv) == 1
-        assert not (tmp_path / "crawls" / "c1.json").exists()
+        assert not (tmp_path / "data" / CRAWLS_DIR / "c1.json").exists()
 
 
 @pytest.mark.slow

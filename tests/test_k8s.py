@@ -81,7 +81,7 @@ def test_cpu_stage_pod() -> None:
     assert c["image"] == "curation-dagster/stage-cpu:0.1.0"
     assert c["resources"] == {"requests": {"cpu": "1000m", "memory": "4096Mi"}, "limits": {"memory": "4096Mi"}}
     assert "nodeSelector" not in spec and "tolerations" not in spec
-    assert c["command"] == ["python", "-m", "stages", "exact_duplicates", "--workdir", "/workdir", "--crawl", "c1",
+    assert c["command"] == ["python", "-m", "stages", "exact_duplicates", "--crawl", "c1",
                             "--data-root", "s3://bucket/curation", "--batch-rows", "20000", "--workers", "1"]
     assert pod["metadata"]["labels"]["curation-dagster.io/program"] == "exact_duplicates"
     assert pod["metadata"]["annotations"] == {"curation-dagster.io/crawl": "c1"}
@@ -124,13 +124,18 @@ def test_pods_are_locked_down(gpu_program: str) -> None:
         assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
                                            "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}}
         assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
-        # The only writable paths: /tmp and the cache (emptyDir), the workdir (the claim).
+        # The only writable paths: /tmp and the cache (emptyDir); no shared volume (specs are in the data root).
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-        assert mounts == {"/tmp": "tmp", "/cache": "cache", "/workdir": "workdir"}
+        assert mounts == {"/tmp": "tmp", "/cache": "cache"}
         volumes = {v["name"]: v for v in spec["volumes"]}
+        assert set(volumes) == {"tmp", "cache"}
         assert volumes["tmp"]["emptyDir"] == {"sizeLimit": "8192Mi"}
         assert volumes["cache"]["emptyDir"] == {"sizeLimit": "16384Mi"}
-        assert volumes["workdir"]["persistentVolumeClaim"] == {"claimName": "curation-workdir"}
+    # A data root on a shared POSIX volume: the claim, mounted at the workdir path.
+    spec = k8s.pod_spec(k8s.K8sSettings(workdir_claim="curation-workdir"), Resources(), "/workdir", "x")
+    assert {v["name"]: v for v in spec["volumes"]}["workdir"]["persistentVolumeClaim"] == {
+        "claimName": "curation-workdir"}
+    assert {"name": "workdir", "mountPath": "/workdir"} in spec["containers"][0]["volumeMounts"]
 
 
 def test_credentials_only_through_secret_references(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +160,7 @@ def test_settings_from_environment() -> None:
         "CURATE_K8S_GPU_NODE_SELECTOR": '{"gpu": "h100"}',
         "CURATE_K8S_ACTIVE_DEADLINE_S": "3600",
         "CURATE_K8S_KUBECONFIG_FILE": "/etc/kube/config",
-        "CURATE_K8S_WORKDIR_CLAIM": "null",
+        "CURATE_K8S_WORKDIR_CLAIM": "shared-data",
         "CURATE_K8S_IMAGE_PULL_POLICY": "Always",
         "CURATE_K8S_NAMESPACE": "123",  # a str field stays a string
         "OTHER": "ignored",
@@ -163,7 +168,7 @@ def test_settings_from_environment() -> None:
     assert (s.gpu_image, s.secrets, s.gpu_node_selector, s.active_deadline_s) == (
         "reg.example/stage-gpu:1.2", ("a", "b"), {"gpu": "h100"}, 3600)
     assert (s.kubeconfig_file, s.workdir_claim, s.image_pull_policy, s.namespace) == (
-        "/etc/kube/config", None, "Always", "123")
+        "/etc/kube/config", "shared-data", "Always", "123")
     with pytest.raises(ValueError, match="unknown setting CURATE_K8S_GPU_IMAGES"):
         k8s.K8sSettings.from_env({"CURATE_K8S_GPU_IMAGES": "x"})
     with pytest.raises(ValueError, match="invalid CURATE_K8S"):
@@ -235,7 +240,6 @@ def test_k8s_files_validate() -> None:
         validate(doc)
     gpu = pods[1]["template"]["spec"]
     assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    validate(yaml.safe_load((ROOT / "k8s" / "workdir-pvc.yaml").read_text()))
 
     # RayCluster is a custom resource (no schema here): its pod templates are core PodTemplateSpecs.
     (ray,) = yaml.safe_load_all((ROOT / "k8s" / "raycluster.yaml").read_text())
@@ -276,11 +280,15 @@ def test_helm_values() -> None:
         "containers": [{"name": "dagster", "image": "x:1", "securityContext": launcher["securityContext"],
                         "resources": launcher["resources"]}]}}
     validate(run_worker)
-    # Its stage-pod settings are valid K8sSettings, and agree with the code location's workdir.
+    # Its stage-pod settings are valid K8sSettings; no shared volume anywhere: the workdir is the
+    # curate.yaml ConfigMap (read-only), specs and outputs are in the data root.
     env = {e["name"]: e["value"] for e in location["env"]}
     settings = k8s.K8sSettings.from_env(env)
-    assert settings.workdir_claim == location["volumes"][0]["persistentVolumeClaim"]["claimName"]
-    assert env["CURATE_WORKDIR"] == location["volumeMounts"][0]["mountPath"]
+    assert settings.workdir_claim is None
+    assert not any("persistentVolumeClaim" in v for v in location["volumes"])
+    (workdir,) = [m for m in location["volumeMounts"] if m["mountPath"] == env["CURATE_WORKDIR"]]
+    assert workdir["readOnly"] is True
+    assert {v["name"]: v for v in location["volumes"]}[workdir["name"]]["configMap"]["name"] == "curation-config"
     # No credential in the values file: no password keys, no literal secrets.
     text = (ROOT / "k8s" / "values.yaml").read_text()
     assert not re.search(r"(?im)^\s*[a-z]*password[a-z]*\s*:", text)

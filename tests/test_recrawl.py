@@ -23,6 +23,7 @@ from curation_dagster.definitions import build_definitions
 from curation_dagster.partitions import partition_key
 from curation_dagster.recrawl import ROOT_PROGRAMS, discover, spec_for
 from curation_dagster.resources import CurationResource, load_spec, save_spec
+from stages.dataroot import DataRoot
 from stages.registry import PROGRAMS
 
 
@@ -100,12 +101,13 @@ def test_discover_waits_for_the_ready_marker_and_skips_bad_names(tmp_path: Path)
 def test_spec_for_copies_a_template_crawl(tmp_path: Path) -> None:
     save_spec(tmp_path, T.spec(stages=("heuristic",), params={"exact_duplicates": {"lowercase": True}}))
     cfg = RecrawlConfig(prefix="s3://bucket/crawls", template="tiny", source_defaults={"text_field": "content"})
-    spec = spec_for(str(tmp_path), cfg, "c9", {"forum": "s3://bucket/crawls/c9/forum", "blog": "s3://b/c9/blog"})
+    root = DataRoot.open(workdir=tmp_path)
+    spec = spec_for(root, cfg, "c9", {"forum": "s3://bucket/crawls/c9/forum", "blog": "s3://b/c9/blog"})
     assert spec is not None
     assert spec.sources["forum"].text_field == "body" and spec.sources["forum"].url == "s3://bucket/crawls/c9/forum"
     assert spec.sources["blog"].text_field == "content"  # a new source gets the defaults
     assert spec.stages == ("heuristic",) and spec.params == {"exact_duplicates": {"lowercase": True}}
-    skip = spec_for(str(tmp_path), cfg.model_copy(update={"new_sources": "skip"}), "c9", {"blog": "s3://b/c9/blog"})
+    skip = spec_for(root, cfg.model_copy(update={"new_sources": "skip"}), "c9", {"blog": "s3://b/c9/blog"})
     assert skip is None
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -21,15 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
-import fsspec.config
 import pyarrow.parquet as pq
 import pytest
+from moto_s3 import moto_s3
 from tiny_corpus import TINY, config, fast_tmp
 
 from curation_dagster import cli
-from curation_dagster.resources import DATA_ROOT_FILE, STORAGE_OPTIONS_ENV, CurationResource
+from curation_dagster.resources import CurationResource
 from stages import parallel
+from stages.dataroot import DATA_ROOT_FILE, STORAGE_OPTIONS_ENV
 from stages.parallel import map_actors, map_ordered, ray_init
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import MANIFEST, Manifest, Store, is_transient, retry
@@ -106,32 +105,11 @@ class S3:
 def s3() -> Iterator[S3]:
     """A moto S3 server on 127.0.0.1 with the tiny corpus under ``s3://BUCKET/corpus``;
     credentials in the standard AWS environment variables, the endpoint in storage options."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    saved_conf = {k: dict(v) for k, v in fsspec.config.conf.items()}
-    with pytest.MonkeyPatch.context() as mp:
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            mp.delenv(name, raising=False)
-        mp.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-        mp.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            assert host == "127.0.0.1"
-            options = {"endpoint_url": f"http://{host}:{port}"}
-            fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
-            fs.mkdir(BUCKET)
-            for path in sorted(TINY.rglob("*")):
-                if path.is_file():
-                    fs.put_file(str(path), f"{BUCKET}/corpus/{path.relative_to(TINY).as_posix()}")
-            yield S3(options, fs)
-        finally:
-            server.stop()
-            fsspec.config.conf.clear()
-            fsspec.config.conf.update(saved_conf)
+    with moto_s3(BUCKET, KEY_ID, SECRET) as (options, fs):
+        for path in sorted(TINY.rglob("*")):
+            if path.is_file():
+                fs.put_file(str(path), f"{BUCKET}/corpus/{path.relative_to(TINY).as_posix()}")
+        yield S3(options, fs)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pytest
 
 from curation_dagster import cli
-from curation_dagster.resources import load_spec, spec_path
+from curation_dagster.resources import load_spec
+from stages.dataroot import CRAWLS_DIR, DataRoot
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import Store, UnsafeNameError
 from stages.registry import CrawlSpec, execute_crawl
@@ -91,7 +92,7 @@ UNSAFE = ["../x", "..", "a/b", "/etc", "a\\b", ".hidden", "x/../../y", ""]
 @pytest.mark.parametrize("name", UNSAFE)
 def test_unsafe_crawl_names_never_become_paths(tmp_path: Path, name: str) -> None:
     with pytest.raises(UnsafeNameError):
-        spec_path(tmp_path, name)
+        DataRoot.open(workdir=tmp_path).record_path(name)
     with pytest.raises(UnsafeNameError):
         load_spec(tmp_path, name)
     with pytest.raises(UnsafeNameError):
@@ -105,7 +106,7 @@ def test_unsafe_crawl_names_never_become_paths(tmp_path: Path, name: str) -> Non
             assert cli.main(argv) == 1, argv
         assert "invalid crawl name" in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1, argv
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "w") == []
-    assert not (tmp_path / "w" / "crawls").exists() or not any((tmp_path / "w" / "crawls").iterdir())
+    assert not (tmp_path / "w" / "data" / CRAWLS_DIR).exists()
 
 
 def test_the_stage_entry_point_refuses_an_unsafe_crawl_name(tmp_path: Path) -> None:

@@ -389,7 +389,8 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     third source loses everything to the heuristics and embeds nothing. The outputs live outside
     the workdir (as after ``curate run --data-root``), where the audit must find them."""
     from curation_dagster import cli
-    from curation_dagster.resources import DATA_ROOT_FILE, save_spec
+    from curation_dagster.resources import save_spec
+    from stages.dataroot import DATA_ROOT_FILE
     from stages.paths import Store
     from stages.registry import CrawlSpec, execute, plan_task
 
@@ -404,8 +405,9 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
         "keep": {"source_priority": {"wire": 0, "blog": 1}},
     })
     work = tmp_path / "work"
-    save_spec(work, spec)
+    work.mkdir()
     (work / DATA_ROOT_FILE).write_text(str(tmp_path / "elsewhere") + "\n")
+    save_spec(work, spec)  # the spec lives in the data root too
     store = Store(str(tmp_path / "elsewhere"))
     for program in ("raw_documents", "filtered_documents", "exact_duplicates", "minhash_signatures", "lsh_buckets",
                     "duplicate_components", "fuzzy_duplicates", "document_embeddings", "semantic_clusters",
