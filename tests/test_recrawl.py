@@ -32,7 +32,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> ops_workdir.Prepared:
 
 
 def test_root_programs_are_the_per_source_head_of_the_graph() -> None:
-    assert ROOT_PROGRAMS[:2] == ["raw_documents", "filtered_documents"]
+    assert ROOT_PROGRAMS[:3] == ["raw_documents", "document_languages", "filtered_documents"]
     for name in ROOT_PROGRAMS:
         assert PROGRAMS[name].level == "source"
         assert all(dep in ROOT_PROGRAMS for dep in PROGRAMS[name].deps)
