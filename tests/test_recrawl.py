@@ -195,7 +195,8 @@ def test_rerunning_a_failed_partition_resumes_from_committed_work(
         instance.add_dynamic_partitions("source", list(T.SOURCES))
 
         def run() -> dg.ExecuteInProcessResult:
-            return dg.materialize([*ASSETS, *CHECKS], selection=["raw_documents", "filtered_documents"],
+            return dg.materialize([*ASSETS, *CHECKS],
+                                  selection=["raw_documents", "document_languages", "filtered_documents"],
                                   partition_key=key, instance=instance, resources={"curation": curation},
                                   raise_on_error=False, run_config=ops_workdir.QUIET)
 
