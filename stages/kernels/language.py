@@ -2,7 +2,7 @@
 
 A whole-page classifier is confused by technical pages: option lists, command lines, paths and
 code are language-less tokens that pull a German manual page towards English and push an
-English one's confidence far below the usual thresholds (fastText lid.176 gives 57 % of the
+English one's confidence far below the usual thresholds (fastText lid.176 gives over half of the
 standard library's English ``pydoc`` pages a score under 0.65: docs/language.md). So a document
 is judged by its prose only:
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from stages.kernels import language as L
+from stages.parallel import map_ordered
 from stages.params import DocumentLanguagesParams, ExecutionParams, language_model_path
 from stages.paths import Manifest, PartitionBusy, PartitionWriter
 from stages.registry import Inputs, Partition
@@ -70,6 +72,28 @@ def load_identifier(params: DocumentLanguagesParams) -> FastTextIdentifier:
     return _LOADED[key]
 
 
+class _IdentifyTable:
+    """Picklable ``fn`` for ``stages.parallel``: a table of (doc_id, text) -> its ``languages``
+    rows; each worker process loads the model once (``load_identifier``)."""
+
+    def __init__(self, params: DocumentLanguagesParams) -> None:
+        self.params = params
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        language, score, prose = L.identify(table["text"].to_pylist(), load_identifier(self.params))
+        return pa.table({
+            "doc_id": table["doc_id"], "language": pa.array(language.tolist(), pa.string()),
+            "score": pa.array(score, pa.float64()), "prose_chars": pa.array(prose, pa.int64()),
+        }, schema=LANGUAGES)
+
+
+def _pieces(tables: Iterator[pa.Table], rows: int = 2000) -> Iterator[pa.Table]:
+    """Tables of at most ``rows`` documents: enough pieces to keep every worker busy."""
+    for table in tables:
+        for start in range(0, table.num_rows, rows):
+            yield table.slice(start, rows)
+
+
 def _identified(params: DocumentLanguagesParams, inputs: Inputs, partition: Partition,
                 execution: ExecutionParams) -> tuple[pa.Table, bool]:
     """(the ``languages`` table of every document, whether it came from the cache)."""
@@ -81,16 +105,10 @@ def _identified(params: DocumentLanguagesParams, inputs: Inputs, partition: Part
     cache_dir = store.partition_dir(SCORES, key, partition.crawl, partition.source)
     if store.read_manifest(cache_dir) is not None:
         return store.read_table(cache_dir, "languages"), True
-    predict = load_identifier(params)
-    parts: list[pa.Table] = [LANGUAGES.empty_table()]
     # Every raw document (this stage is the first remover, so survivors() drops nothing here;
     # it still reads the removal lists of any remover placed before it).
-    for table in survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows):
-        language, score, prose = L.identify(table["text"].to_pylist(), predict)
-        parts.append(pa.table({
-            "doc_id": table["doc_id"], "language": pa.array(language.tolist(), pa.string()),
-            "score": pa.array(score, pa.float64()), "prose_chars": pa.array(prose, pa.int64()),
-        }, schema=LANGUAGES))
+    tables = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
+    parts = [LANGUAGES.empty_table(), *map_ordered(_IdentifyTable(params), _pieces(tables), execution)]
     result = pa.concat_tables(parts)
     try:
         writer = store.writer(cache_dir)
