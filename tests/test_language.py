@@ -70,6 +70,13 @@ def test_prose_blocks_skip_code_prompts_and_options() -> None:
     assert L.prose_blocks(CODE_ONLY) == []
 
 
+def test_acronyms_keep_their_case_and_upper_case_lines_do_not(predict: L.Predict) -> None:
+    text = "MIT License\n\nThe MIT license applies to the files in:\n"
+    assert L.prose_blocks(text) == ["MIT License", "The MIT license applies to the files in"]
+    assert L.identify([text], predict)[0].tolist() == ["en"]  # lower-cased, "mit" is German for "with"
+    assert L.prose_blocks("LATIN SMALL LETTER A WITH GRAVE") == ["latin small letter with grave"]
+
+
 def test_without_prose_the_whole_text_is_classified(predict: L.Predict) -> None:
     language, score, prose = L.identify([CODE_ONLY, "1234 5678\n----", ""], predict)
     assert prose.tolist() == [0, 0, 0]

@@ -46,7 +46,6 @@ BLOCK_CHARS = 1000
 MAX_PROSE_CHARS = 20_000
 MIN_WORD_FRAC = 0.6
 MIN_BLOCK_LETTERS = 20  # a shorter block votes with weight letters**2 / MIN_BLOCK_LETTERS
-LOWER_CAPS = True
 # Characters that never occur in a word of prose but do in paths, code, markup and format strings.
 CODE_CHARS = frozenset("/\\=_$%{}<>|@#*~^&+[]`0123456789")
 WORD_PUNCT = "\"'.,;:!?()«»‹›“”„‟‘’‚‛¡¿…·、。，．！？：；（）「」『』【】《》〈〉〔〕［］"
@@ -85,8 +84,7 @@ def _word(token: str) -> str:
         return ""
     if _CAMEL.search(core):  # an identifier: XShapeQueryExtension, destKind, getValue
         return ""
-    # Upper-case runs (headings, Unicode character names) are rare in the model's training text.
-    return core.lower() if LOWER_CAPS and core.isupper() else core
+    return core
 
 
 def prose_blocks(text: str) -> list[str]:
@@ -117,6 +115,10 @@ def prose_blocks(text: str) -> list[str]:
         if not words or word_chars < MIN_WORD_FRAC * sum(map(len, tokens)):
             flush()
             continue
+        if sum(w.isupper() for w in words) * 2 > len(words):
+            # An upper-case line (a heading, Unicode character names) is rare in the model's
+            # training text: lower-cased. A lone acronym stays as it is ("MIT" is not "mit").
+            words = [w.lower() for w in words]
         prose = " ".join(words)
         if size + len(prose) > BLOCK_CHARS:
             flush()
