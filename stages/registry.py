@@ -60,18 +60,26 @@ class Program:
 # program here; the output programs below pick its removal list up.
 _MIDDLE: tuple[Program, ...] = (
     Program(
-        "filtered_documents", "source", P.FilteredDocumentsParams, ("raw_documents",),
+        "document_languages", "source", P.DocumentLanguagesParams, ("raw_documents",),
+        "Language and score of every document (fastText lid.176 voted over prose lines), and a removal list.",
+        group="filter", stage="language", resources=Resources(memory_gib=2.0),
+    ),
+    # The heuristics read the languages (their rule set follows them); the programs below that
+    # read filtered_documents' survivors also read the language removal list.
+    Program(
+        "filtered_documents", "source", P.FilteredDocumentsParams, ("raw_documents", "document_languages"),
         "Heuristic scores (Gopher quality/repetition, C4 lines) and the keep decision per document.",
         group="filter", stage="heuristic",
     ),
     Program(
-        "exact_duplicates", "crawl", P.ExactDuplicatesParams, ("raw_documents", "filtered_documents"),
+        "exact_duplicates", "crawl", P.ExactDuplicatesParams,
+        ("raw_documents", "document_languages", "filtered_documents"),
         "Removal list of documents whose normalized text hash equals a kept document's.",
         group="dedup", stage="exact", uses_keep_rule=True, resources=Resources(memory_gib=4.0),
     ),
     Program(
         "minhash_signatures", "source", P.MinhashSignaturesParams,
-        ("raw_documents", "filtered_documents", "exact_duplicates"),
+        ("raw_documents", "document_languages", "filtered_documents", "exact_duplicates"),
         "MinHash signatures (character shingles) of the documents that survived heuristic and exact dedup.",
         group="dedup", part_of="fuzzy", resources=Resources(cpu=2.0, memory_gib=4.0),
     ),
@@ -93,7 +101,8 @@ _MIDDLE: tuple[Program, ...] = (
     # Embeddings see only the heuristic survivors (per source, so exact/fuzzy parameter changes
     # never re-embed); clusters and duplicates read the removal lists of every earlier remover.
     Program(
-        "document_embeddings", "source", P.DocumentEmbeddingsParams, ("raw_documents", "filtered_documents"),
+        "document_embeddings", "source", P.DocumentEmbeddingsParams,
+        ("raw_documents", "document_languages", "filtered_documents"),
         "Sentence embeddings (L2-normalised, length-bucketed batches) of the heuristic survivors.",
         group="dedup", part_of="semantic", resources=Resources(cpu=4.0, memory_gib=8.0, gpu=1, image="gpu"),
     ),

@@ -18,10 +18,12 @@ QUALITY_SCORER = 1  # stages.programs.quality_scores: fastText / HF scoring for 
 DECONTAM_HASH = 1  # stages.kernels.decontam: words(), word and n-gram hashing
 EXACT_NORMALIZE = 1  # stages.kernels.exact: normalize() and the text hash
 MINHASH_FAMILY = 1  # stages.kernels.minhash (and its GPU twin): shingles and the hash family (docs/minhash.md)
+LANGUAGE_IDENTIFIER = 1  # stages.kernels.language: line selection, the prose vote, the score
 EMBEDDING_FORMAT = 1  # stages.programs.document_embeddings: tokenization, pooling, stored vector layout
 
 # The versions each program's output depends on (by name of the constant above).
 USES: dict[str, tuple[str, ...]] = {
+    "document_languages": ("LANGUAGE_IDENTIFIER",),
     "filtered_documents": ("HEURISTIC_SCORER",),
     "exact_duplicates": ("EXACT_NORMALIZE",),
     "minhash_signatures": ("MINHASH_FAMILY",),

@@ -344,7 +344,7 @@ from stages.registry import CrawlSpec, execute
 spec = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=sys.argv[1])}, stages=("fuzzy",))
 store = Store(sys.argv[2])
 execution = ExecutionParams(workers=1)
-for program in ("raw_documents", "filtered_documents", "exact_duplicates", "minhash_signatures"):
+for program in ("raw_documents", "document_languages", "filtered_documents", "exact_duplicates", "minhash_signatures"):
     execute(store, spec, program, "s" if program != "exact_duplicates" else None, execution)
 before = peak_kib()
 reports = {p: execute(store, spec, p, None, execution).manifest.report

@@ -55,6 +55,7 @@ def plant_counts(store: Store, spec: CrawlSpec, docs: dict[str, int], heuristic:
                  exact: dict[str, int]) -> None:
     for s, n in docs.items():
         plant(store, spec, "raw_documents", s, {"documents": n})
+        plant(store, spec, "document_languages", s, {"enabled": False, "input": n, "removed": 0})
         plant(store, spec, "filtered_documents", s, {"input": n, "removed": heuristic[s]})
     plant(store, spec, "exact_duplicates", None,
           {"enabled": True, "removed": sum(exact.values()), "removed_per_source": exact})

@@ -188,7 +188,8 @@ def test_a_rerun_after_a_crash_recomputes_only_what_was_not_committed(tmp_path: 
 
 
 def source_chain_job() -> Any:
-    """raw_documents -> filtered_documents of one source partition, in process (reconstructable)."""
+    """raw_documents -> document_languages -> filtered_documents of one source partition, in process
+    (reconstructable)."""
     from dagster import Definitions, define_asset_job, in_process_executor
 
     from curation_dagster.assets import ASSETS
@@ -196,7 +197,8 @@ def source_chain_job() -> Any:
 
     defs = Definitions(
         assets=ASSETS,
-        jobs=[define_asset_job("source_chain", selection=["raw_documents", "filtered_documents"])],
+        jobs=[define_asset_job("source_chain",
+                               selection=["raw_documents", "document_languages", "filtered_documents"])],
         resources={"curation": CurationResource(workdir=os.environ["CURATE_WORKDIR"], workers=1)},
         executor=in_process_executor,
     )
@@ -241,6 +243,7 @@ def test_dagster_reexecutes_a_failed_run_from_the_failed_step(tmp_path: Path, mo
     steps = {e.step_key: e.event_type for e in first.all_events if e.step_key and e.event_type in (
         DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE)}
     assert steps == {"raw_documents": DagsterEventType.STEP_SUCCESS,
+                     "document_languages": DagsterEventType.STEP_SUCCESS,
                      "filtered_documents": DagsterEventType.STEP_FAILURE}
     store = Store(str(work / "data"))
     fdir = plan_task(store, crawl, "filtered_documents", "news").output_dir

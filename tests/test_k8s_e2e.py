@@ -484,6 +484,7 @@ def test_cpu_and_gpu_partitions_run_as_pods(
     instance.add_dynamic_partitions(CRAWL, ["c1"])
     instance.add_dynamic_partitions(SOURCE, ["web"])
     assert _run(workdir, spec, instance, "raw_documents", "web", "in_process").success
+    assert _run(workdir, spec, instance, "document_languages", "web", "in_process").success  # stage off: cheap
 
     cpu = _run(workdir, spec, instance, "filtered_documents", "web", "k8s")
     assert cpu.success, cpu.all_events
@@ -556,8 +557,8 @@ def test_a_failing_stage_fails_the_dagster_step_with_its_error(
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(CRAWL, ["c1"])
     instance.add_dynamic_partitions(SOURCE, ["web"])
-    # raw_documents was never materialized: the stage exits 1 inside its pod.
-    result = _run(workdir, spec, instance, "filtered_documents", "web", "k8s")
+    # raw_documents was never materialized: the stage right after it exits 1 inside its pod.
+    result = _run(workdir, spec, instance, "document_languages", "web", "k8s")
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     text = str(failure.event_specific_data.error)  # type: ignore[union-attr]

@@ -294,7 +294,7 @@ def test_waves_order_the_graph() -> None:
             assert PROGRAMS[wave[0]].level != PROGRAMS[waves()[i - 1][0]].level  # greedy: no two alike in a row
         for program in wave:
             assert all(order.index(dep) < order.index(program) for dep in PROGRAMS[program].deps), program
-    assert waves()[0][:2] == ["raw_documents", "filtered_documents"]
+    assert waves()[0][:3] == ["raw_documents", "document_languages", "filtered_documents"]
 
 
 def test_instance_records_a_materialization_per_asset_partition(base: Workdir) -> None:

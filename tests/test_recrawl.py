@@ -33,7 +33,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> ops_workdir.Prepared:
 
 
 def test_root_programs_are_the_per_source_head_of_the_graph() -> None:
-    assert ROOT_PROGRAMS[:2] == ["raw_documents", "filtered_documents"]
+    assert ROOT_PROGRAMS[:3] == ["raw_documents", "document_languages", "filtered_documents"]
     for name in ROOT_PROGRAMS:
         assert PROGRAMS[name].level == "source"
         assert all(dep in ROOT_PROGRAMS for dep in PROGRAMS[name].deps)
@@ -197,7 +197,8 @@ def test_rerunning_a_failed_partition_resumes_from_committed_work(
         instance.add_dynamic_partitions("source", list(T.SOURCES))
 
         def run() -> dg.ExecuteInProcessResult:
-            return dg.materialize([*ASSETS, *CHECKS], selection=["raw_documents", "filtered_documents"],
+            return dg.materialize([*ASSETS, *CHECKS],
+                                  selection=["raw_documents", "document_languages", "filtered_documents"],
                                   partition_key=key, instance=instance, resources={"curation": curation},
                                   raise_on_error=False, run_config=ops_workdir.QUIET)
 

@@ -409,9 +409,9 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     (work / DATA_ROOT_FILE).write_text(str(tmp_path / "elsewhere") + "\n")
     save_spec(work, spec)  # the spec lives in the data root too
     store = Store(str(tmp_path / "elsewhere"))
-    for program in ("raw_documents", "filtered_documents", "exact_duplicates", "minhash_signatures", "lsh_buckets",
-                    "duplicate_components", "fuzzy_duplicates", "document_embeddings", "semantic_clusters",
-                    "semantic_duplicates"):
+    for program in ("raw_documents", "document_languages", "filtered_documents", "exact_duplicates",
+                    "minhash_signatures", "lsh_buckets", "duplicate_components", "fuzzy_duplicates",
+                    "document_embeddings", "semantic_clusters", "semantic_duplicates"):
         for source in spec.partitions(program):
             execute(store, spec, program, source)
 

@@ -43,6 +43,8 @@ def special_values(tmp: Path) -> dict[tuple[str, str], Any]:
         ("QualityScoresParams", "classifiers"): ({"name": "q", "kind": "fasttext", "path": str(tmp / "q.bin")},),
         ("ContaminatedDocumentsParams", "benchmarks"): ({"name": "b", "path": str(tmp / "bench.jsonl")},),
         ("KeepParams", "source_priority"): {"a": 1},
+        ("DocumentLanguagesParams", "languages"): ("en",),
+        ("DocumentLanguagesParams", "model"): str(tmp / "q.bin"),  # any local file: fingerprinted, not loaded
     }
 
 

@@ -221,6 +221,7 @@ def test_a_busy_score_cache_is_skipped_not_fatal(tmp_path: Path) -> None:
     crawl = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=str(src), id_field="id")})
     store = Store(str(tmp_path / "data"))
     execute(store, crawl, "raw_documents", "s")
+    execute(store, crawl, "document_languages", "s")
     raw = store.read_manifest(plan_task(store, crawl, "raw_documents", "s").output_dir)
     assert raw is not None
     key = fd.hashlib.sha256(f"{fd.H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]

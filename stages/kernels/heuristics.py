@@ -64,6 +64,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stages import versions
+from stages.kernels.language import NO_SPACE_LANGUAGES
 from stages.params import FilteredDocumentsParams
 
 SCORER_VERSION: int = versions.HEURISTIC_SCORER  # bumped in stages/versions.py, which keys the outputs
@@ -134,6 +135,14 @@ RULE_TABLE: tuple[Rule, ...] = (
     Rule("max_curly_brackets", "curly_brackets", "max"),
 )
 RULES: tuple[str, ...] = tuple(rule.name for rule in RULE_TABLE)
+# Rules that count whitespace-split words: meaningless where words are not separated by spaces
+# (Chinese, Japanese, Thai: a "word" there is a phrase or a line), so off for those languages.
+WORD_RULES: tuple[str, ...] = (
+    "min_words", "max_words", "min_mean_word_length", "max_mean_word_length", "max_symbol_word_ratio",
+    "min_alpha_words_frac", "min_stop_words",
+)
+# STOP_WORDS are English: the rule that counts them applies to English documents only.
+STOP_WORD_RULES: tuple[str, ...] = ("min_stop_words",)
 
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 # Per-document scores computed in plain Python, in this column order.
@@ -214,7 +223,9 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
 
 
 def decide(
-    scores: Mapping[str, npt.NDArray[np.floating]], params: FilteredDocumentsParams
+    scores: Mapping[str, npt.NDArray[np.floating]],
+    params: FilteredDocumentsParams,
+    exempt: Mapping[str, npt.NDArray[np.bool_]] | None = None,
 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.object_], dict[str, int]]:
     """Apply the thresholds of ``params`` to stored scores.
 
@@ -222,6 +233,8 @@ def decide(
     ``RULES`` order or None for a kept document; ``fails_per_rule`` {rule: documents failing it}
     over every rule (a document may fail several). A rule whose threshold is None never fails;
     with ``params.enabled`` False no rule does. Only the scores of active rules are required.
+    ``exempt`` maps a rule name to bool (n,): the documents that rule does not judge (see
+    ``exemptions``).
     """
     active = [
         (rule, threshold)
@@ -241,10 +254,26 @@ def decide(
     for rule, threshold in active:
         values = np.asarray(scores[rule.score], dtype=np.float64)
         fails = values < threshold if rule.op == "min" else values > threshold
+        if exempt is not None and rule.name in exempt:
+            fails &= ~np.asarray(exempt[rule.name], dtype=bool)
         fails_per_rule[rule.name] = int(fails.sum())
         reason[fails & keep] = rule.name  # only documents not already failed by an earlier rule
         keep &= ~fails
     return keep, reason, fails_per_rule
+
+
+def exemptions(language: npt.NDArray[np.object_]) -> dict[str, npt.NDArray[np.bool_]]:
+    """{rule: bool (n,)} of the documents each rule does not judge, from their languages (object
+    (n,) of ISO 639 codes; None, "" or "und" where unknown, which every rule judges): the
+    ``WORD_RULES`` skip languages written without spaces, ``STOP_WORD_RULES`` every known
+    language but English."""
+    codes = np.array(["" if c is None else str(c) for c in language], dtype=object)
+    known = ~np.isin(codes, ["", "und"])
+    no_space = np.isin(codes, sorted(NO_SPACE_LANGUAGES))
+    out = {rule: no_space for rule in WORD_RULES}
+    for rule in STOP_WORD_RULES:
+        out[rule] = no_space | (known & (codes != "en"))
+    return out
 
 
 def _ratio(num: npt.NDArray[np.floating] | IntArray, den: npt.NDArray[np.floating] | IntArray) -> FloatArray:

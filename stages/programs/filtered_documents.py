@@ -1,5 +1,9 @@
 """filtered_documents[source, crawl]: heuristic scores and the keep decision per document.
 
+It sees only the survivors of the language stage, and its rule set follows their language
+(``stages.kernels.heuristics.exemptions``: no word rules for Chinese, Japanese, Thai...; the
+English stop-word rule for English only).
+
 Scores and decisions are separate: scores depend only on the text and the scorer version and
 are cached under ``heuristic_scores/<scorer key>/<crawl>/<source>`` (keyed by the raw data's
 version), so changing a threshold re-keys this output but recomputes no score.
@@ -20,7 +24,7 @@ from stages.parallel import zip_results
 from stages.params import ExecutionParams, FilteredDocumentsParams
 from stages.paths import Manifest, PartitionBusy, PartitionWriter
 from stages.registry import Inputs, Partition
-from stages.removal import REMOVED, removal_table
+from stages.removal import REMOVED, removal_table, survivors
 
 SCORES = "heuristic_scores"
 
@@ -50,35 +54,54 @@ def _chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) -> pa.Table:
-    """doc_id + one float64 column per score, from the cache or computed (then cached)."""
+    """doc_id + one float64 column per score for every survivor of the removers before this
+    stage (the language stage), in ``raw_documents`` order: from the cache, the missing ones
+    computed and added to it. The cache holds the scores of every document ever scored for this
+    raw data version, so a language setting that lets more documents through scores only those."""
     assert partition.source is not None
-    raw_dir = inputs.dir("raw_documents", partition.source)
     raw = inputs.manifest("raw_documents", partition.source)
     key = hashlib.sha256(f"{H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
     store = inputs.store
     cache_dir = store.partition_dir(SCORES, key, partition.crawl, partition.source)
-    if store.read_manifest(cache_dir) is not None:
-        return store.read_table(cache_dir, "scores")
-    try:
-        writer: PartitionWriter | None = store.writer(cache_dir)
-    except PartitionBusy:  # another attempt is filling this cache right now: score without caching
-        writer = None
     empty = _score_table([]).add_column(0, "doc_id", pa.array([], pa.string()))
-    held: list[pa.Table] = []  # the scores, when they cannot go to the cache
-    batches = _chunks(store.iter_batches(raw_dir, "documents", ["doc_id", "text"], execution.batch_rows))
-    for batch, scores in zip_results(batches, _score_batch, execution):
-        table = scores.add_column(0, "doc_id", batch.column(0))
-        if writer is None:
-            held.append(table)
-        else:
-            writer.write("scores", table)
-    if writer is None:
-        return pa.concat_tables([empty, *held])
-    if not writer.tables:
-        writer.write("scores", empty)
-    writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source,
-                           {"scorer_version": H.SCORER_VERSION}))
-    return store.read_table(cache_dir, "scores")
+    cached = store.read_table(cache_dir, "scores") if store.read_manifest(cache_dir) is not None else empty
+    wanted = pa.concat_arrays([pa.array([], pa.string())] + [
+        t["doc_id"].combine_chunks() for t in survivors(inputs, partition.source, ["doc_id"], execution.batch_rows)
+    ])
+    missing = pc.invert(pc.is_in(wanted, value_set=cached["doc_id"].combine_chunks()))
+    fresh: list[pa.Table] = [empty]
+    if pc.any(missing).as_py():
+        todo = wanted.filter(missing)
+        batches = (
+            b for t in survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
+            for b in t.filter(pc.is_in(t["doc_id"], value_set=todo)).to_batches() if b.num_rows
+        )
+        for batch, scores in zip_results(_chunks(batches), _score_batch, execution):
+            fresh.append(scores.add_column(0, "doc_id", batch.column(0)))
+    table = pa.concat_tables([cached, *fresh]).combine_chunks()
+    if len(fresh) > 1 or store.read_manifest(cache_dir) is None:
+        try:
+            writer = store.writer(cache_dir)
+        except PartitionBusy:  # another attempt is filling this cache right now: go on without it
+            writer = None
+        if writer is not None:
+            try:
+                writer.write("scores", table)
+                writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source,
+                                       {"scorer_version": H.SCORER_VERSION}))
+            finally:
+                writer.close()
+    # The survivors' rows, in raw order (the cache holds them in the order they were scored).
+    return table.take(pc.index_in(wanted, value_set=table["doc_id"]))
+
+
+def _languages(inputs: Inputs, source: str, doc_id: pa.Array) -> np.ndarray:
+    """object (n,): the language of each document (None where the language stage did not run)."""
+    if "document_languages" not in inputs.dirs:
+        return np.full(len(doc_id), None, dtype=object)
+    t = inputs.store.read_table(inputs.dir("document_languages", source), "languages", ["doc_id", "language"])
+    pos = pc.index_in(doc_id, value_set=t["doc_id"].combine_chunks())
+    return np.asarray(t["language"].combine_chunks().take(pos).to_pylist(), dtype=object)
 
 
 def run(
@@ -91,7 +114,8 @@ def run(
     """Report: input, kept, removed, removed per rule (first failing), fails per rule (any)."""
     assert partition.source is not None
     if not params.enabled:
-        ids = inputs.store.read_table(inputs.dir("raw_documents", partition.source), "documents", ["doc_id"])
+        ids = pa.concat_tables([pa.table({"doc_id": pa.array([], pa.string())}), *(
+            t.select(["doc_id"]) for t in survivors(inputs, partition.source, ["doc_id"], execution.batch_rows))])
         n = ids.num_rows
         output.write("decisions", pa.table({
             "doc_id": ids["doc_id"], "keep": pa.array(np.ones(n, bool)),
@@ -101,7 +125,8 @@ def run(
         return {"enabled": False, "input": n, "kept": n, "removed": 0, "removed_per_reason": {}}
     table = _scores(inputs, partition, execution)
     scores = {name: table[name].to_numpy() for name in H.SCORE_NAMES}
-    keep, reason, fails = H.decide(scores, params)
+    language = _languages(inputs, partition.source, table["doc_id"].combine_chunks())
+    keep, reason, fails = H.decide(scores, params, H.exemptions(language))
     # The value of the rule that removed the document, for the ledger's score column.
     score = np.full(len(keep), np.nan)
     for rule in H.RULE_TABLE:
@@ -123,8 +148,12 @@ def run(
     removed_per_reason: dict[str, int] = {}
     for r in reason[~keep].tolist():
         removed_per_reason[r] = removed_per_reason.get(r, 0) + 1
+    per_language = {}
+    if any(x is not None for x in language):
+        per_language = {"word_rules_off": int(H.exemptions(language)["min_words"].sum())}
     return {
         "enabled": True,
+        **per_language,
         "input": len(keep),
         "kept": int(keep.sum()),
         "removed": int((~keep).sum()),
