@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stages.registry import PROGRAMS, Resources
+from stages.registry import PROGRAMS, Resources, partition_name
 
 if TYPE_CHECKING:
     from dagster import AssetExecutionContext, Definitions, MaterializeResult
@@ -261,11 +261,6 @@ def pod_arguments(
         "base_pod_meta": pod_meta(program, crawl, source),
         "base_pod_spec": pod_spec(settings, PROGRAMS[program].resources, curation.workdir, program),
     }
-
-
-def partition_name(program: str, crawl: str, source: str | None) -> str:
-    """``program[crawl|source]`` or ``program[crawl]``: how messages name a stage partition."""
-    return f"{program}[{crawl}|{source}]" if source is not None else f"{program}[{crawl}]"
 
 
 # Waiting reasons dagster-k8s fails on at once (with the pod's events): nothing to bound there.

@@ -330,6 +330,8 @@ class ExecutionParams(BaseModel):
     # ingestion: input bytes per parallel task (a plain JSONL file is cut at line starts, a Parquet
     # file between row groups); tasks in flight ~ 2 x workers
     ingest_task_bytes: int = Field(default=8 << 20, ge=1)
+    # seconds between progress lines of a long partition (stages.progress)
+    progress_interval_s: float = Field(default=30.0, gt=0)
 
     def resolved_workers(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
@@ -345,6 +347,7 @@ class ExecutionTuning(BaseModel):
     embedding_batch_tokens: int | None = Field(default=None, ge=1)
     pairwise_batch_size: int | None = Field(default=None, ge=1)
     ingest_task_bytes: int | None = Field(default=None, ge=1)
+    progress_interval_s: float | None = Field(default=None, gt=0)
 
     def apply(self, execution: ExecutionParams) -> ExecutionParams:
         """``execution`` with the knobs this section sets."""

@@ -130,7 +130,8 @@ def run(
     value_type = np.float16 if params.dtype == "float16" else np.float32
     n = tokens = truncated = 0
     seconds = 0.0
-    batches = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
+    batches = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows,
+                        progress=partition.progress)
 
     def tokenized(table: pa.Table) -> tuple[pa.Table, list[list[int]]]:
         return table, enc.tokenize(table["text"].to_pylist())

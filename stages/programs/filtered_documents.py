@@ -73,7 +73,8 @@ def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) ->
     if pc.any(missing).as_py():
         todo = wanted.filter(missing)
         batches = (
-            b for t in survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
+            b for t in survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows,
+                                 progress=partition.progress)
             for b in t.filter(pc.is_in(t["doc_id"], value_set=todo)).to_batches() if b.num_rows
         )
         for batch, scores in zip_results(_chunks(batches), _score_batch, execution):
