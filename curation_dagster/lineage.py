@@ -1,9 +1,10 @@
 """Why a source shrank, at a glance: the source x stage waterfall of a crawl's ledger report.
 
 ``waterfall_markdown`` is the table (each step: documents removed and the share of what reached
-it), ``waterfall_png`` the chart (one 100 % bar per source: kept, quarantined, removed by each
-stage), ``ledger_metadata`` both as Dagster metadata for the ``removal_ledger`` materialization
-(the chart embedded as a base64 ``data:`` URI in Markdown, which the UI renders inline).
+it), ``waterfall_rows`` the same counts as plain rows (a native Dagster table with a schema),
+``waterfall_png`` the chart (one 100 % bar per source: kept, quarantined, removed by each stage),
+``ledger_metadata`` all three as Dagster metadata for the ``removal_ledger`` materialization (the
+chart embedded as a base64 ``data:`` URI in Markdown, which the UI renders inline).
 matplotlib is imported only here and only when a chart is drawn, with the Agg canvas (no GUI,
 no global pyplot state).
 """
@@ -68,6 +69,33 @@ def waterfall_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def waterfall_columns(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(name, type, description) of the ``waterfall_rows`` columns; types are TableColumn's."""
+    return [
+        ("source", "string", "source name, or 'total' for the sum over sources"),
+        ("input", "int", "documents read"),
+        (QUARANTINE, "int", "bad records (ingestion quarantine)"),
+        *[(s, "int", f"documents removed by stage {s}") for s in stages_of(report)],
+        ("kept", "int", "documents in the curated output"),
+        ("kept_fraction", "float", "kept / input"),
+    ]
+
+
+def waterfall_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per source (sorted) and a ``total`` row: input, quarantine, removed per stage, kept;
+    per row ``input == quarantine + sum(stages) + kept``."""
+    stages = stages_of(report)
+    out = []
+    for name, row in [*sorted(report["sources"].items()), ("total", totals(report))]:
+        out.append({
+            "source": name, "input": int(row["input"]), QUARANTINE: int(row["quarantined"]),
+            **{s: int(row["removed"].get(s, 0)) for s in stages},
+            "kept": int(row["kept"]),
+            "kept_fraction": round(row["kept"] / row["input"], 6) if row["input"] else 0.0,
+        })
+    return out
+
+
 def waterfall_png(report: dict[str, Any], dpi: int = 90) -> bytes:
     """PNG: one horizontal 100 % bar per source (kept, quarantined, each stage's removals)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -114,13 +142,17 @@ def chart_markdown(report: dict[str, Any]) -> str:
 
 
 def ledger_metadata(report: dict[str, Any]) -> dict[str, Any]:
-    """Metadata of a removal_ledger materialization: the waterfall as a table and a chart, and
-    numeric totals (plotted across materializations by the UI)."""
-    from dagster import MetadataValue
+    """Metadata of a removal_ledger materialization: the waterfall as Markdown, as a native table
+    (``waterfall_table``) and as a chart, and numeric totals (plotted across materializations by the UI)."""
+    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
     tot = totals(report)
+    schema = TableSchema(columns=[TableColumn(name, kind, description)
+                                  for name, kind, description in waterfall_columns(report)])
     meta: dict[str, Any] = {
         "waterfall": MetadataValue.md(waterfall_markdown(report)),
+        # The same counts as a native table: typed columns the UI sorts, and tools read as data.
+        "waterfall_table": MetadataValue.table([TableRecord(r) for r in waterfall_rows(report)], schema),
         "input_total": tot["input"],
         "kept_total": tot["kept"],
         "quarantined_total": tot["quarantined"],
