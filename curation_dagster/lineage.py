@@ -28,6 +28,12 @@ def stages_of(report: dict[str, Any]) -> list[str]:
     return [s for s in STAGES if s in seen] + sorted(seen - set(STAGES))
 
 
+def custom_filters(report: dict[str, Any]) -> list[str]:
+    """Names of the custom filters in a ledger report (``filters`` of a source: its heuristic
+    removals by each custom filter, docs/filters.md), sorted."""
+    return sorted({name for row in report["sources"].values() for name in row.get("filters", {})})
+
+
 def steps(row: dict[str, Any], stages: list[str]) -> list[tuple[str, int, int]]:
     """(step, removed, entering) along one source's waterfall: quarantine, then each stage."""
     out = []
@@ -69,27 +75,42 @@ def waterfall_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _step_columns(report: dict[str, Any]) -> list[str]:
+    """The stages in pipeline order, each custom filter's ``heuristic:NAME`` right after heuristic."""
+    out = []
+    for stage in stages_of(report):
+        out.append(stage)
+        if stage == "heuristic":
+            out += [f"heuristic:{name}" for name in custom_filters(report)]
+    return out
+
+
 def waterfall_columns(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(name, type, description) of the ``waterfall_rows`` columns; types are TableColumn's."""
     return [
         ("source", "string", "source name, or 'total' for the sum over sources"),
         ("input", "int", "documents read"),
         (QUARANTINE, "int", "bad records (ingestion quarantine)"),
-        *[(s, "int", f"documents removed by stage {s}") for s in stages_of(report)],
+        *[(s, "int", f"of the heuristic removals, those by custom filter {s.partition(':')[2]}") if ":" in s
+          else (s, "int", f"documents removed by stage {s}") for s in _step_columns(report)],
         ("kept", "int", "documents in the curated output"),
         ("kept_fraction", "float", "kept / input"),
     ]
 
 
 def waterfall_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per source (sorted) and a ``total`` row: input, quarantine, removed per stage, kept;
-    per row ``input == quarantine + sum(stages) + kept``."""
-    stages = stages_of(report)
+    """One row per source (sorted) and a ``total`` row: input, quarantine, removed per stage, the
+    custom filters' share of the heuristic removals (``heuristic:NAME``), kept; per row
+    ``input == quarantine + sum(stages) + kept``."""
+    names = custom_filters(report)
+    total = {**totals(report), "filters": {n: sum(int(r.get("filters", {}).get(n, 0))
+                                               for r in report["sources"].values()) for n in names}}
     out = []
-    for name, row in [*sorted(report["sources"].items()), ("total", totals(report))]:
+    for name, row in [*sorted(report["sources"].items()), ("total", total)]:
         out.append({
             "source": name, "input": int(row["input"]), QUARANTINE: int(row["quarantined"]),
-            **{s: int(row["removed"].get(s, 0)) for s in stages},
+            **{s: int(row.get("filters", {}).get(s.partition(":")[2], 0)) if ":" in s else int(row["removed"].get(s, 0))
+               for s in _step_columns(report)},
             "kept": int(row["kept"]),
             "kept_fraction": round(row["kept"] / row["input"], 6) if row["input"] else 0.0,
         })

@@ -69,6 +69,22 @@ def test_waterfall_is_a_native_table_with_a_schema() -> None:
         assert row["input"] == row["quarantine"] + sum(row[s] for s in stages_of(REPORT)) + row["kept"]
 
 
+def test_custom_filters_have_their_columns_beside_heuristic() -> None:
+    report = {"crawl": "c1", "sources": {
+        "a": {"input": 10, "kept": 4, "quarantined": 1, "removed": {"heuristic": 4, "exact": 1},
+              "filters": {"digits": 2, "banned": 1}},
+        "b": {"input": 3, "kept": 3, "quarantined": 0, "removed": {"heuristic": 0, "exact": 0},
+              "filters": {"digits": 0, "banned": 0}},
+    }}
+    value = ledger_metadata(report)["waterfall_table"]
+    assert [c.name for c in value.schema.columns] == [
+        "source", "input", "quarantine", "heuristic", "heuristic:banned", "heuristic:digits", "exact", "kept",
+        "kept_fraction"]
+    total = [dict(r.data) for r in value.records][-1]
+    assert (total["heuristic"], total["heuristic:banned"], total["heuristic:digits"]) == (4, 1, 2)
+    assert total["input"] == total["quarantine"] + total["heuristic"] + total["exact"] + total["kept"]
+
+
 @pytest.mark.slow
 def test_materializations_carry_the_counts(tmp_path_factory: pytest.TempPathFactory) -> None:
     prepared = ops_workdir.prepared_workdir(tmp_path_factory)
