@@ -3,7 +3,7 @@
 A filter is a class (NeMo Curator's ``DocumentFilter`` shape: ``score_document`` / ``keep_document``)::
 
     class DigitRatio:
-        name = "digit_ratio"      # the ledger's reason, the report's count
+        name = "digit_ratio"      # the ledger's reason is filter:digit_ratio
         version = 1               # bump when score() or keep() changes: re-keys the outputs
         keep_kwargs = ("max_ratio",)  # optional: kwargs only keep() reads (not in the score cache key)
 
@@ -58,6 +58,11 @@ class FilterError(Exception):
 
 class FilterFailed(FilterError):
     """A filter raised (or returned a non-number) on one document: the partition fails, naming both."""
+
+
+def reason(name: str) -> str:
+    """The ledger's reason for a document the filter ``name`` removed (as ``quality:<classifier>``)."""
+    return f"filter:{name}"
 
 
 def load_class(ref: str) -> type:

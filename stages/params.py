@@ -157,9 +157,10 @@ class CustomFilter(BaseModel):
     keep_kwargs: tuple[str, ...] = ()
 
 
-def _with_filter_classes(data: Any, rule_names: set[str]) -> Any:
+def _with_filter_classes(data: Any) -> Any:
     """Fill ``name``, ``version``, ``keep_kwargs`` of every entry of ``data["filters"]`` from its
-    class (imported, not built); one-line errors for a filter that cannot be imported or clashes."""
+    class (imported, not built); one-line errors for a filter that cannot be imported or whose
+    name another entry has."""
     if not isinstance(data, dict) or not data.get("enabled", True) or not data.get("filters"):
         return data
     from stages.filters import NAME, FilterError, describe
@@ -175,9 +176,9 @@ def _with_filter_classes(data: Any, rule_names: set[str]) -> Any:
         name = values.get("name") or name
         if not NAME.match(name):
             raise FilterError(f"custom filter {ref!r}: name {name!r} is not a name like 'digit_ratio'")
-        if name in rule_names or name in {e["name"] for e in entries}:
-            raise FilterError(f"custom filter {ref!r}: name {name!r} is taken (a built-in rule or another filter); "
-                              "give the entry its own 'name'")
+        if name in {e["name"] for e in entries}:
+            raise FilterError(f"custom filter {ref!r}: name {name!r} is taken by another filter; give the entry "
+                              "its own 'name'")
         entries.append({**values, "name": name, "version": version, "keep_kwargs": keep_kwargs})
     return {**data, "filters": entries}
 
@@ -232,7 +233,7 @@ class FilteredDocumentsParams(StageParams):
     @model_validator(mode="before")
     @classmethod
     def _filter_classes(cls, data: Any) -> Any:
-        return _with_filter_classes(data, set(cls.model_fields))
+        return _with_filter_classes(data)
 
 
 class ExactDuplicatesParams(StageParams):

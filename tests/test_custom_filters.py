@@ -61,8 +61,8 @@ def corpus() -> dict[str, str]:
     return docs
 
 
-EXPECTED_REASONS = {**dict.fromkeys(["w0", "w1", "w2", "both"], "mentions_word"),
-                    **dict.fromkeys(["d0", "d1"], "digit_share"), "short": "min_words"}
+EXPECTED_REASONS = {**dict.fromkeys(["w0", "w1", "w2", "both"], "filter:mentions_word"),
+                    **dict.fromkeys(["d0", "d1"], "filter:digit_share"), "short": "min_words"}
 
 
 @pytest.fixture
@@ -112,7 +112,8 @@ def test_entry_point_filters_run_in_the_heuristic_stage(tmp_path: Path, web: Pat
     crawl = spec(web, ENTRY_FILTERS)
     execute_crawl(store, crawl)
     heur = _report(store, crawl, "filtered_documents", "web")
-    assert heur["removed_per_reason"] == {"digit_share": 2, "mentions_word": 4, "min_words": 1}
+    assert heur["removed_per_reason"] == {"filter:digit_share": 2, "filter:mentions_word": 4, "min_words": 1}
+    assert heur["fails_per_rule"]["filter:mentions_word"] == 4
     # Each filter judges what the rules and the filters before it kept: 17 - 1, then 16 - 4.
     assert heur["custom_filters"] == {
         "mentions_word": {"version": 1, "input": 16, "scored": 16, "removed": 4},
@@ -195,9 +196,7 @@ def test_filters_that_cannot_be_used_say_so_in_one_line(site: Path) -> None:
         assert str(info.value) == message
     with pytest.raises(FilterError, match=r"does not take kwargs \{'wrd': 'x'\}"):
         FilteredDocumentsParams(filters=[{"filter": "mentions_word", "kwargs": {"wrd": "x"}}])
-    with pytest.raises(FilterError, match="name 'min_words' is taken"):
-        FilteredDocumentsParams(filters=[{"filter": "digit_share", "name": "min_words"}])
-    with pytest.raises(FilterError, match="name 'digit_share' is taken"):
+    with pytest.raises(FilterError, match="name 'digit_share' is taken by another filter"):
         FilteredDocumentsParams(filters=["digit_share", {"filter": "curate_plugin_filters:DigitShare"}])
     # Two of one class under their own names; a disabled stage imports nothing.
     two = FilteredDocumentsParams(filters=["digit_share", {"filter": "digit_share", "name": "digits_10",
@@ -226,7 +225,8 @@ def test_curate_run_with_a_module_class_filter(tmp_path: Path, web: Path, monkey
         assert web_row["removed"]["heuristic"] == 7 and web_row["kept"] == 10
         assert cli.main(["ledger", "--workdir", str(wd), "--crawl", "c1", "--out", str(tmp_path / "l.parquet")]) == 0
         ledger = pq.read_table(tmp_path / "l.parquet").to_pylist()
-        assert Counter(r["reason"] for r in ledger) == {"mentions_word": 4, "digit_share": 2, "min_words": 1}
+        assert Counter(r["reason"] for r in ledger) == {"filter:mentions_word": 4, "filter:digit_share": 2,
+                                                        "min_words": 1}
         assert {r["record_id"]: r["reason"] for r in ledger} == EXPECTED_REASONS
         # The waterfall in the removal_ledger's metadata has a column per filter beside heuristic.
         with dg.DagsterInstance.from_config(str(wd / "dagster")) as instance:

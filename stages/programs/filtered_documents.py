@@ -10,7 +10,7 @@ version), so changing a threshold re-keys this output but recomputes no score.
 
 Custom filters (``params.filters``, ``stages.filters``, docs/filters.md) judge, in order, the
 documents the built-in rules kept; each one's scores are cached the same way under its own key,
-its name is the reason of what it removes, and a filter that raises on a document fails the
+``filter:<name>`` is the reason of what it removes, and a filter that raises on a document fails the
 partition naming both (``FilterFailed``): a document is never dropped or kept by an accident.
 """
 
@@ -170,7 +170,7 @@ def _custom_filters(
 ) -> dict[str, dict[str, int]]:
     """Each custom filter in order judges the documents that the built-in rules and the filters
     before it kept (no scoring of the doomed, as the stages do), in place: a document it rejects
-    gets its name as the reason and its score as the score. Returns {name: {version, input
+    gets the reason ``filter:<name>`` and the filter's score. Returns {name: {version, input
     (documents it judged), scored (now, not from the cache), removed}}."""
     out: dict[str, dict[str, int]] = {}
     for spec in params.filters:
@@ -181,10 +181,10 @@ def _custom_filters(
         ok = np.fromiter((filters.keep_one(instance, spec.name, d, v)
                           for d, v in zip(judged.to_pylist(), values.tolist(), strict=True)), bool, len(rows))
         rejected = rows[~ok]
-        reason[rejected] = spec.name
+        reason[rejected] = filters.reason(spec.name)
         score[rejected] = values[~ok]
         keep[rejected] = False
-        fails[spec.name] = len(rejected)
+        fails[filters.reason(spec.name)] = len(rejected)
         out[spec.name] = {"version": spec.version, "input": len(rows), "scored": fresh, "removed": len(rejected)}
     return out
 

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages import filters
 from stages.params import ExecutionParams, RemovalLedgerParams
 from stages.paths import PartitionWriter
 from stages.registry import PROGRAMS, QUARANTINE, STAGES, Inputs, Partition
@@ -125,7 +126,7 @@ def run(
                                      f"curated counts {n}")
         names = _custom_filters(inputs, s)
         if names:  # the custom filters' share of the heuristic removals, from the ledger's reasons
-            entry["filters"] = {name: reason_counts[(s, name)] for name in names}
+            entry["filters"] = {name: reason_counts[(s, filters.reason(name))] for name in names}
         report["sources"][s] = entry
     return report
 
