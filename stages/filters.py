@@ -25,6 +25,7 @@ raw data version, the filter's reference, name, version and kwargs (less ``keep_
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -74,15 +75,23 @@ def load_class(ref: str) -> type:
             for part in attr.split("."):
                 obj = getattr(obj, part)
         else:
-            found = entry_points(group=ENTRY_POINT_GROUP, name=ref)
-            if not found:
-                raise LookupError(f"no entry point {ref!r} in group {ENTRY_POINT_GROUP!r} (nor module:Class)")
-            obj = next(iter(found)).load()
+            obj = _entry_point(ref)
     except Exception as exc:  # whatever the user's module raises on import, said in one line
         raise FilterError(f"custom filter {ref!r} cannot be imported: {type(exc).__name__}: {_line(exc)}") from exc
     if not isinstance(obj, type):
         raise FilterError(f"custom filter {ref!r} is a {type(obj).__name__}, not a class")
     return obj
+
+
+@functools.lru_cache(maxsize=256)
+def _entry_point(ref: str) -> Any:
+    """The object an entry point of ``ENTRY_POINT_GROUP`` names; cached per process, since
+    planning a crawl validates its parameters many times and a scan of the installed packages'
+    metadata is not free (a failed lookup raises and is not cached)."""
+    found = entry_points(group=ENTRY_POINT_GROUP, name=ref)
+    if not found:
+        raise LookupError(f"no entry point {ref!r} in group {ENTRY_POINT_GROUP!r} (nor module:Class)")
+    return next(iter(found)).load()
 
 
 def describe(ref: str, kwargs: Mapping[str, Any]) -> tuple[str, int, tuple[str, ...]]:

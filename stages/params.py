@@ -158,28 +158,35 @@ class CustomFilter(BaseModel):
 
 
 def _with_filter_classes(data: Any) -> Any:
-    """Fill ``name``, ``version``, ``keep_kwargs`` of every entry of ``data["filters"]`` from its
-    class (imported, not built); one-line errors for a filter that cannot be imported or whose
-    name another entry has."""
-    if not isinstance(data, dict) or not data.get("enabled", True) or not data.get("filters"):
+    """Fill ``name``, ``version``, ``keep_kwargs`` of every entry of ``data["filters"]`` (a
+    string is ``{"filter": string}``) from its class (imported, not built); one-line errors for
+    a filter that cannot be imported or whose name another entry has. A disabled stage imports
+    nothing (a run without the heuristic stage does not need the filters' packages)."""
+    if not isinstance(data, dict) or not data.get("filters"):
         return data
     from stages.filters import NAME, FilterError, describe
 
     entries: list[dict[str, Any]] = []
     for entry in data["filters"]:
-        values: dict[str, Any] = entry.model_dump() if isinstance(entry, BaseModel) else \
-            {"filter": entry} if isinstance(entry, str) else dict(entry)
+        if isinstance(entry, BaseModel | dict | str):
+            values: dict[str, Any] = entry.model_dump() if isinstance(entry, BaseModel) else \
+                {"filter": entry} if isinstance(entry, str) else dict(entry)
+        else:
+            values = {}
         ref = values.get("filter")
         if not isinstance(ref, str) or not ref:
-            raise FilterError(f"a custom filter needs 'filter': 'module:Class' or an entry point name; got {entry!r}")
-        name, version, keep_kwargs = describe(ref, values.get("kwargs") or {})
-        name = values.get("name") or name
-        if not NAME.match(name):
-            raise FilterError(f"custom filter {ref!r}: name {name!r} is not a name like 'digit_ratio'")
-        if name in {e["name"] for e in entries}:
-            raise FilterError(f"custom filter {ref!r}: name {name!r} is taken by another filter; give the entry "
-                              "its own 'name'")
-        entries.append({**values, "name": name, "version": version, "keep_kwargs": keep_kwargs})
+            raise FilterError(f"a custom filter is 'module:Class', an entry point name or {{filter: ..., kwargs: "
+                              f"...}}; got {entry!r}")
+        if data.get("enabled", True):
+            name, version, keep_kwargs = describe(ref, values.get("kwargs") or {})
+            name = values.get("name") or name
+            if not NAME.match(name):
+                raise FilterError(f"custom filter {ref!r}: name {name!r} is not a name like 'digit_ratio'")
+            if name in {e["name"] for e in entries}:
+                raise FilterError(f"custom filter {ref!r}: name {name!r} is taken by another filter; give the "
+                                  "entry its own 'name'")
+            values = {**values, "name": name, "version": version, "keep_kwargs": keep_kwargs}
+        entries.append(values)
     return {**data, "filters": entries}
 
 

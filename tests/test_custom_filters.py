@@ -203,7 +203,10 @@ def test_filters_that_cannot_be_used_say_so_in_one_line(site: Path) -> None:
                                                            "kwargs": {"max_share": 0.1}}])
     assert [(f.name, f.version, f.keep_kwargs) for f in two.filters] == [
         ("digit_share", 1, ("max_share",)), ("digits_10", 1, ("max_share",))]
-    assert FilteredDocumentsParams(enabled=False, filters=[{"filter": "no_such_module:X"}]).filters[0].name == ""
+    off = FilteredDocumentsParams(enabled=False, filters=["no_such_module:X"])
+    assert (off.filters[0].filter, off.filters[0].name) == ("no_such_module:X", "")
+    with pytest.raises(FilterError, match="a custom filter is 'module:Class', an entry point name or"):
+        FilteredDocumentsParams(filters=[7])
     assert isinstance(filters.build("digit_share", {}), filters.DocumentFilter)
 
 
