@@ -152,5 +152,13 @@ def keep_one(instance: Any, name: str, doc_id: str, score: float) -> bool:
                            f"{doc_id}: {_line(exc)}") from exc
 
 
+def unwrapped(exc: FilterError) -> FilterError:
+    """The filter's own one-line error: Ray raises a task's exception as a subclass of both
+    ``RayTaskError`` and its class whose text is the worker's traceback; the original is its
+    ``cause``."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, FilterError) else exc
+
+
 def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__

@@ -6,7 +6,10 @@ params keyed by its name, version and kwargs."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -179,6 +182,43 @@ def test_a_filter_that_raises_fails_the_partition_naming_it_and_the_document(
     assert str(info.value).endswith(": cannot score a text with zyzzyva")
     assert "(record w0)" in str(info.value)  # the first planted one, in input order
     assert store.read_manifest(plan_task(store, crawl, "filtered_documents", "web").output_dir) is None
+
+
+RAY_SCRIPT = """
+import json, sys
+from pathlib import Path
+from stages.filters import FilterFailed
+from stages.params import ExecutionParams
+from stages.paths import Store
+from stages.registry import CrawlSpec, execute_crawl, plan_task
+tmp, web = Path(sys.argv[1]), sys.argv[2]
+out = {}
+for name, flt in (("ok", {"filter": "curate_plugin_filters:MentionsWord", "kwargs": {"word": "zyzzyva"}}),
+                  ("fails", {"filter": "curate_plugin_filters:Fragile", "kwargs": {"marker": "zyzzyva"}})):
+    spec = CrawlSpec(crawl=name, sources={"web": {"url": web}}, stages=("heuristic",),
+                     params={"filtered_documents": {"filters": [flt]}})
+    store = Store(str(tmp / "data"))
+    try:
+        execute_crawl(store, spec, ExecutionParams(executor="ray", workers=2))
+        out[name] = store.read_manifest(plan_task(store, spec, "filtered_documents", "web").output_dir).report
+    except FilterFailed as exc:
+        out[name] = str(exc)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_filters_on_ray_workers(tmp_path: Path, web: Path) -> None:
+    # A fresh process: its Ray workers find the package as a cluster's would (installed, here on
+    # PYTHONPATH), and a failure in a Ray task is still the filter's one line, not a traceback.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGIN), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", RAY_SCRIPT, str(tmp_path), str(web)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ok"]["custom_filters"] == {"mentions_word": {"version": 1, "input": 16, "scored": 16, "removed": 4}}
+    assert out["fails"].startswith("custom filter 'fragile' raised ValueError on document ")
+    assert out["fails"].endswith("(record w0): cannot score a text with zyzzyva")
 
 
 def test_filters_that_cannot_be_used_say_so_in_one_line(site: Path) -> None:

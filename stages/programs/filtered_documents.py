@@ -150,8 +150,11 @@ def _filter_scores(
     about = {"filter": spec.filter, "version": spec.version, "kwargs": kwargs}
     key = hashlib.sha256(json.dumps({**about, "raw": raw.data_version}, sort_keys=True).encode()).hexdigest()[:16]
     empty = pa.table({"score": pa.array([], pa.float64())})
-    table, fresh = _cached(inputs, partition, execution, wanted, key, empty, _FilterScorer(spec),
-                           ["doc_id", "text", "record_id"], {"custom_filter": about})
+    try:
+        table, fresh = _cached(inputs, partition, execution, wanted, key, empty, _FilterScorer(spec),
+                               ["doc_id", "text", "record_id"], {"custom_filter": about})
+    except filters.FilterError as exc:  # from a Ray task: its text is the worker's traceback
+        raise filters.unwrapped(exc) from None
     return table["score"].to_numpy(), fresh
 
 
