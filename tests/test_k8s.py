@@ -327,8 +327,7 @@ def test_helm_values_configure_run_retries_and_postgres(tmp_path: Path) -> None:
     """Run retries (with run monitoring, which fails a run whose worker died so that it can be
     retried) and the queue, as a Dagster instance built from what the chart renders sees them;
     PostgreSQL as the instance storage."""
-    from dagster import DagsterInstance
-    from dagster._core.run_coordinator import QueuedRunCoordinator
+    from dagster import DagsterInstance, QueuedRunCoordinator
 
     values = yaml.safe_load((ROOT / "k8s" / "values.yaml").read_text())
     assert values["postgresql"]["enabled"] is True and values["postgresql"]["service"]["port"] == 5432
