@@ -23,7 +23,8 @@ def test_dagster_library_imports(module: str) -> None:
 def test_dagster_family_in_lock_step() -> None:
     core = md.version("dagster")
     assert core == "1.13.27"
-    for dist in ("dagster-pipes", "dagster-webserver", "dagster-graphql"):
+    # dg (dagster-dg-cli, the dev extra) reads [tool.dg] in pyproject.toml: the same release
+    for dist in ("dagster-pipes", "dagster-webserver", "dagster-graphql", "dagster-dg-cli", "dagster-dg-core"):
         assert md.version(dist) == core
     for dist in ("dagster-k8s", "dagster-postgres"):
         assert md.version(dist) == "0.29.27"

@@ -209,13 +209,11 @@ def test_curate_k8s_render_prints_the_exact_pod(capsys: pytest.CaptureFixture[st
 
 
 def test_kubernetes_code_location(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dagster._core.code_pointer import CodePointer
-    from dagster._core.definitions.reconstruct import def_from_pointer
-
     monkeypatch.setenv("CURATE_WORKDIR", "/workdir")
     monkeypatch.setenv("CURATE_DATA_ROOT", "s3://bucket/curation")
-    # What `dagster api grpc -m curation_dagster.k8s -a definitions` (k8s/values.yaml) loads.
-    defs: Any = def_from_pointer(CodePointer.from_module("curation_dagster.k8s", "definitions", None))
+    # What `dagster api grpc -m curation_dagster.k8s -a definitions` (k8s/values.yaml) calls; that
+    # Dagster's loader accepts it is tests/test_dagster_tools.py's (`dagster definitions validate`).
+    defs: Any = k8s.definitions()
     resource = defs.resources["curation"]
     assert resource.mode == "k8s" and resource.data_root == "s3://bucket/curation"
     assert resource.command("exact_duplicates", "c1", None) == RESOURCE.command("exact_duplicates", "c1", None)
@@ -329,8 +327,7 @@ def test_helm_values_configure_run_retries_and_postgres(tmp_path: Path) -> None:
     """Run retries (with run monitoring, which fails a run whose worker died so that it can be
     retried) and the queue, as a Dagster instance built from what the chart renders sees them;
     PostgreSQL as the instance storage."""
-    from dagster import DagsterInstance
-    from dagster._core.run_coordinator import QueuedRunCoordinator
+    from dagster import DagsterInstance, QueuedRunCoordinator
 
     values = yaml.safe_load((ROOT / "k8s" / "values.yaml").read_text())
     assert values["postgresql"]["enabled"] is True and values["postgresql"]["service"]["port"] == 5432
