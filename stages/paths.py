@@ -28,6 +28,8 @@ import fsspec.config
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stages.lease import Lease, LeaseBusy, LeaseLost, supports_leases
+
 MANIFEST = "_manifest.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -228,9 +230,10 @@ class PartitionWriter:
     the same partition (a rerun launched while one is running) fails at once with
     ``PartitionBusy`` instead of having its parts deleted by the other's commit. The kernel drops
     the lock when the process dies (forked pool workers close their inherited copies, and die
-    with their parent: ``stages.parallel``), so a crashed attempt never blocks its retry. Object storage
-    has no such lock: there, two concurrent attempts on one partition are the operator's to avoid
-    (docs/operations.md).
+    with their parent: ``stages.parallel``), so a crashed attempt never blocks its retry. On S3
+    an attempt holds a lease instead (``stages.lease``: conditional writes, renewed while it runs,
+    checked before the manifest is published); other object stores have no lock, and two
+    concurrent attempts on one partition there are the operator's to avoid (docs/operations.md).
     """
 
     def __init__(self, store: Store, pdir: str) -> None:
@@ -241,11 +244,19 @@ class PartitionWriter:
         self.rows: dict[str, int] = {}
         self.schemas: dict[str, pa.Schema] = {}
         self._lock: int | None = None  # set first: __del__ runs even when acquiring fails
+        self._lease: Lease | None = None
         self._pid = os.getpid()  # a forked child's copy of this writer must not close a descriptor
         if store.is_local:
             self._lock = self._acquire()
             if self._lock is not None:
                 _HELD_LOCKS.add(self._lock)
+        elif supports_leases(store.fs):
+            lease = Lease(store.fs, store.root, pdir)
+            try:
+                lease.acquire()
+            except LeaseBusy as exc:
+                raise PartitionBusy(str(exc)) from None
+            self._lease = lease
         store.fs.makedirs(pdir, exist_ok=True)
 
     def _acquire(self) -> int | None:
@@ -276,6 +287,9 @@ class PartitionWriter:
             _HELD_LOCKS.discard(self._lock)
             os.close(self._lock)  # closing the last descriptor drops the flock
         self._lock = None
+        if self._lease is not None and os.getpid() == self._pid:
+            self._lease.release()
+        self._lease = None
 
     def __del__(self) -> None:
         self.close()
@@ -315,6 +329,12 @@ class PartitionWriter:
         manifest.tables = self.tables
         manifest.rows = self.rows
         fs = self.store.fs
+        if self._lease is not None:  # on S3: publish only while this attempt holds the partition
+            try:
+                self._lease.check()
+            except LeaseLost as exc:
+                self.close()
+                raise PartitionBusy(str(exc)) from None
         self.store.write_atomic(f"{self.pdir}/{MANIFEST}", manifest.to_json())
         keep = {name for names in self.tables.values() for name in names} | {MANIFEST}
         try:
