@@ -66,11 +66,9 @@ class RawDocumentsParams(StageParams):
     @field_validator("url")
     @classmethod
     def _no_credentials(cls, url: str) -> str:
-        # user:password@ after the scheme, also when the secret holds a '/' (AWS secrets do)
-        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^@]*:[^@]*@", url):
-            raise ValueError("the source URL carries credentials (user:password@...); give them through the "
-                             "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) instead")
-        return url
+        from stages.credentials import check_url
+
+        return check_url("source URL", url)
 
 
 DEFAULT_LANGUAGE_MODEL = "lid.176.ftz"

@@ -114,7 +114,9 @@ class Store:
     """The data root, on any fsspec filesystem (local folder, ``s3://bucket/prefix``, ...)."""
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
+        from stages.credentials import check_url
+
+        self.fs, path = fsspec.core.url_to_fs(check_url("data root", root), **(storage_options or {}))
         self.root = path.rstrip("/")
         self.is_local = "file" in (
             self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
