@@ -160,6 +160,7 @@ class Store:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+            _fsync_dir(folder)  # the rename itself
             return
 
         def put() -> None:
@@ -198,6 +199,15 @@ class Store:
 
     def writer(self, pdir: str) -> PartitionWriter:
         return PartitionWriter(self, pdir)
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make a local folder's entries (new names, a rename) durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class PartitionBusy(RuntimeError):
@@ -243,12 +253,34 @@ class PartitionWriter:
         self.rows: dict[str, int] = {}
         self.schemas: dict[str, pa.Schema] = {}
         self._lock: int | None = None  # set first: __del__ runs even when acquiring fails
+        self.leftovers: list[str] = []  # what killed attempts had left here, removed at start
         self._pid = os.getpid()  # a forked child's copy of this writer must not close a descriptor
         if store.is_local:
             self._lock = self._acquire()
             if self._lock is not None:
                 _HELD_LOCKS.add(self._lock)
         store.fs.makedirs(pdir, exist_ok=True)
+        if self._lock is not None:
+            self.leftovers = self._remove_leftovers()
+
+    def _remove_leftovers(self) -> list[str]:
+        """Remove what killed attempts left in the partition (parts, half-written parts, manifest
+        temporaries: anything the committed manifest does not name), before this attempt writes,
+        so a partition killed again and again never holds more than one attempt's parts. Only
+        under the partition lock: no other attempt can be writing. Returns the names removed."""
+        manifest = self.store.read_manifest(self.pdir)
+        keep = {MANIFEST} | {n for names in (manifest.tables.values() if manifest else []) for n in names}
+        removed = []
+        for entry in os.scandir(self.pdir):
+            if entry.name not in keep:
+                if entry.is_dir(follow_symlinks=False):
+                    import shutil
+
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed.append(entry.name)
+        return sorted(removed)
 
     def _acquire(self) -> int | None:
         import errno
@@ -292,6 +324,9 @@ class PartitionWriter:
         name = f"{table}-{self.attempt}-{len(names):05d}.parquet"
         with self.store.fs.open(f"{self.pdir}/{name}", "wb") as fh:
             pq.write_table(data, fh, compression="zstd")
+            if self.store.is_local:  # on disk before any manifest names it (a power cut keeps it whole)
+                fh.flush()
+                os.fsync(fh.fileno())
         names.append(name)
 
     def rename(self, table: str, new: str) -> None:
@@ -317,6 +352,8 @@ class PartitionWriter:
         manifest.tables = self.tables
         manifest.rows = self.rows
         fs = self.store.fs
+        if self.store.is_local:
+            _fsync_dir(self.pdir)  # the parts' names too, before the manifest that names them
         self.store.write_atomic(f"{self.pdir}/{MANIFEST}", manifest.to_json())
         keep = {name for names in self.tables.values() for name in names} | {MANIFEST}
         try:
