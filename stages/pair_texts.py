@@ -112,8 +112,11 @@ class SpillSpaceError(RuntimeError):
     """The spill folder has not the room a spill needs (a user setting to change, not a crash)."""
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
 
 
 def check_free_space(folder: Path, needed: int, reserve: int) -> None:
@@ -123,9 +126,9 @@ def check_free_space(folder: Path, needed: int, reserve: int) -> None:
     free = shutil.disk_usage(folder).free
     if free - needed < reserve:
         raise SpillSpaceError(
-            f"fuzzy dedup needs to spill {_gib(needed)} more of candidate texts to {folder.parent} (TMPDIR), which has "
-            f"{_gib(free)} free and keeps {_gib(reserve)} (spill_reserve_bytes): raise text_block_bytes (curate.yaml "
-            "execution:) to hold more in memory, or give TMPDIR more room (in a pod: CURATE_K8S_TMP_GIB)"
+            f"fuzzy dedup needs to spill {_size(needed)} more of candidate texts to {folder.parent} (TMPDIR), "
+            f"which has {_size(free)} free and keeps {_size(reserve)} (spill_reserve_bytes): raise text_block_bytes "
+            "(curate.yaml execution:) to hold more in memory, or give TMPDIR more room (in a pod: CURATE_K8S_TMP_GIB)"
         )
 
 
