@@ -1,6 +1,8 @@
 """Security: no code path unpickles or evaluates data, names cannot leave the workdir, the Dagster
-UI listens on loopback only. (Credentials never reaching logs, metadata or manifests: the planted
-fake AWS secret of ``test_bad_input.py``.)"""
+UI listens on loopback only, a URL carrying a credential is refused wherever it enters and Ray
+tasks get storage options without their secrets. (Credentials never reaching logs, metadata or
+manifests: the planted fake AWS secret of ``test_bad_input.py``, the planted storage options of
+``test_dataroot.py``, ``test_k8s.py`` and ``test_recrawl.py``.)"""
 
 from __future__ import annotations
 
