@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from curation_dagster.instance import ensure_instance_config
+from stages.credentials import CredentialInURL
 from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
 from stages.filters import FilterError
 from stages.params import LSH_PRESETS
@@ -471,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.fn(args))
-    except (CliError, UnknownCrawl, NoDataRoot, StalePrior, FilterError) as exc:
+    except (CliError, UnknownCrawl, NoDataRoot, StalePrior, FilterError, CredentialInURL) as exc:
         print(f"curate: error: {exc}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError, KeyError) as exc:  # pydantic validation, bad names, paths

@@ -66,11 +66,9 @@ class RawDocumentsParams(StageParams):
     @field_validator("url")
     @classmethod
     def _no_credentials(cls, url: str) -> str:
-        # user:password@ after the scheme, also when the secret holds a '/' (AWS secrets do)
-        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^@]*:[^@]*@", url):
-            raise ValueError("the source URL carries credentials (user:password@...); give them through the "
-                             "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) instead")
-        return url
+        from stages.credentials import check_url
+
+        return check_url("source URL", url)
 
 
 DEFAULT_LANGUAGE_MODEL = "lid.176.ftz"
@@ -369,6 +367,9 @@ class KeepParams(StageParams):
     source_priority: dict[str, int] = Field(default_factory=dict)
 
 
+SPILL_RESERVE = 256 << 20  # bytes a spill to TMPDIR leaves free (ExecutionParams.spill_reserve_bytes)
+
+
 class ExecutionParams(BaseModel):
     """How programs run; never part of a key."""
 
@@ -378,6 +379,9 @@ class ExecutionParams(BaseModel):
     # fuzzy dedup's exact Jaccard holds at most this many bytes of document text at a time
     # (stages.pair_texts: beyond it, texts spill to local disk and are read block by block)
     text_block_bytes: int = Field(default=512 << 20, ge=1)
+    # ... and a spill must leave this much free in its folder (under TMPDIR), checked before it
+    # writes: else it fails in one line naming text_block_bytes, TMPDIR and CURATE_K8S_TMP_GIB
+    spill_reserve_bytes: int = Field(default=SPILL_RESERVE, ge=0)
     executor: Literal["local", "ray"] = "local"  # where fanned-out work runs (stages.parallel)
     ray_address: str | None = None  # an existing Ray cluster ("ray://host:10001", "auto"); None: local
     backend: Literal["auto", "cpu", "gpu"] = "cpu"
@@ -402,6 +406,7 @@ class ExecutionTuning(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     text_block_bytes: int | None = Field(default=None, ge=1)
+    spill_reserve_bytes: int | None = Field(default=None, ge=0)
     embedding_batch_tokens: int | None = Field(default=None, ge=1)
     pairwise_batch_size: int | None = Field(default=None, ge=1)
     ingest_task_bytes: int | None = Field(default=None, ge=1)

@@ -157,6 +157,29 @@ def test_credentials_only_through_secret_references(monkeypatch: pytest.MonkeyPa
         assert not re.search("(?i)secret|token|password", meta)
 
 
+def test_storage_options_never_reach_a_pod_and_a_credential_in_the_data_root_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Storage options (the resource's, $CURATE_STORAGE_OPTIONS) are neither in a pod's command
+    line nor in its environment: a pod reads its Secret. A data root URL carrying a credential
+    never becomes a pod argument: rendering refuses it without echoing it."""
+    from stages.credentials import CredentialInURL
+
+    monkeypatch.setenv("CURATE_STORAGE_OPTIONS", json.dumps({"key": "AKIAPLANTED", "secret": SECRET}))
+    resource = CurationResource(workdir="/workdir", data_root="s3://bucket/curation", mode="k8s",
+                                storage_options={"endpoint_url": "http://minio:9000", "secret": SECRET})
+    text = k8s.render(resource)
+    assert "--data-root" in text and SECRET not in text and "AKIAPLANTED" not in text
+    for url in (f"s3://AKIAPLANTED:{SECRET}@bucket/curation", f"https://host/root?sig={SECRET}"):
+        with pytest.raises(CredentialInURL) as exc:
+            k8s.render(CurationResource(workdir="/workdir", data_root=url, mode="k8s"))
+        assert SECRET not in str(exc.value)
+        monkeypatch.setenv("CURATE_DATA_ROOT", url)
+        with pytest.raises(CredentialInURL):
+            k8s.render(CurationResource(workdir="/workdir", mode="k8s"))
+        monkeypatch.delenv("CURATE_DATA_ROOT")
+
+
 def test_settings_from_environment() -> None:
     s = k8s.K8sSettings.from_env({
         "CURATE_K8S_GPU_IMAGE": "reg.example/stage-gpu:1.2",

@@ -98,6 +98,8 @@ def test_a_killed_writers_lease_is_taken_over_once_expired(s3: tuple[Store, dict
     m = store.read_manifest(pdir)
     assert m is not None and m.report == {"note": "retry"} and store.read_table(pdir, "t").num_rows == 4
     assert all(retry.attempt in name for name in m.tables["t"])
+    assert len(retry.leftovers) == 1  # the dead attempt's part, removed when the retry took over
+    assert set(store.fs.ls(pdir, detail=False)) == {f"{pdir}/{n}" for n in ["_manifest.json", *m.tables["t"]]}
 
 
 def test_a_writer_that_lost_its_lease_never_publishes(s3: tuple[Store, dict[str, Any]]) -> None:
