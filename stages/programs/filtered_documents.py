@@ -11,7 +11,6 @@ version), so changing a threshold re-keys this output but recomputes no score.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,10 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.cache import RowCache
 from stages.kernels import heuristics as H
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, FilteredDocumentsParams
-from stages.paths import Manifest, PartitionBusy, PartitionWriter
+from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
 
@@ -60,37 +60,22 @@ def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) ->
     raw data version, so a language setting that lets more documents through scores only those."""
     assert partition.source is not None
     raw = inputs.manifest("raw_documents", partition.source)
-    key = hashlib.sha256(f"{H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
-    store = inputs.store
-    cache_dir = store.partition_dir(SCORES, key, partition.crawl, partition.source)
     empty = _score_table([]).add_column(0, "doc_id", pa.array([], pa.string()))
-    cached = store.read_table(cache_dir, "scores") if store.read_manifest(cache_dir) is not None else empty
+    cache = RowCache(inputs.store, SCORES, f"{H.SCORER_VERSION}/{raw.data_version}", partition.crawl,
+                     partition.source, empty.schema, table="scores")
     wanted = pa.concat_arrays([pa.array([], pa.string())] + [
         t["doc_id"].combine_chunks() for t in survivors(inputs, partition.source, ["doc_id"], execution.batch_rows)
     ])
-    missing = pc.invert(pc.is_in(wanted, value_set=cached["doc_id"].combine_chunks()))
-    fresh: list[pa.Table] = [empty]
-    if pc.any(missing).as_py():
-        todo = wanted.filter(missing)
+    todo = wanted.filter(pa.array(cache.find(wanted) < 0))
+    if len(todo):
         batches = (
             b for t in survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
             for b in t.filter(pc.is_in(t["doc_id"], value_set=todo)).to_batches() if b.num_rows
         )
         for batch, scores in zip_results(_chunks(batches), _score_batch, execution):
-            fresh.append(scores.add_column(0, "doc_id", batch.column(0)))
-    table = pa.concat_tables([cached, *fresh]).combine_chunks()
-    if len(fresh) > 1 or store.read_manifest(cache_dir) is None:
-        try:
-            writer = store.writer(cache_dir)
-        except PartitionBusy:  # another attempt is filling this cache right now: go on without it
-            writer = None
-        if writer is not None:
-            try:
-                writer.write("scores", table)
-                writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source,
-                                       {"scorer_version": H.SCORER_VERSION}))
-            finally:
-                writer.close()
+            cache.add(scores.add_column(0, "doc_id", batch.column(0)))
+    table = cache.content().combine_chunks()
+    cache.save()
     # The survivors' rows, in raw order (the cache holds them in the order they were scored).
     return table.take(pc.index_in(wanted, value_set=table["doc_id"]))
 
