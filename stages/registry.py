@@ -434,7 +434,7 @@ def metadata(outcome: Outcome) -> dict[str, Any]:
         "cached": outcome.skipped,
         "seconds": round(outcome.seconds, 3),
     }
-    for name in ("input", "kept", "documents", "quarantined", "removed", "enabled", "backend"):
+    for name in ("input", "embedded", "kept", "documents", "quarantined", "removed", "enabled", "backend"):
         if name in m.report and not isinstance(m.report[name], dict):
             meta[name] = m.report[name]
     for name in ("removed_per_reason", "removed_per_source", "quarantine_reasons", "fails_per_rule"):
