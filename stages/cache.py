@@ -68,6 +68,7 @@ class RowCache:
         self.table = content.combine_chunks()
         self._index = self.table[key_column].combine_chunks()
         self._added: list[pa.Table] = []
+        self._added_keys: set[object] = set()
 
     def find(self, keys: pa.Array) -> npt.NDArray[np.int64]:
         """int64 (n,): the row of each key in the content read at start, -1 where it has none."""
@@ -81,9 +82,13 @@ class RowCache:
         return self.table.take(pa.array(positions, pa.int64()))
 
     def add(self, rows: pa.Table) -> None:
-        """Append computed rows (the ``schema``'s columns, keys the cache does not hold)."""
-        if rows.num_rows:
-            self._added.append(rows.select(self.schema.names).cast(self.schema))
+        """Append computed rows (the ``schema``'s columns, keys missing from the content read at
+        start); a key added before in this run (a text repeated in two batches) is kept once."""
+        keys = rows[self.key_column].to_pylist()
+        new = [k not in self._added_keys for k in keys]
+        self._added_keys.update(keys)
+        if any(new):
+            self._added.append(rows.select(self.schema.names).cast(self.schema).filter(pa.array(new)))
 
     @property
     def added(self) -> int:
@@ -111,6 +116,6 @@ class RowCache:
             writer.commit(Manifest(self.kind, self.key, self.key, self.crawl, self.source, {"cache": self.ident}))
         finally:
             writer.close()
-        self.table, self._added, self.exists = table.combine_chunks(), [], True
+        self.table, self._added, self._added_keys, self.exists = table.combine_chunks(), [], set(), True
         self._index = self.table[self.key_column].combine_chunks()
         return True

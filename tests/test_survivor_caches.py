@@ -208,6 +208,7 @@ def test_row_cache_commits_atomically_and_finds_rows(tmp_path: Path) -> None:
     cache = RowCache(store, "test_cache", "v1/model", "c1", "web", schema, key_column="text_hash")
     assert not cache.exists and cache.find(keys).tolist() == [-1, -1, -1]
     cache.add(pa.table({"text_hash": keys.slice(0, 2), "score": [1.0, 2.0]}, schema=schema))
+    cache.add(pa.table({"text_hash": keys.slice(1, 2), "score": [9.0, 3.0]}, schema=schema))  # "b" again: kept once
     # Another attempt holding the cache's lock: this one does not save (it is only a cache).
     holder = store.writer(cache.dir)
     assert cache.save() is False and store.read_manifest(cache.dir) is None
@@ -215,7 +216,8 @@ def test_row_cache_commits_atomically_and_finds_rows(tmp_path: Path) -> None:
     assert cache.save() is True
     again = RowCache(store, "test_cache", "v1/model", "c1", "web", schema, key_column="text_hash")
     pos = again.find(keys)
-    assert pos.tolist() == [0, 1, -1] and again.take(pos[:2])["score"].to_pylist() == [1.0, 2.0]
+    assert pos.tolist() == [0, 1, 2] and again.take(pos)["score"].to_pylist() == [1.0, 2.0, 3.0]
+    assert again.find(text_keys(["d"])).tolist() == [-1]
     assert again.save() is False  # nothing new: nothing written
     other = RowCache(store, "test_cache", "v2/model", "c1", "web", schema, key_column="text_hash")
     assert other.key != again.key and other.find(keys).tolist() == [-1, -1, -1]

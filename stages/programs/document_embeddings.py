@@ -161,7 +161,6 @@ def run(
     cut = enc.max_tokens * CHARS_PER_TOKEN
     n = embedded = tokens = truncated = 0
     seconds = 0.0
-    added: set[bytes] = set()  # keys computed in this run (a text repeated in two batches is cached once)
     batches = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
 
     Prepared = tuple[pa.Table, pa.Array, npt.NDArray[np.int64], npt.NDArray[np.int64], list[list[int]]]
@@ -189,9 +188,7 @@ def run(
             "text_hash": keys.take(pa.array(todo)), "tokens": pa.array(lens, pa.int32()),
             "embedding": pa.FixedSizeListArray.from_arrays(flat, enc.dim),
         }, schema=cache.schema)
-        new = [k not in added for k in fresh["text_hash"].to_pylist()]
-        cache.add(fresh.filter(pa.array(new, pa.bool_())))
-        added.update(fresh["text_hash"].to_pylist())
+        cache.add(fresh)
         # Each row from the cache or from this batch's fresh vectors (rows of a text repeated in
         # the batch share its one vector), in the survivors' order.
         hit = pos >= 0
