@@ -198,6 +198,16 @@ def test_quality_scores_rescore_only_documents_whose_survival_changed(tmp_path: 
     after = quality_inputs(loose)
     assert before < after  # the looser threshold let one more document through
     assert second["computed"] == len(after - before) == 1 and second["cached"] == len(before)
+    # The scores, cached or not, are those of a data root without any cache.
+    fresh_store = Store(str(tmp_path / "fresh"))
+    fresh = run_upto(fresh_store, loose, "quality_scores")["quality_scores"]["classifiers"]["ft"]
+    assert fresh["computed"] == len(after) and fresh["cached"] == 0
+
+    def scores(root: Store) -> dict[str, float]:
+        t = root.read_table(plan_task(root, loose, "quality_scores", "web").output_dir, "scores")
+        return dict(zip(t["doc_id"].to_pylist(), t["ft"].to_pylist(), strict=True))
+
+    assert scores(store) == scores(fresh_store)
 
 
 def test_row_cache_commits_atomically_and_finds_rows(tmp_path: Path) -> None:
