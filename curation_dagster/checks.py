@@ -38,9 +38,9 @@ from dagster import (
     AssetKey,
     DagsterInstance,
     MetadataValue,
+    PreviewWarning,
     asset_check,
 )
-from dagster._utils.warnings import PreviewWarning
 
 from curation_dagster.config import ChecksConfig, load_config
 from curation_dagster.partitions import CRAWL, partitions_for, split_key

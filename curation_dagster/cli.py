@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from curation_dagster.instance import ensure_instance_config
 from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
+from stages.filters import FilterError
 from stages.params import LSH_PRESETS
 from stages.paths import Store
 from stages.registry import QUARANTINE, STAGES, CrawlSpec
@@ -191,22 +192,30 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from curation_dagster.lineage import custom_filters
+
     stages = list(STAGES)
+    # Custom filters (docs/filters.md): their share of the heuristic removals, after its column.
+    custom = [f"heuristic:{name}" for name in custom_filters(report)]
+    columns = [*stages[: stages.index("heuristic") + 1], *custom, *stages[stages.index("heuristic") + 1:]]
     table = Table(title=f"crawl {report['crawl']}: what each source lost at each stage")
-    for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *[s.upper() for s in stages], "KEPT", "KEPT %"]:
-        table.add_column(col, justify="left" if col == "SOURCE" else "right")
-    totals = {"input": 0, "kept": 0, "quarantined": 0, **{s: 0 for s in stages}}
+    for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *[c if c in custom else c.upper() for c in columns], "KEPT",
+                "KEPT %"]:
+        label = "↳ " + col.partition(":")[2] if col in custom else col  # part of the HEURISTIC column
+        table.add_column(label, justify="left" if col == "SOURCE" else "right", min_width=len(label))
+    totals = {"input": 0, "kept": 0, "quarantined": 0, **{c: 0 for c in columns}}
     for source, row in sorted(report["sources"].items()):
-        removed = [row["removed"].get(s, 0) for s in stages]
-        for s, n in zip(stages, removed, strict=True):
-            totals[s] += n
+        removed = [row.get("filters", {}).get(c.partition(":")[2], 0) if c in custom else row["removed"].get(c, 0)
+                   for c in columns]
+        for c, n in zip(columns, removed, strict=True):
+            totals[c] += n
         for k in ("input", "kept", "quarantined"):
             totals[k] += row[k]
         pct = 100.0 * row["kept"] / row["input"] if row["input"] else 0.0
         table.add_row(source, str(row["input"]), str(row["quarantined"]), *map(str, removed), str(row["kept"]),
                       f"{pct:.1f}")
     pct = 100.0 * totals["kept"] / totals["input"] if totals["input"] else 0.0
-    table.add_row("TOTAL", str(totals["input"]), str(totals["quarantined"]), *[str(totals[s]) for s in stages],
+    table.add_row("TOTAL", str(totals["input"]), str(totals["quarantined"]), *[str(totals[c]) for c in columns],
                   str(totals["kept"]), f"{pct:.1f}", style="bold")
     # Piped or logged output has no terminal width: do not squeeze the table into 80 columns.
     Console(width=None if sys.stdout.isatty() else 160).print(table)
@@ -216,7 +225,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     report = load_report(_dataroot(args), args.crawl)
     if args.json:
         out = {"crawl": report["crawl"], "sources": {
-            s: {"input": r["input"], "kept": r["kept"], "quarantined": r["quarantined"], "removed": r["removed"]}
+            s: {"input": r["input"], "kept": r["kept"], "quarantined": r["quarantined"], "removed": r["removed"],
+                **({"filters": r["filters"]} if "filters" in r else {})}
             for s, r in sorted(report["sources"].items())
         }}
         print(json.dumps(out, indent=1))
@@ -461,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.fn(args))
-    except (CliError, UnknownCrawl, NoDataRoot, StalePrior) as exc:
+    except (CliError, UnknownCrawl, NoDataRoot, StalePrior, FilterError) as exc:
         print(f"curate: error: {exc}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError, KeyError) as exc:  # pydantic validation, bad names, paths

@@ -29,13 +29,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stages.registry import PROGRAMS, Resources
+from stages.registry import PROGRAMS, Resources, partition_name
 
 if TYPE_CHECKING:
     from dagster import AssetExecutionContext, Definitions, MaterializeResult
@@ -84,6 +86,13 @@ class K8sSettings(BaseModel):
     # How the run talks to the API server: in-cluster by default, a kubeconfig file otherwise.
     kubeconfig_file: str | None = None
     poll_interval_s: float = 5.0
+    # How long a stage pod may stay Pending (unscheduled, or its container not started) before its
+    # step fails with the scheduler's reason; 0: no bound. dagster-k8s itself waits 24 h for a
+    # pod that never schedules, e.g. a GPU pod on a cluster with no free GPU node. Dagster's run
+    # retries (k8s/values.yaml) then try again; raise it where pods queue for long on purpose
+    # (a busy GPU pool, a slow node autoscaler).
+    pending_timeout_s: float = 900.0
+    # How long a started pod may run (dagster-k8s's pod_wait_timeout).
     pod_wait_timeout_s: float = 86_400.0
 
     @classmethod
@@ -254,19 +263,99 @@ def pod_arguments(
     }
 
 
+# Waiting reasons dagster-k8s fails on at once (with the pod's events): nothing to bound there.
+FAILS_AT_ONCE = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
+                           "RunContainerError"})
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _gpus(spec: Mapping[str, Any]) -> str | None:
+    limits: dict[str, str] = spec["containers"][0].get("resources", {}).get("limits", {})
+    return limits.get(GPU_RESOURCE)
+
+
+def pending_reason(pod: Any, spec: Mapping[str, Any]) -> str:
+    """Why a pod is still Pending, in one line: the scheduler's condition, else its container's
+    waiting reason. ``pod`` is the API client's ``V1Pod`` (None when it is gone); ``spec`` the
+    PodSpec we submitted (camelCase), for what a GPU pod asked for."""
+    if pod is None or pod.status is None:
+        return "the pod is gone" if pod is None else "no status yet"
+    for cond in pod.status.conditions or []:
+        if cond.type == "PodScheduled" and cond.status == "False":
+            why = f"unschedulable: {_one_line(cond.message or cond.reason or 'no reason given')}"
+            gpus = _gpus(spec)
+            if gpus:  # say what it asked for: the scheduler's counts do not name the selector
+                why += (f" (no node with {gpus} free {GPU_RESOURCE} matches nodeSelector "
+                        f"{json.dumps(spec.get('nodeSelector', {}))} and tolerates the pod)")
+            return why
+    for c in pod.status.container_statuses or []:
+        if c.state is not None and c.state.waiting is not None:
+            waiting = c.state.waiting
+            return _one_line(f"container {c.name} waiting: {waiting.reason}" + (
+                f": {waiting.message}" if waiting.message else ""))
+    return "not scheduled yet"
+
+
+def wait_until_started(
+    core_api: Any, namespace: str, pod_name: str, spec: Mapping[str, Any], partition: str, timeout_s: float,
+    poll_s: float,
+) -> None:
+    """Return once the pod has left ``Pending`` (or is waiting for a reason dagster-k8s fails on
+    by itself); after ``timeout_s`` (0: never) raise ``dagster.Failure`` with one line naming the
+    partition and why the pod did not start."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pods = core_api.list_namespaced_pod(namespace=namespace, field_selector=f"metadata.name={pod_name}").items
+        pod = pods[0] if pods else None
+        status = pod.status if pod is not None else None
+        if status is not None and status.phase not in (None, "Pending"):
+            return
+        waiting = [c.state.waiting.reason for c in (status.container_statuses if status else None) or []
+                   if c.state and c.state.waiting]
+        if FAILS_AT_ONCE.intersection(waiting):
+            return
+        if timeout_s and time.monotonic() >= deadline:
+            from dagster import Failure
+
+            kind = "GPU pod" if _gpus(spec) else "pod"
+            raise Failure(description=f"{partition}: {kind} {pod_name} not started after {timeout_s:g}s, "
+                                      f"{pending_reason(pod, spec)}; the bound is {ENV_PREFIX}PENDING_TIMEOUT_S")
+        time.sleep(poll_s)
+
+
+def pipes_client(settings: K8sSettings, spec: Mapping[str, Any], partition: str) -> Any:
+    """dagster-k8s's ``PipesK8sClient``, whose wait for the pod to start is bounded by
+    ``settings.pending_timeout_s`` (:func:`wait_until_started`): ``PipesK8sClient.run`` waits for
+    a pod to appear with containers for up to 24 h, whatever its ``pod_wait_timeout``. A failure
+    here deletes the pod (``run`` deletes it on any error)."""
+    from dagster_k8s import PipesK8sClient
+
+    class StartBoundedPipesK8sClient(PipesK8sClient):
+        @contextmanager
+        def consume_pod_logs(  # type: ignore[no-untyped-def]
+            self, context, client, namespace, pod_name, enable_multi_container_logs=False, ignore_containers=None,
+        ) -> Iterator[None]:
+            wait_until_started(client.core_api, namespace, pod_name, spec, partition, settings.pending_timeout_s,
+                               settings.poll_interval_s)
+            with super().consume_pod_logs(context, client, namespace, pod_name, enable_multi_container_logs,
+                                          ignore_containers):
+                yield
+
+    return StartBoundedPipesK8sClient(kubeconfig_file=settings.kubeconfig_file, poll_interval=settings.poll_interval_s)
+
+
 def materialize_in_pod(
     context: AssetExecutionContext, curation: CurationResource, program: str, crawl: str, source: str | None,
     settings: K8sSettings | None = None,
 ) -> MaterializeResult:
     """Run one partition in its own pod through ``PipesK8sClient`` and return what it reported."""
-    from dagster_k8s import PipesK8sClient
-
     settings = settings or K8sSettings.from_env()
-    client = PipesK8sClient(kubeconfig_file=settings.kubeconfig_file, poll_interval=settings.poll_interval_s)
-    invocation = client.run(
-        context=context, pod_wait_timeout=settings.pod_wait_timeout_s,
-        **pod_arguments(settings, curation, program, crawl, source),
-    )
+    arguments = pod_arguments(settings, curation, program, crawl, source)
+    client = pipes_client(settings, arguments["base_pod_spec"], partition_name(program, crawl, source))
+    invocation = client.run(context=context, pod_wait_timeout=settings.pod_wait_timeout_s, **arguments)
     return invocation.get_materialize_result()
 
 
@@ -316,8 +405,7 @@ def render(
             raise KeyError(f"unknown asset {name!r}; known: {', '.join(PROGRAMS)}")
         src = source if PROGRAMS[name].level == "source" else None
         docs.append(pod_manifest(settings, curation, name, crawl, src))
-        part = f"{crawl}|{src}" if src else crawl
-        comments.append(f"{name}[{part}] -> POST /api/v1/namespaces/{settings.namespace}/pods")
+        comments.append(f"{partition_name(name, crawl, src)} -> POST /api/v1/namespaces/{settings.namespace}/pods")
     return _yaml(docs, comments)
 
 

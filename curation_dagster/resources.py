@@ -127,7 +127,7 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
 
             return materialize_in_pod(context, self, program, crawl, source)
         try:
-            outcome = execute(self.store(), spec, program, source, self.execution())
+            outcome = execute(self.store(), spec, program, source, self.execution(), emit=context.log.info)
         except (FileNotFoundError, KeyError, ValueError) as exc:
             raise Failure(f"{program}[{source or crawl}]: {exc}") from exc
         context.log.info(

@@ -5,7 +5,9 @@ the data root: the crawl's spec is read from its registry (``stages.dataroot``);
 tuning comes with ``--tuning`` (or from ``<workdir>/curate.yaml`` with ``--workdir``, the local
 default, whose data root is also the default). When launched by Dagster through Pipes
 (``DAGSTER_PIPES_CONTEXT`` set), it reports the materialization back over Pipes; otherwise it
-prints one JSON line with the output directory and whether it was cached.
+prints one JSON line with the output directory and whether it was cached. A long partition says
+how far it is every ``progress_interval_s`` (``stages.progress``): over Pipes into the run's log,
+else on stderr.
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ import os
 import sys
 
 from stages.dataroot import DataRoot, NoDataRoot, UnknownCrawl
+from stages.filters import FilterError
 from stages.params import ExecutionParams, ExecutionTuning, workdir_tuning
 from stages.registry import PROGRAMS, execute, metadata
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = root.spec(args.crawl)
         tuning = ExecutionTuning.model_validate_json(args.tuning) if args.tuning else \
             workdir_tuning(args.workdir) if args.workdir else ExecutionTuning()
-    except (NoDataRoot, UnknownCrawl, ValueError) as exc:  # unsafe names and bad tuning are ValueErrors
+    except (NoDataRoot, UnknownCrawl, ValueError, FilterError) as exc:  # unsafe names, bad tuning: ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
     store = root.store
@@ -56,15 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         from dagster_pipes import open_dagster_pipes  # only the Pipes entry point needs it
 
         with open_dagster_pipes() as pipes:
-            outcome = execute(store, spec, args.program, args.source, execution, args.force)
+            # Progress lines go to the run's log in the UI (through the Pipes message channel).
+            outcome = execute(store, spec, args.program, args.source, execution, args.force, emit=pipes.log.info)
             # Pipes reads a dict value as a {raw_value, type} schema: mark dicts and lists as JSON.
             meta = {k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v
                     for k, v in metadata(outcome).items()}
             pipes.report_asset_materialization(metadata=meta, data_version=outcome.manifest.data_version)
     else:
         try:
-            outcome = execute(store, spec, args.program, args.source, execution, args.force)
-        except (FileNotFoundError, KeyError, ValueError) as exc:
+            outcome = execute(store, spec, args.program, args.source, execution, args.force, emit=_stderr)
+        except (FileNotFoundError, KeyError, ValueError, FilterError) as exc:
             print(f"error: {args.program}: {exc}", file=sys.stderr)
             return 1
     print(json.dumps({"program": args.program, "skipped": outcome.skipped, "seconds": outcome.seconds,

@@ -139,6 +139,57 @@ class DocumentLanguagesParams(StageParams):
         return {**data, "fingerprint": fingerprint(path)}
 
 
+class CustomFilter(BaseModel):
+    """A user's filter in the heuristic stage (``stages.filters``, docs/filters.md).
+
+    ``filter``: ``package.module:Class`` or the name of an entry point of the group
+    ``curation_dagster.filters``; ``kwargs``: its constructor's arguments (JSON values). ``name``
+    (the ledger's reason) defaults to the class's ``name`` (set it to run one class twice with
+    different kwargs); ``version`` and ``keep_kwargs`` are read from the class and never given by
+    hand, so a version bump re-keys the outputs.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    filter: str = Field(min_length=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    name: str = ""
+    version: int = 0
+    keep_kwargs: tuple[str, ...] = ()
+
+
+def _with_filter_classes(data: Any) -> Any:
+    """Fill ``name``, ``version``, ``keep_kwargs`` of every entry of ``data["filters"]`` (a
+    string is ``{"filter": string}``) from its class (imported, not built); one-line errors for
+    a filter that cannot be imported or whose name another entry has. A disabled stage imports
+    nothing (a run without the heuristic stage does not need the filters' packages)."""
+    if not isinstance(data, dict) or not data.get("filters"):
+        return data
+    from stages.filters import NAME, FilterError, describe
+
+    entries: list[dict[str, Any]] = []
+    for entry in data["filters"]:
+        if isinstance(entry, BaseModel | dict | str):
+            values: dict[str, Any] = entry.model_dump() if isinstance(entry, BaseModel) else \
+                {"filter": entry} if isinstance(entry, str) else dict(entry)
+        else:
+            values = {}
+        ref = values.get("filter")
+        if not isinstance(ref, str) or not ref:
+            raise FilterError(f"a custom filter is 'module:Class', an entry point name or {{filter: ..., kwargs: "
+                              f"...}}; got {entry!r}")
+        if data.get("enabled", True):
+            name, version, keep_kwargs = describe(ref, values.get("kwargs") or {})
+            name = values.get("name") or name
+            if not NAME.match(name):
+                raise FilterError(f"custom filter {ref!r}: name {name!r} is not a name like 'digit_ratio'")
+            if name in {e["name"] for e in entries}:
+                raise FilterError(f"custom filter {ref!r}: name {name!r} is taken by another filter; give the "
+                                  "entry its own 'name'")
+            values = {**values, "name": name, "version": version, "keep_kwargs": keep_kwargs}
+        entries.append(values)
+    return {**data, "filters": entries}
+
+
 class FilteredDocumentsParams(StageParams):
     """Heuristic filters: thresholds on stored scores (Gopher quality/repetition, C4 lines).
 
@@ -183,6 +234,13 @@ class FilteredDocumentsParams(StageParams):
     min_terminal_punct_lines_frac: float | None = 0.12
     max_lorem_ipsum: int | None = 0
     max_curly_brackets: int | None = None
+    # A user's own filters (stages.filters, docs/filters.md), judged after the rules above, in order.
+    filters: tuple[CustomFilter, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _filter_classes(cls, data: Any) -> Any:
+        return _with_filter_classes(data)
 
 
 class ExactDuplicatesParams(StageParams):
@@ -330,6 +388,8 @@ class ExecutionParams(BaseModel):
     # ingestion: input bytes per parallel task (a plain JSONL file is cut at line starts, a Parquet
     # file between row groups); tasks in flight ~ 2 x workers
     ingest_task_bytes: int = Field(default=8 << 20, ge=1)
+    # seconds between progress lines of a long partition (stages.progress)
+    progress_interval_s: float = Field(default=30.0, gt=0)
 
     def resolved_workers(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
@@ -345,6 +405,7 @@ class ExecutionTuning(BaseModel):
     embedding_batch_tokens: int | None = Field(default=None, ge=1)
     pairwise_batch_size: int | None = Field(default=None, ge=1)
     ingest_task_bytes: int | None = Field(default=None, ge=1)
+    progress_interval_s: float | None = Field(default=None, gt=0)
 
     def apply(self, execution: ExecutionParams) -> ExecutionParams:
         """``execution`` with the knobs this section sets."""

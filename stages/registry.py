@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from stages import params as P
 from stages.backend import reported as reported_backend
 from stages.paths import Manifest, PartitionWriter, Store, check_name
+from stages.progress import Progress
 
 Level = Literal["source", "crawl"]
 QUARANTINE = "quarantine"
@@ -299,6 +301,13 @@ class Partition:
     crawl: str
     source: str | None
     spec: CrawlSpec
+    # Where a long program says how far it is (``expect``/``advance``); silent by default.
+    progress: Progress = field(default_factory=Progress, compare=False)
+
+
+def partition_name(program: str, crawl: str, source: str | None) -> str:
+    """``program[crawl|source]`` or ``program[crawl]``: how messages name a stage partition."""
+    return f"{program}[{crawl}|{source}]" if source is not None else f"{program}[{crawl}]"
 
 
 class ProgramModule(Protocol):
@@ -394,21 +403,25 @@ class Outcome:
 
 def execute(
     store: Store, spec: CrawlSpec, program: str, source: str | None,
-    execution: P.ExecutionParams | None = None, force: bool = False,
+    execution: P.ExecutionParams | None = None, force: bool = False, emit: Callable[[str], None] | None = None,
 ) -> Outcome:
-    """Run one partition unless an up-to-date committed output exists; commit it atomically."""
+    """Run one partition unless an up-to-date committed output exists; commit it atomically.
+    ``emit`` receives the partition's progress lines (``stages.progress``), if given."""
     t0 = time.perf_counter()
+    execution = execution or P.ExecutionParams()
     task = plan_task(store, spec, program, source)
+    progress = Progress(partition_name(program, spec.crawl, task.source), emit, execution.progress_interval_s)
     version = data_version(store, task)
     existing = store.read_manifest(task.output_dir)
     if existing is not None and existing.data_version == version and not force:
+        progress.finish(skipped=True)
         return Outcome(existing, True, time.perf_counter() - t0)
     writer = store.writer(task.output_dir)
     try:
         module = load_program(program)
         report = module.run(
             task.params, Inputs(store, task.input_dirs, task.prior_dirs), writer,
-            Partition(spec.crawl, task.source, spec), execution or P.ExecutionParams(),
+            Partition(spec.crawl, task.source, spec, progress), execution,
         )
         report["seconds"] = round(time.perf_counter() - t0, 3)
         report.setdefault("backend", reported_backend(report))  # cpu | gpu | gpu-twin-on-cpu
@@ -419,6 +432,7 @@ def execute(
         writer.commit(manifest)
     finally:
         writer.close()  # a failed attempt releases the partition at once, not when collected
+    progress.finish()
     return Outcome(manifest, False, time.perf_counter() - t0)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.progress import Progress
 from stages.registry import PROGRAMS, STAGES, Inputs
 
 REMOVED = pa.schema([
@@ -49,15 +50,26 @@ def applied_programs(inputs: Inputs) -> list[str]:
 
 
 def survivors(
-    inputs: Inputs, source: str, columns: list[str] | None, batch_rows: int = 20_000
+    inputs: Inputs, source: str, columns: list[str] | None, batch_rows: int = 20_000,
+    progress: Progress | None = None,
 ) -> Iterator[pa.Table]:
-    """Batches of ``raw_documents`` rows of ``source`` that no input removal list removes."""
+    """Batches of ``raw_documents`` rows of ``source`` that no input removal list removes.
+    With ``progress``, the survivors are expected and each batch advances it (documents, and
+    UTF-8 bytes of ``text`` where it is read): a program's main pass over its documents."""
     drop = [removed_ids(inputs, name, source) for name in applied_programs(inputs)]
     dropped = pa.chunked_array(drop, type=pa.string()).combine_chunks() if drop else pa.array([], pa.string())
-    for batch in inputs.store.iter_batches(inputs.dir("raw_documents", source), "documents", columns, batch_rows):
+    raw = inputs.dir("raw_documents", source)
+    if progress is not None:
+        # Each removed document is in one list only, and in this source's raw rows: a subtraction.
+        manifest = inputs.store.read_manifest(raw)
+        progress.expect(docs=(manifest.rows.get("documents", 0) if manifest is not None else 0) - len(dropped))
+    for batch in inputs.store.iter_batches(raw, "documents", columns, batch_rows):
         table = pa.Table.from_batches([batch])
         if len(dropped):
             table = table.filter(pc.invert(pc.is_in(table["doc_id"], value_set=dropped)))
+        if progress is not None:
+            nbytes = pc.sum(pc.binary_length(table["text"])).as_py() if "text" in table.column_names else 0
+            progress.advance(table.num_rows, int(nbytes or 0))
         yield table
 
 

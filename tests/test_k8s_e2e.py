@@ -22,7 +22,9 @@ import threading
 import time
 import typing
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 import kubernetes_validate
 import pytest
-from dagster import AssetKey, DagsterInstance, materialize
+from dagster import AssetKey, DagsterInstance, Failure, materialize
 
 from curation_dagster import k8s
 from curation_dagster.assets import ASSETS
@@ -178,19 +180,26 @@ class FakeCluster:
         return [{"name": c["name"], "image": c["image"], "imageID": "", "ready": ready, "restartCount": 0,
                  "started": "running" in state, "state": state}]
 
-    def _schedule(self, pod: dict[str, Any]) -> str | None:
+    def _schedule(self, pod: dict[str, Any]) -> tuple[str | None, str]:
+        """The node the pod lands on, or None and kube-scheduler's message saying why none fits."""
         spec = pod["spec"]
         gpus = sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0)) for c in spec["containers"])
+        why: Counter[str] = Counter()
         for name, node in self.nodes.items():
+            untolerated = [t for t in node.taints
+                           if t["effect"] == "NoSchedule" and not _tolerates(spec.get("tolerations", []), t)]
             if any(node.labels.get(k) != v for k, v in spec.get("nodeSelector", {}).items()):
-                continue
-            if not all(_tolerates(spec.get("tolerations", []), t) for t in node.taints if t["effect"] == "NoSchedule"):
-                continue
-            if gpus > node.gpus - node.gpus_used:
-                continue
-            node.gpus_used += gpus
-            return name
-        return None
+                why["node(s) didn't match Pod's node affinity/selector"] += 1
+            elif untolerated:
+                t = untolerated[0]
+                why[f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"] += 1
+            elif gpus > node.gpus - node.gpus_used:
+                why["Insufficient nvidia.com/gpu"] += 1
+            else:
+                node.gpus_used += gpus
+                return name, ""
+        reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(why.items()))
+        return None, f"0/{len(self.nodes)} nodes are available: {reasons}."
 
     def _env(self, ns: str, c: dict[str, Any]) -> dict[str, str]:
         env = dict(self.images[c["image"]])
@@ -220,15 +229,31 @@ class FakeCluster:
             self.logs[key].append((stamp, line))
             self.cond.notify_all()
 
+    def _mount(self, ns: str, spec: dict[str, Any], c: dict[str, Any]) -> None:
+        """The container's volumes: ``emptyDir`` directories made, claims required to exist."""
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for m in c.get("volumeMounts", []):
+            v = volumes[m["name"]]
+            if "emptyDir" in v:
+                Path(m["mountPath"]).mkdir(parents=True, exist_ok=True)
+            elif "persistentVolumeClaim" in v and (ns, v["persistentVolumeClaim"]["claimName"]) not in self.claims:
+                raise LookupError(f'persistentvolumeclaim "{v["persistentVolumeClaim"]["claimName"]}" not found')
+
+    def _launch(self, spec: dict[str, Any], c: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start the container's process: here a local subprocess with the pod's environment
+        (tests/test_images.py runs it in the image instead)."""
+        return subprocess.Popen([*c.get("command", []), *c.get("args", [])], env=env, cwd=env.get("HOME", "/"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
     def _run_pod(self, ns: str, name: str) -> None:
         key = (ns, name)
         with self.cond:
             pod = copy.deepcopy(self.pods[key])
         spec = pod["spec"]
-        node = self._schedule(pod)
-        if node is None:
+        node, why = self._schedule(pod)
+        if node is None:  # as kube-scheduler: Pending, no container statuses, a PodScheduled condition
             self._set(ns, name, conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                             "message": "0/2 nodes are available"}])
+                                             "message": why}])
             return
         with self.cond:
             if key in self.pods:
@@ -245,13 +270,7 @@ class FakeCluster:
             non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
             if non_root and uid == 0:
                 raise LookupError("container has runAsNonRoot and image will run as root")
-            volumes = {v["name"]: v for v in spec.get("volumes", [])}
-            for m in c.get("volumeMounts", []):
-                v = volumes[m["name"]]
-                if "emptyDir" in v:
-                    Path(m["mountPath"]).mkdir(parents=True, exist_ok=True)
-                elif "persistentVolumeClaim" in v and (ns, v["persistentVolumeClaim"]["claimName"]) not in self.claims:
-                    raise LookupError(f'persistentvolumeclaim "{v["persistentVolumeClaim"]["claimName"]}" not found')
+            self._mount(ns, spec, c)
         except PermissionError as exc:
             self._set(ns, name, containerStatuses=self._container_status(
                 c, {"waiting": {"reason": "ErrImagePull", "message": str(exc)}}))
@@ -261,8 +280,7 @@ class FakeCluster:
                 c, {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}))
             return
         self.envs[name] = env
-        proc = subprocess.Popen([*c.get("command", []), *c.get("args", [])], env=env, cwd=env.get("HOME", "/"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = self._launch(spec, c, env)
         started = _now()
         with self.cond:
             self._procs[key] = proc
@@ -440,27 +458,39 @@ def crawl(tmp_path: Path) -> tuple[Path, CrawlSpec]:
     return workdir, spec
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
-    image_env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    nodes = {
-        "cpu-node": Node(labels={"kubernetes.io/os": "linux"}),
-        "gpu-node": Node(labels={"kubernetes.io/os": "linux", "nvidia.com/gpu.present": "true"},
-                         taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}], gpus=1),
-    }
+CPU_NODE = Node(labels={"kubernetes.io/os": "linux"})
+GPU_NODE = Node(labels={"kubernetes.io/os": "linux", "nvidia.com/gpu.present": "true"},
+                taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}], gpus=1)
+
+
+@contextmanager
+def running(fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: str
+            ) -> Iterator[FakeCluster]:
+    """Serve ``fake`` with the test's Secret and claim, and point the ``CURATE_K8S_*`` settings at it."""
     default = kubernetes.client.Configuration.get_default_copy()
-    with FakeCluster(nodes, {CPU_IMAGE: image_env, GPU_IMAGE: image_env}) as fake:
+    with fake:
         fake.secrets[(NAMESPACE, "curation-credentials")] = {"AWS_SECRET_ACCESS_KEY": SECRET_VALUE}
         fake.claims.add((NAMESPACE, "curation-workdir"))
         settings = {
             "KUBECONFIG_FILE": str(fake.kubeconfig(tmp_path / "kubeconfig.json")),
             "NAMESPACE": NAMESPACE, "CPU_IMAGE": CPU_IMAGE, "GPU_IMAGE": GPU_IMAGE, "POLL_INTERVAL_S": "0.05",
             "TMP_DIR": str(tmp_path / "pod-tmp"), "CACHE_DIR": str(tmp_path / "pod-cache"), "POD_WAIT_TIMEOUT_S": "60",
+            **settings,
         }
         for k, v in settings.items():
             monkeypatch.setenv(k8s.ENV_PREFIX + k, v)
         yield fake
     kubernetes.client.Configuration.set_default(default)
+
+
+IMAGE_ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCluster]:
+    nodes = {"cpu-node": replace(CPU_NODE), "gpu-node": replace(GPU_NODE)}
+    with running(FakeCluster(nodes, {CPU_IMAGE: IMAGE_ENV, GPU_IMAGE: IMAGE_ENV}), tmp_path, monkeypatch) as fake:
+        yield fake
 
 
 GPU = Resources(cpu=2.0, memory_gib=4.0, gpu=1, image="gpu")
@@ -566,6 +596,57 @@ def test_a_failing_stage_fails_the_dagster_step_with_its_error(
     assert len(cluster.posted) == 1 and cluster.pods == {}
 
 
+def test_a_gpu_pod_that_never_schedules_fails_after_the_pending_bound(
+    crawl: tuple[Path, CrawlSpec], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No GPU node: the pod stays Pending with no container status, which dagster-k8s alone waits
+    out for 24 h. CURATE_K8S_PENDING_TIMEOUT_S bounds it: one line naming the partition and why."""
+    workdir, spec = crawl
+    monkeypatch.setitem(registry.PROGRAMS, "exact_duplicates", replace(registry.PROGRAMS["exact_duplicates"],
+                                                                        resources=GPU))
+    fake = FakeCluster({"cpu-node": replace(CPU_NODE)}, {CPU_IMAGE: IMAGE_ENV, GPU_IMAGE: IMAGE_ENV})
+    with running(fake, tmp_path, monkeypatch, PENDING_TIMEOUT_S="1.5"):
+        instance = DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions(CRAWL, ["c1"])
+        instance.add_dynamic_partitions(SOURCE, ["web"])
+        started = time.monotonic()
+        result = _run(workdir, spec, instance, "exact_duplicates", None, "k8s")
+        waited = time.monotonic() - started
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    message = failure.event_specific_data.error.message.strip()  # type: ignore[union-attr]
+    (pod,) = fake.posted
+    assert message.startswith(f"dagster._core.definitions.events.Failure: exact_duplicates[c1]: GPU pod "
+                              f"{pod['metadata']['name']} not started after 1.5s, unschedulable: 0/1 nodes are "
+                              "available: 1 node(s) didn't match Pod's node affinity/selector. (no node with 1 free "
+                              'nvidia.com/gpu matches nodeSelector {"nvidia.com/gpu.present": "true"} and tolerates '
+                              "the pod); the bound is CURATE_K8S_PENDING_TIMEOUT_S"), message
+    assert "\n" not in message
+    assert 1.5 <= waited < 30
+    assert fake.pods == {}  # the pending pod was deleted, not left to be scheduled later
+
+
+def test_pending_bound_lets_started_and_failing_pods_through(cluster: FakeCluster) -> None:
+    """The bound only waits for a start: a pod that runs, or whose image cannot be pulled (which
+    dagster-k8s reports at once with the pod's events), returns at once."""
+    api = _api(cluster)
+    for name, container in (("runs", {"command": ["sleep", "5"]}), ("no-image", {"image": "nowhere/x:1"})):
+        body = _pod(name, container=container)
+        api.create_namespaced_pod(NAMESPACE, body)
+        started = time.monotonic()
+        k8s.wait_until_started(api, NAMESPACE, name, body["spec"], f"{name}[c1]", timeout_s=20, poll_s=0.05)
+        assert time.monotonic() - started < 10
+    assert _state(_wait(cluster, "runs", lambda p: True)).get("running") is not None
+    # Scheduled, but its container cannot be created (a missing Secret): bounded too, and said so.
+    body = _pod("no-secret", container={"envFrom": [{"secretRef": {"name": "missing"}}]})
+    api.create_namespaced_pod(NAMESPACE, body)
+    with pytest.raises(Failure) as failed:
+        k8s.wait_until_started(api, NAMESPACE, "no-secret", body["spec"], "x[c1]", timeout_s=1, poll_s=0.05)
+    assert failed.value.description == ('x[c1]: pod no-secret not started after 1s, container stage waiting: '
+                                        'CreateContainerConfigError: secret "missing" not found; the bound is '
+                                        'CURATE_K8S_PENDING_TIMEOUT_S')
+
+
 # --- the emulator's own fidelity: what it refuses, as a cluster would ---------------------------
 
 
@@ -603,6 +684,10 @@ def test_emulator_schedules_gpu_pods_only_onto_tolerated_gpu_nodes(cluster: Fake
     api.create_namespaced_pod(NAMESPACE, _pod("no-toleration", **copy.deepcopy(gpu)))
     pending = _wait(cluster, "no-toleration", lambda p: p["status"]["conditions"])
     assert pending["status"]["conditions"][0]["reason"] == "Unschedulable"
+    assert pending["status"]["conditions"][0]["message"] == (  # kube-scheduler's wording
+        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint "
+        "{nvidia.com/gpu: present}.")
+    assert "containerStatuses" not in pending["status"] and pending["status"]["phase"] == "Pending"
     api.create_namespaced_pod(NAMESPACE, _pod(
         "tolerated", nodeSelector={"nvidia.com/gpu.present": "true"},
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], **copy.deepcopy(gpu)))

@@ -60,7 +60,8 @@ def run(
     any_match: Counter[str] = Counter()
     examples_hit: dict[str, set[str]] = defaultdict(set)
     for source in inputs.sources("raw_documents"):
-        for table in survivors(inputs, source, ["doc_id", "text"], execution.batch_rows):
+        for table in survivors(inputs, source, ["doc_id", "text"], execution.batch_rows,
+                               progress=partition.progress):
             total += table.num_rows
             best, count, anyc = D.match(index, table["text"].to_pylist())
             for e in best[anyc > 0].tolist():

@@ -39,7 +39,7 @@ def run(
     """Report: input, kept, quarantined, removed per stage (input = kept + quarantined + removed)."""
     assert partition.source is not None
     kept = 0
-    for table in survivors(inputs, partition.source, None, execution.batch_rows):
+    for table in survivors(inputs, partition.source, None, execution.batch_rows, progress=partition.progress):
         output.write("documents", table)
         kept += table.num_rows
     if kept == 0:

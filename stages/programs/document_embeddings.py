@@ -161,7 +161,8 @@ def run(
     cut = enc.max_tokens * CHARS_PER_TOKEN
     n = embedded = tokens = truncated = 0
     seconds = 0.0
-    batches = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
+    batches = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows,
+                        progress=partition.progress)
 
     Prepared = tuple[pa.Table, pa.Array, npt.NDArray[np.int64], npt.NDArray[np.int64], list[list[int]]]
 

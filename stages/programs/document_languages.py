@@ -105,7 +105,8 @@ def _identified(params: DocumentLanguagesParams, inputs: Inputs, partition: Part
         return cache.table, True
     # Every raw document (this stage is the first remover, so survivors() drops nothing here;
     # it still reads the removal lists of any remover placed before it).
-    tables = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
+    tables = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows,
+                       progress=partition.progress)
     parts = [LANGUAGES.empty_table(), *map_ordered(_IdentifyTable(params), _pieces(tables), execution)]
     result = pa.concat_tables(parts)
     cache.add(result)

@@ -36,7 +36,8 @@ def run(
     sources: list[np.ndarray] = []
     hashes: list[np.ndarray] = []
     for source in inputs.sources("raw_documents"):
-        for table in survivors(inputs, source, ["doc_id", "text"], execution.batch_rows):
+        for table in survivors(inputs, source, ["doc_id", "text"], execution.batch_rows,
+                               progress=partition.progress):
             ids.append(np.asarray(table["doc_id"].to_numpy(zero_copy_only=False), dtype="S32"))
             sources.append(np.full(table.num_rows, source, dtype=object))
             hashes.append(text_hashes(table["text"].to_pylist(), params.lowercase))

@@ -74,7 +74,8 @@ def run(
     docs = 0
     nbytes = 0
     kernel_s = 0.0
-    tables = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows)
+    tables = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows,
+                       progress=partition.progress)
     resources = fanout(backend, execution, kernel_cpus(execution))  # a twin: one GPU per call
     for table, (sigs, size, seconds) in zip_results(tables, signer, execution, **resources):
         kernel_s += seconds

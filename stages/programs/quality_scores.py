@@ -210,7 +210,7 @@ def run(
     total = kept = 0
     removed_tables: list[pa.Table] = []
     wrote_scores = False
-    for table in survivors(inputs, source, ["doc_id", "text"], execution.batch_rows):
+    for table in survivors(inputs, source, ["doc_id", "text"], execution.batch_rows, progress=partition.progress):
         n = table.num_rows
         total += n
         ids = table["doc_id"].combine_chunks()

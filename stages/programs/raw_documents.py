@@ -21,7 +21,7 @@ from typing import Any
 from stages.ingest.files import NoInputError, UnsupportedFileError, fingerprint, list_files
 from stages.ingest.records import Done
 from stages.ingest.streams import InputReadError
-from stages.ingest.tasks import Task, plan
+from stages.ingest.tasks import RangeTask, Task, plan
 from stages.ingest.writer import DOCUMENTS, QUARANTINE, Output
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, RawDocumentsParams
@@ -59,13 +59,26 @@ def run(
     blank = n_tasks = 0
     lines: Counter[str] = Counter()  # lines (rows) read so far per file, to number them across tasks
     records: Counter[str] = Counter()
+    # Progress by input bytes: a byte range as it is read, any other file once its last task is
+    # done (tasks come back in input order, so a new path means the previous file is done).
+    progress, credited, previous = partition.progress, Counter[str](), None
+    progress.expect(nbytes=sum(f.size for f in files))
     for task, done in done_tasks:
         n_tasks += 1
         path = task.file.path
+        if previous is not None and previous.path != path:
+            progress.advance(nbytes=previous.size - credited[previous.path])
+            credited[previous.path] = previous.size
+        previous = task.file
+        span = task.stop - task.start if isinstance(task, RangeTask) else 0
+        credited[path] += span
         out.add(task, done, lines[path])
         lines[path] += done.lines if not task.is_rows else done.docs.num_rows + len(done.bad)
         blank += done.blank
         records[path] += done.docs.num_rows + len(done.bad)
+        progress.advance(done.docs.num_rows + len(done.bad), span)
+    if previous is not None:
+        progress.advance(nbytes=previous.size - credited[previous.path])
     out.close()
     quarantined = sum(out.reasons.values())
     return {

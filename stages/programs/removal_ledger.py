@@ -14,9 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages import filters
 from stages.params import ExecutionParams, RemovalLedgerParams
 from stages.paths import PartitionWriter
-from stages.registry import PROGRAMS, QUARANTINE, Inputs, Partition
+from stages.registry import PROGRAMS, QUARANTINE, STAGES, Inputs, Partition
 from stages.removal import applied_programs, removed_table
 
 LEDGER = pa.schema([
@@ -30,6 +31,10 @@ LEDGER = pa.schema([
     ("score", pa.float64()),
     ("detail", pa.string()),
 ])
+
+
+HEURISTIC = "heuristic"
+HEURISTIC_PROGRAM = STAGES[HEURISTIC]
 
 
 class LedgerMismatch(RuntimeError):
@@ -55,7 +60,9 @@ def run(
     partition: Partition,
     execution: ExecutionParams,
 ) -> dict[str, Any]:
-    """Report: {"crawl", "sources": {source: {input, kept, quarantined, removed: {stage: n}}}}."""
+    """Report: {"crawl", "sources": {source: {input, kept, quarantined, removed: {stage: n}}}}, and
+    per source ``filters: {name: n}`` (of the heuristic removals, those of each custom filter)
+    when the heuristic stage ran custom filters."""
     store = inputs.store
     sources = inputs.sources("raw_documents")
     record_ids: dict[str, str | None] = {}
@@ -63,6 +70,7 @@ def run(
         t = store.read_table(inputs.dir("raw_documents", s), "documents", ["doc_id", "record_id"])
         record_ids.update(zip(t["doc_id"].to_pylist(), t["record_id"].to_pylist(), strict=True))
     ledger_counts: Counter[tuple[str, str]] = Counter()
+    reason_counts: Counter[tuple[str, str]] = Counter()  # heuristic removals per (source, reason)
     for s in sources:
         q = store.read_table(inputs.dir("raw_documents", s), "quarantine")
         n = q.num_rows
@@ -99,6 +107,8 @@ def run(
             "detail": [None] * len(rows),
         }, schema=LEDGER))
         ledger_counts.update((r["source"], stage) for r in rows)
+        if stage == HEURISTIC:
+            reason_counts.update((r["source"], r["reason"]) for r in rows)
     if not output.tables.get("ledger"):
         output.write("ledger", LEDGER.empty_table())
 
@@ -114,5 +124,16 @@ def run(
             if ledger_counts[(s, stage)] != n:
                 raise LedgerMismatch(f"source {s}, stage {stage}: ledger has {ledger_counts[(s, stage)]} rows, "
                                      f"curated counts {n}")
+        names = _custom_filters(inputs, s)
+        if names:  # the custom filters' share of the heuristic removals, from the ledger's reasons
+            entry["filters"] = {name: reason_counts[(s, filters.reason(name))] for name in names}
         report["sources"][s] = entry
     return report
+
+
+def _custom_filters(inputs: Inputs, source: str) -> list[str]:
+    """Names of the custom filters the heuristic stage ran for ``source`` (from its manifest)."""
+    if HEURISTIC_PROGRAM not in inputs.dirs:
+        return []
+    params = inputs.manifest(HEURISTIC_PROGRAM, source).params
+    return [f["name"] for f in params.get("filters", [])] if params.get("enabled", True) else []
