@@ -588,8 +588,8 @@ def embedding_model_path(model: str) -> str:
 
 
 class DocumentEmbeddingsParams(StageParams):
-    """Sentence embeddings (L2-normalised) of the heuristic survivors of one source. Part of stage
-    ``semantic``; docs/semantic.md.
+    """Sentence embeddings (L2-normalised) of the documents of one source that survived every
+    cheaper remover (exact and fuzzy dedup included). Part of stage ``semantic``; docs/semantic.md.
 
     ``model``: ``all-MiniLM-L6-v2`` (the packaged default, 384 dimensions) or a local
     sentence-transformers directory. Texts are cut to ``max_tokens`` tokens (capped at what the

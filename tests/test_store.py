@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -297,7 +298,7 @@ def test_a_busy_score_cache_is_skipped_not_fatal(tmp_path: Path) -> None:
     execute(store, crawl, "document_languages", "s")
     raw = store.read_manifest(plan_task(store, crawl, "raw_documents", "s").output_dir)
     assert raw is not None
-    key = fd.hashlib.sha256(f"{fd.H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{fd.H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
     cache = store.partition_dir(fd.SCORES, key, "c1", "s")
     holder = store.writer(cache)  # the other attempt
     out = plan_task(store, crawl, "filtered_documents", "s").output_dir

@@ -16,7 +16,6 @@ partition naming both (``FilterFailed``): a document is never dropped or kept by
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,10 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages import filters
+from stages.cache import RowCache
 from stages.kernels import heuristics as H
 from stages.parallel import zip_results
 from stages.params import CustomFilter, ExecutionParams, FilteredDocumentsParams
-from stages.paths import Manifest, PartitionBusy, PartitionWriter
+from stages.paths import PartitionWriter
 from stages.progress import Progress
 from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
@@ -70,45 +70,33 @@ def _wanted(inputs: Inputs, source: str, execution: ExecutionParams) -> pa.Array
 
 
 def _cached(
-    inputs: Inputs, partition: Partition, execution: ExecutionParams, wanted: pa.Array, key: str,
-    empty: pa.Table, score: Callable[[pa.RecordBatch], pa.Table], columns: list[str], about: dict[str, Any],
+    inputs: Inputs, partition: Partition, execution: ExecutionParams, wanted: pa.Array, ident: str,
+    empty: pa.Table, score: Callable[[pa.RecordBatch], pa.Table], columns: list[str],
     progress: Progress | None = None,
 ) -> tuple[pa.Table, int]:
     """(doc_id + the score columns of ``empty`` for every ``wanted`` document, in its order;
-    how many were scored now): from the cache ``heuristic_scores/<key>/<crawl>/<source>``, the
-    missing ones scored by ``score`` over batches of ``columns`` (doc_id and text first) and
-    added to it. The cache holds every document ever scored for this key (the raw data version is
-    part of it), so a language setting that lets more documents through scores only those.
-    ``progress``: given for the stage's main pass only (the built-in scores), not once per filter."""
+    how many were scored now): from the cache ``heuristic_scores/<hash of ident>/<crawl>/<source>``
+    (a ``stages.cache.RowCache``), the missing ones scored by ``score`` over batches of
+    ``columns`` (doc_id and text first) and added to it. The cache holds every document ever
+    scored for this ident (the raw data version is part of it), so a language setting that lets
+    more documents through scores only those. ``progress``: given for the stage's main pass only
+    (the built-in scores), not once per filter."""
     assert partition.source is not None
-    store = inputs.store
-    cache_dir = store.partition_dir(SCORES, key, partition.crawl, partition.source)
     empty = empty.add_column(0, "doc_id", pa.array([], pa.string()))
-    cached = store.read_table(cache_dir, "scores") if store.read_manifest(cache_dir) is not None else empty
-    missing = pc.invert(pc.is_in(wanted, value_set=cached["doc_id"].combine_chunks()))
-    fresh: list[pa.Table] = [empty]
-    if pc.any(missing).as_py():
-        todo = wanted.filter(missing)
+    cache = RowCache(inputs.store, SCORES, ident, partition.crawl, partition.source, empty.schema, table="scores")
+    todo = wanted.filter(pa.array(cache.find(wanted) < 0))
+    if len(todo):
         batches = (
             b for t in survivors(inputs, partition.source, columns, execution.batch_rows, progress=progress)
             for b in t.filter(pc.is_in(t["doc_id"], value_set=todo)).to_batches() if b.num_rows
         )
         for batch, scores in zip_results(_chunks(batches), score, execution):
-            fresh.append(scores.add_column(0, "doc_id", batch.column(0)))
-    table = pa.concat_tables([cached, *fresh]).combine_chunks()
-    if len(fresh) > 1 or store.read_manifest(cache_dir) is None:
-        try:
-            writer = store.writer(cache_dir)
-        except PartitionBusy:  # another attempt is filling this cache right now: go on without it
-            writer = None
-        if writer is not None:
-            try:
-                writer.write("scores", table)
-                writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source, about))
-            finally:
-                writer.close()
+            cache.add(scores.add_column(0, "doc_id", batch.column(0)))
+    fresh = cache.added
+    table = cache.content().combine_chunks()
+    cache.save()
     # The wanted rows, in raw order (the cache holds them in the order they were scored).
-    return table.take(pc.index_in(wanted, value_set=table["doc_id"])), sum(t.num_rows for t in fresh)
+    return table.take(pc.index_in(wanted, value_set=table["doc_id"])), fresh
 
 
 def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams, wanted: pa.Array) -> pa.Table:
@@ -116,9 +104,8 @@ def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams, wa
     scorer version and the raw data's version."""
     assert partition.source is not None
     raw = inputs.manifest("raw_documents", partition.source)
-    key = hashlib.sha256(f"{H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
-    table, _ = _cached(inputs, partition, execution, wanted, key, _score_table([]), _score_batch, ["doc_id", "text"],
-                       {"scorer_version": H.SCORER_VERSION}, partition.progress)
+    table, _ = _cached(inputs, partition, execution, wanted, f"{H.SCORER_VERSION}/{raw.data_version}",
+                       _score_table([]), _score_batch, ["doc_id", "text"], partition.progress)
     return table
 
 
@@ -148,11 +135,11 @@ def _filter_scores(
     raw = inputs.manifest("raw_documents", partition.source)
     kwargs = {k: v for k, v in sorted(spec.kwargs.items()) if k not in spec.keep_kwargs}
     about = {"filter": spec.filter, "version": spec.version, "kwargs": kwargs}
-    key = hashlib.sha256(json.dumps({**about, "raw": raw.data_version}, sort_keys=True).encode()).hexdigest()[:16]
+    ident = json.dumps({**about, "raw": raw.data_version}, sort_keys=True)
     empty = pa.table({"score": pa.array([], pa.float64())})
     try:
-        table, fresh = _cached(inputs, partition, execution, wanted, key, empty, _FilterScorer(spec),
-                               ["doc_id", "text", "record_id"], {"custom_filter": about})
+        table, fresh = _cached(inputs, partition, execution, wanted, ident, empty, _FilterScorer(spec),
+                               ["doc_id", "text", "record_id"])
     except filters.FilterError as exc:  # from a Ray task: its text is the worker's traceback
         raise filters.unwrapped(exc) from None
     return table["score"].to_numpy(), fresh
