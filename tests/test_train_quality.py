@@ -4,8 +4,6 @@ removing the planted low-quality documents, on a real Dagster instance."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import random
 from pathlib import Path
@@ -17,10 +15,9 @@ import pytest
 
 pytest.importorskip("fasttext")
 
-from tiny_corpus import fast_tmp
-from tiny_models import COMMON, HQ_WORDS, LQ_WORDS
+from tiny_corpus import curate, fast_tmp
+from tiny_models import HQ_WORDS, LQ_WORDS, prose
 
-from curation_dagster import cli
 from stages.dataroot import DataRoot
 from stages.train_quality import heldout_metrics, provenance_path
 
@@ -29,30 +26,14 @@ pytestmark = pytest.mark.slow
 STAGES = "heuristic,quality"
 
 
-def curate(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(args))
-    return code, out.getvalue(), err.getvalue()
-
-
-def _prose(rng: random.Random, vocab: list[str], sentences: int = 8) -> str:
-    """Sentences with stop words and end punctuation, so the heuristic filters keep them."""
-    out = []
-    for _ in range(sentences):
-        words = [rng.choice(vocab if rng.random() < 0.6 else COMMON) for _ in range(11)]
-        out.append(" ".join(words).capitalize() + ".")
-    return " ".join(out)
-
-
 def _corpus(root: Path) -> tuple[dict[str, Any], set[str]]:
     """papers: 30 reference documents; spam: 30 junk ones; blogs: 12, every third one junk (the
     planted negatives); stubs: 3 texts the heuristics remove (a source with no survivors)."""
     rng = random.Random(5)
     rows: dict[str, list[dict[str, str]]] = {
-        "papers": [{"id": f"p{i}", "text": _prose(rng, HQ_WORDS)} for i in range(30)],
-        "spam": [{"id": f"s{i}", "text": _prose(rng, LQ_WORDS)} for i in range(30)],
-        "blogs": [{"id": f"b{i}", "text": _prose(rng, LQ_WORDS if i % 3 == 0 else HQ_WORDS)} for i in range(12)],
+        "papers": [{"id": f"p{i}", "text": prose(rng, HQ_WORDS)} for i in range(30)],
+        "spam": [{"id": f"s{i}", "text": prose(rng, LQ_WORDS)} for i in range(30)],
+        "blogs": [{"id": f"b{i}", "text": prose(rng, LQ_WORDS if i % 3 == 0 else HQ_WORDS)} for i in range(12)],
         "stubs": [{"id": f"x{i}", "text": t} for i, t in enumerate(("Click here", "ok", "Home | About"))],
     }
     sources: dict[str, Any] = {}
@@ -126,9 +107,12 @@ def test_train_quality_then_crawl_removes_planted(tmp_path: Path) -> None:
             assert 0.0 <= m[k] <= 1.0
         assert m["precision"] > 0.9 and m["recall"] > 0.9
 
-        # Deterministic: the same invocation gives the same model bytes and metrics.
+        # Deterministic: the same training, found through the data root this time, gives the same
+        # model bytes and metrics.
         again = tmp_path / "again" / "ft.bin"
-        code, _, err = curate(*train, "--out", str(again), "--seed", "3", "--epoch", "20")
+        code, _, err = curate("train-quality", "--data-root", str(workdir / "data"), "--crawl", "c1",
+                              "--positive", "papers", "--negative", "spam", "--out", str(again), "--seed", "3",
+                              "--epoch", "20")
         assert code == 0, err
         assert again.read_bytes() == model.read_bytes()
         assert json.loads(provenance_path(again).read_text())["heldout_metrics"] == m
