@@ -139,7 +139,7 @@ def sample_class(
         available[source] = 0
         for batch in survivors(inputs, source, ["doc_id", "text"]):
             ids = batch["doc_id"].to_pylist()
-            texts = [t if isinstance(t, str) else "" for t in batch["text"].to_pylist()]
+            texts = batch["text"].to_pylist()  # a string: ingestion quarantines any other
             available[source] += len(ids)
             sample.add(_hashes(ids, seed), ids, texts, source)
     return sample, available, keys
@@ -163,16 +163,29 @@ def heldout_metrics(scores: npt.NDArray[np.float64], truth: npt.NDArray[np.bool_
     tn = int((~pred & ~truth).sum())
     precision = tp / (tp + fp) if tp + fp else 0.0
     recall = tp / (tp + fn) if tp + fn else 0.0
-    pos, neg = scores[truth], scores[~truth]
-    # P(score of a random positive > score of a random negative), ties half.
-    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    auc = float(greater / (len(pos) * len(neg))) if len(pos) and len(neg) else 0.0
+    auc = _auc(scores[truth], scores[~truth])
     return {
         "threshold": threshold, "precision": round(precision, 6), "recall": round(recall, 6),
         "f1": round(2 * precision * recall / (precision + recall), 6) if precision + recall else 0.0,
         "accuracy": round((tp + tn) / len(scores), 6) if len(scores) else 0.0, "auc": round(auc, 6),
         "tp": tp, "fp": fp, "fn": fn, "tn": tn,
     }
+
+
+def _auc(pos: npt.NDArray[np.float64], neg: npt.NDArray[np.float64]) -> float:
+    """P(a random positive scores above a random negative), ties counted half: the Mann-Whitney
+    U from average ranks, in O(n log n) (a pairwise matrix of 20k x 20k held-out scores would
+    take gigabytes). 0.0 when a class is empty."""
+    if not len(pos) or not len(neg):
+        return 0.0
+    values = np.concatenate([pos, neg])
+    order = np.argsort(values, kind="stable")
+    _, inverse, counts = np.unique(values[order], return_inverse=True, return_counts=True)
+    average = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based mean rank of each distinct value
+    ranks = np.empty(len(values))
+    ranks[order] = average[inverse]
+    u = ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2.0
+    return float(u / (len(pos) * len(neg)))
 
 
 def provenance_path(out: Path) -> Path:

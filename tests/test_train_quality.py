@@ -57,6 +57,15 @@ def test_heldout_metrics_exact() -> None:
     assert (m["tp"], m["fp"], m["fn"], m["tn"]) == (2, 1, 1, 2)
     assert m["precision"] == pytest.approx(2 / 3, abs=1e-6) and m["recall"] == pytest.approx(2 / 3, abs=1e-6)
     assert m["auc"] == pytest.approx(7 / 9, abs=1e-6)  # 7 of the 9 (positive, negative) pairs ordered right
+    # With ties (counted half), against the pairwise definition.
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        s = rng.integers(0, 4, 40).astype(np.float64) / 4
+        t = rng.random(40) < 0.5
+        pos, neg = s[t], s[~t]
+        pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+        pairwise = pairs / (len(pos) * len(neg))
+        assert heldout_metrics(s, t, 0.5)["auc"] == pytest.approx(pairwise, abs=1e-6)
     none = heldout_metrics(scores, truth, 0.95)  # nothing predicted positive: 0, not a NaN
     assert none["precision"] == 0.0 and none["recall"] == 0.0 and none["f1"] == 0.0
 
