@@ -41,7 +41,7 @@ sample: $(RUN_STAMP)
 run: sample
 	$(BIN)/curate run --workdir $(WORKDIR) --crawl $(CRAWL) --config sample/curate.json
 	$(BIN)/curate train-quality --workdir $(WORKDIR) --crawl $(CRAWL) --positive docstrings \
-		--negative package_docs --no-balance --out sample/quality/model.bin
+		--negative package_docs --no-balance --name sample-quality --out sample/quality/model.bin
 	$(BIN)/curate run --workdir $(WORKDIR) --crawl $(CRAWL) --config sample/curate-quality.json
 
 # Headless Chromium for the UI test (tests/test_ui.py screenshots the asset graph): Debian's

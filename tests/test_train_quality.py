@@ -187,6 +187,7 @@ def test_sample_flow_of_make_run(tmp_path: Path) -> None:
         assert code == 0, err
         prov = json.loads(provenance_path(Path(clf["path"])).read_text())
         assert prov["sources"] == {"positive": ["docstrings"], "negative": ["package_docs"]}
+        assert prov["classifier"] == clf  # the sample's config is what train-quality prints for it
         code, _, err = curate("run", "--workdir", w, "--crawl", "sample", "--config",
                               str(sample / "curate-quality.json"), "--stages", STAGES, "--quiet")
         assert code == 0, err
