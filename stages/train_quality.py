@@ -209,8 +209,7 @@ def train(
 ) -> dict[str, Any]:
     """Train ``out`` (a fastText ``.bin``) on ``positive`` vs ``negative`` sources of ``spec``'s
     crawl and write its provenance beside it; returns the provenance."""
-    import fasttext
-
+    fasttext = _fasttext_trainer()
     params = params or TrainParams()
     pos_names, neg_names = list(dict.fromkeys(positive)), list(dict.fromkeys(negative))
     if not pos_names or not neg_names:
@@ -295,6 +294,19 @@ def train(
     blob = json.dumps(provenance, indent=1, ensure_ascii=False) + "\n"
     _write_atomic(provenance_path(out), lambda p: p.write_text(blob, encoding="utf-8"))
     return provenance
+
+
+def _fasttext_trainer() -> Any:
+    """The ``fasttext`` module, if it can train: fasttext-predict (the language extra's) installs
+    a predict-only module under the same name."""
+    try:
+        import fasttext
+    except ModuleNotFoundError as exc:
+        raise TrainError("training a classifier needs fastText: pip install 'curation-dagster[quality]'") from exc
+    if not hasattr(fasttext, "train_supervised"):
+        raise TrainError("the installed fasttext module only predicts (fasttext-predict); put fasttext-community's "
+                         "back: pip install --no-deps --force-reinstall fasttext-community")
+    return fasttext
 
 
 def _fasttext_version() -> str:

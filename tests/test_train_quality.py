@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def test_heldout_metrics_exact() -> None:
     assert none["precision"] == 0.0 and none["recall"] == 0.0 and none["f1"] == 0.0
 
 
-def test_train_quality_then_crawl_removes_planted(tmp_path: Path) -> None:
+def test_train_quality_then_crawl_removes_planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sources, planted = _corpus(tmp_path / "in")
     with fast_tmp(tmp_path / "w") as workdir:
         w = str(workdir)
@@ -154,6 +155,10 @@ def test_train_quality_then_crawl_removes_planted(tmp_path: Path) -> None:
             assert len(err.strip().splitlines()) == 1, err
         code, _, err = curate(*train, "--out", str(tmp_path / "bad.bin"), "--holdout", "1.5")
         assert code == 1 and err.startswith("curate: error: --holdout") and len(err.strip().splitlines()) == 1
+        with monkeypatch.context() as m:  # an install without the quality extra
+            m.setitem(sys.modules, "fasttext", None)
+            code, _, err = curate(*train, "--out", str(tmp_path / "bad.bin"))
+        assert code == 1 and "pip install 'curation-dagster[quality]'" in err and len(err.strip().splitlines()) == 1
         assert not (tmp_path / "bad.bin").exists()
 
 
