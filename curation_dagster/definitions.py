@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import os
 
-from dagster import AssetSelection, AutomationConditionSensorDefinition, DefaultSensorStatus, Definitions
+from dagster import (
+    AssetSelection,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+    Definitions,
+    ExecutorDefinition,
+)
 
 from curation_dagster.assets import ASSETS
 from curation_dagster.checks import CHECKS
@@ -17,7 +23,10 @@ from curation_dagster.recrawl import build_recrawl_schedule, build_recrawl_senso
 from curation_dagster.resources import CurationResource
 
 
-def build_definitions(workdir: str | None = None, **resource_config: object) -> Definitions:
+def build_definitions(workdir: str | None = None, run_executor: ExecutorDefinition | None = None,
+                      **resource_config: object) -> Definitions:
+    """The code location; ``run_executor`` runs a run's steps (default: Dagster's, a process per step).
+    ``resource_config``: fields of the ``curation`` resource."""
     workdir = os.path.abspath(workdir or os.environ.get("CURATE_WORKDIR", "workdir"))
     cfg = load_config(workdir)
     automation = AutomationConditionSensorDefinition(
@@ -34,6 +43,7 @@ def build_definitions(workdir: str | None = None, **resource_config: object) -> 
         schedules=[build_recrawl_schedule(cfg.recrawl)],
         sensors=[build_recrawl_sensor(cfg.recrawl), automation],
         resources={"curation": CurationResource(workdir=workdir, **resource_config)},  # type: ignore[arg-type]
+        executor=run_executor,
     )
 
 
