@@ -34,7 +34,15 @@ import tiny_corpus as T
 from moto_s3 import moto_s3
 
 from curation_dagster import cli, k8s
-from curation_dagster.deploy import DeployError, RunAs, free_port, graphql_post, postgres_bindir
+from curation_dagster.deploy import (
+    PG_PASSWORD_ENV,
+    DeployError,
+    Deployment,
+    RunAs,
+    free_port,
+    graphql_post,
+    postgres_bindir,
+)
 from curation_dagster.resources import CurationResource
 from stages.registry import PROGRAMS
 
@@ -74,6 +82,31 @@ def test_a_pipes_partition_runs_the_stage_pods_command_line() -> None:
                        if e["name"] in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "PYTHONUNBUFFERED")}
         assert command[command.index("--workers") + 1] == env["OMP_NUM_THREADS"] == str(
             k8s.threads(PROGRAMS[program].resources))
+
+
+def test_the_deployments_instance_config(tmp_path: Path) -> None:
+    """dagster.yaml as Dagster reads it (schema-validated): PostgreSQL storage with the password
+    from the environment, the queue with its limit, runs as processes, run retries and monitoring."""
+    import yaml
+    from dagster._core.instance.config import dagster_instance_config
+    from dagster._core.instance.ref import InstanceRef
+
+    dep = Deployment(tmp_path, "s3://bucket/root", max_concurrent_runs=3, max_retries=1)
+    dep.base.mkdir()
+    workspace = dep.write_config(pg_port=54321, grpc_port=4321)
+    home = str(dep.base / "dagster")
+    dagster_instance_config(home)  # raises on a config the schema refuses
+    ref = InstanceRef.from_dir(home)
+    assert ref.storage_data is not None and ref.storage_data.class_name == "DagsterPostgresStorage"
+    db = yaml.safe_load(ref.storage_data.config_yaml)["postgres_db"]
+    assert db["password"] == {"env": PG_PASSWORD_ENV} and db["port"] == 54321 and db["hostname"] == "127.0.0.1"
+    assert ref.run_coordinator_data is not None and ref.run_coordinator_data.class_name == "QueuedRunCoordinator"
+    assert yaml.safe_load(ref.run_coordinator_data.config_yaml)["max_concurrent_runs"] == 3
+    assert ref.run_launcher_data is not None and ref.run_launcher_data.class_name == "DefaultRunLauncher"
+    assert ref.settings["run_retries"] == {"enabled": True, "max_retries": 1, "retry_on_asset_or_op_failure": False}
+    assert ref.settings["run_monitoring"]["enabled"] is True
+    grpc = yaml.safe_load(workspace.read_text())["load_from"][0]["grpc_server"]
+    assert grpc == {"host": "127.0.0.1", "port": 4321, "location_name": "curation"}
 
 
 def test_submit_and_deploy_mistakes_are_one_line(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ import importlib.metadata as md
 
 import pytest
 
-DAGSTER_LIBS = ["dagster", "dagster_pipes", "dagster_webserver", "dagster_graphql", "dagster_k8s", "dagster_aws"]
+DAGSTER_LIBS = ["dagster", "dagster_pipes", "dagster_webserver", "dagster_graphql", "dagster_k8s", "dagster_aws",
+                "dagster_postgres"]
 
 
 @pytest.mark.parametrize("module", DAGSTER_LIBS)
@@ -22,7 +23,7 @@ def test_dagster_family_in_lock_step() -> None:
     assert core == "1.13.27"
     for dist in ("dagster-pipes", "dagster-webserver", "dagster-graphql"):
         assert md.version(dist) == core
-    for dist in ("dagster-k8s", "dagster-aws"):
+    for dist in ("dagster-k8s", "dagster-aws", "dagster-postgres"):
         assert md.version(dist) == "0.29.27"
 
 
@@ -32,7 +33,7 @@ def test_orchestration_imports_no_kernels() -> None:
     import sys
 
     code = (
-        "import sys; import curation_dagster.definitions; "
+        "import sys; import curation_dagster.definitions, curation_dagster.deploy, curation_dagster.submit; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('numba', 'torch', 'cupy', 'cudf', 'ray') "
         "or m.startswith(('stages.kernels', 'stages.programs'))]; print(bad); sys.exit(1 if bad else 0)"
     )
