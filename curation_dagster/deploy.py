@@ -211,6 +211,7 @@ class Deployment:
     children: list[Child] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
     subreaper: bool = False
+    owns_state: bool = False  # deployment.json is this one's (a refused second start must not remove it)
 
     @property
     def base(self) -> Path:
@@ -331,6 +332,7 @@ class Deployment:
 
     def start(self) -> None:
         """Start every process, in dependency order, and wait until the UI serves the code location."""
+        self._refuse_second()
         if not port_free(self.port):
             raise DeployError(f"port {self.port} on 127.0.0.1 is in use: choose another with --port")
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
@@ -362,11 +364,23 @@ class Deployment:
         self.wait_for("the webserver", lambda: _location_loaded(self.url), web, 180)
         self._write_state(pg_port, grpc_port)
 
+    def _refuse_second(self) -> None:
+        """One deployment per workdir: a second would share its PostgreSQL cluster."""
+        try:
+            old = json.loads((self.base / "deployment.json").read_text())
+            cmdline = Path(f"/proc/{int(old['pid'])}/cmdline").read_bytes()
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # none, or its process is gone
+        if b"deploy" in cmdline:
+            raise DeployError(f"a deployment of {self.workdir} is running already (pid {old['pid']}, "
+                              f"{old.get('url')}): stop it first")
+
     def _write_state(self, pg_port: int, grpc_port: int) -> None:
         state = {"url": self.url, "data_root": self.data_root, "workdir": str(self.workdir), "postgres_port": pg_port,
                  "grpc_port": grpc_port, "pid": os.getpid(),
                  "processes": {c.name: c.proc.pid for c in self.children}}
         (self.base / "deployment.json").write_text(json.dumps(state, indent=1))
+        self.owns_state = True
 
     def supervise(self) -> None:
         """Until asked to stop: a process that exits on its own stops the deployment."""
@@ -379,7 +393,8 @@ class Deployment:
     def stop(self) -> None:
         """Stop the Dagster processes (their whole groups: run workers and stage subprocesses too),
         then PostgreSQL; what does not stop in time is killed. Idempotent."""
-        (self.base / "deployment.json").unlink(missing_ok=True)
+        if self.owns_state:
+            (self.base / "deployment.json").unlink(missing_ok=True)
         dagster = [c for c in self.children if c.name != "postgres"]
         postgres = [c for c in self.children if c.name == "postgres"]
         for group in (dagster, postgres):

@@ -212,7 +212,13 @@ def statuses(backfill: dict[str, Any]) -> dict[str, tuple[int, int, int, int]]:
 
 
 def submit(dagster: Dagster, root: DataRoot, spec: CrawlSpec, log: Callable[[str], None]) -> str:
-    """Register the spec, add the partitions, launch the backfill; its id."""
+    """Register the spec, add the partitions, launch the backfill; its id. Refused while an
+    earlier backfill of the crawl runs: its partitions would be written twice at once, and its
+    later runs would read the new spec."""
+    running = dagster.latest_backfill(spec.crawl)
+    if running is not None and running["status"] not in TERMINAL:
+        raise SubmitError(f"crawl {spec.crawl} has a backfill in progress ({dagster.url}/runs/b/{running['id']}): "
+                          "wait for it, or cancel it in the UI, before submitting the crawl again")
     record = root.register(spec)
     log(f"crawl {spec.crawl} registered in {root.url} (#{record.sequence}, sources {', '.join(sorted(spec.sources))})")
     added = dagster.add_partitions("crawl", [spec.crawl]) + dagster.add_partitions("source", sorted(spec.sources))
@@ -248,11 +254,10 @@ def wait(dagster: Dagster, root: DataRoot, spec: CrawlSpec, backfill_id: str, lo
             raise SubmitError(f"backfill {backfill_id} of crawl {spec.crawl} still {backfill['status']} after "
                               f"{timeout_s:.0f}s: {dagster.url}/runs/b/{backfill_id}")
         time.sleep(POLL_S)
-    if any(c[3] for c in now.values()) or backfill["status"] != "COMPLETED_SUCCESS":
-        if any(c[3] for c in now.values()) or backfill["status"] in ("COMPLETED_FAILED", "FAILED"):
-            raise SubmitError(dagster.failure(backfill_id))
-        if backfill["status"] == "CANCELED":
-            raise SubmitError(f"backfill {backfill_id} of crawl {spec.crawl} was canceled")
+    if any(c[3] for c in now.values()) or backfill["status"] in ("COMPLETED_FAILED", "FAILED"):
+        raise SubmitError(dagster.failure(backfill_id))
+    if backfill["status"] == "CANCELED":
+        raise SubmitError(f"backfill {backfill_id} of crawl {spec.crawl} was canceled")
     if not root.published(spec):
         raise SubmitError(f"backfill {backfill_id} finished ({backfill['status']}) but crawl {spec.crawl}'s removal "
                           f"ledger is not committed in {root.url}")

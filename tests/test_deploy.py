@@ -330,6 +330,9 @@ def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leave
     deploy = start_deploy(base / "work", deployed, {**os.environ, "CURATE_STORAGE_OPTIONS": options}, port)
     started = time.monotonic() - t0
     try:
+        code, _, err = curate("deploy", "--workdir", str(base / "work"), "--data-root", deployed, "--port",
+                              str(free_port()))
+        assert code == 1 and "is running already (pid " in err and err.count("\n") == 1
         with Sampler(deploy.pid) as sampler:
             t0 = time.monotonic()
             code, out, err = curate("submit", "--dagster", url, "--crawl", T.CRAWL, "--config", str(config),
@@ -355,6 +358,8 @@ def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leave
             # Resubmitted (every partition up to date): SIGTERM once its first run is under way.
             code, out, err = curate("submit", "--dagster", url, "--crawl", T.CRAWL, "--stages", STAGES)
             assert code == 0, err
+            code, out, err = curate("submit", "--dagster", url, "--crawl", T.CRAWL, "--stages", STAGES)
+            assert code == 1 and f"crawl {T.CRAWL} has a backfill in progress" in err and err.count("\n") == 1
             deadline = time.monotonic() + 180
             while not any(role(p, procs, deploy.pid) == "run worker" for procs in [sampler.sample()]
                           for p in procs.values()):
@@ -367,8 +372,14 @@ def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leave
         assert deploy.wait(90) == 0
         stopped = time.monotonic() - t0
     finally:
-        if deploy.poll() is None:
-            os.killpg(deploy.pid, signal.SIGKILL)
+        if deploy.poll() is None:  # the test failed first: stop it as an operator would, then by force
+            deploy.send_signal(signal.SIGTERM)
+            try:
+                deploy.wait(90)
+            except subprocess.TimeoutExpired:
+                for p in [*tree(deploy.pid).values()]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGKILL)
     left = [p for p in sampler.seen.values() if alive(p)]
     assert not left, f"left behind: {left}"
     for pid in state["processes"].values():  # nor any member of their process groups
