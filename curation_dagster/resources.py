@@ -42,6 +42,11 @@ def save_spec(workdir: str | Path, spec: CrawlSpec) -> str:
     return root.record_path(spec.crawl)
 
 
+# What a stage pod's environment sets that a subprocess on the same machine should also have: its
+# thread pools sized to the pod's CPU request (the pod's paths, /tmp and /cache, are not this machine's).
+POD_THREAD_ENV = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "PYTHONUNBUFFERED")
+
+
 class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     """Workdir (operating config), data root (crawl specs, outputs) and execution settings of stage tasks.
 
@@ -106,6 +111,17 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
             cmd += ["--backend", self.backend]
         return cmd + (["--source", source] if source is not None else [])
 
+    def pod_command(self, program: str, crawl: str, source: str | None) -> tuple[list[str], dict[str, str]]:
+        """The stage pod's command line (``curation_dagster.k8s.pod_arguments``) with this
+        environment's python, and the pod's thread settings: what a Pipes subprocess runs, so
+        that ``curate deploy`` runs each partition as Kubernetes would, minus the pod."""
+        from curation_dagster.k8s import K8sSettings, pod_arguments
+
+        args = pod_arguments(K8sSettings(), self, program, crawl, source)
+        env = {e["name"]: e["value"] for e in args["base_pod_spec"]["containers"][0]["env"]
+               if e["name"] in POD_THREAD_ENV}
+        return [sys.executable, *args["command"][1:]], env
+
     def materialize(
         self, context: AssetExecutionContext, program: str, crawl: str, source: str | None
     ) -> MaterializeResult:
@@ -118,9 +134,10 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
             context.log.info(f"{program}[{crawl}|{source}]: source {source!r} is not part of crawl {crawl!r}")
             return MaterializeResult(metadata={"in_crawl": False, "crawl_sources": sorted(spec.sources)})
         if self.mode == "pipes":
-            env = {STORAGE_OPTIONS_ENV: json.dumps(self.options())} if self.options() else None
-            client = PipesSubprocessClient(env=env)
-            result = client.run(context=context, command=[sys.executable, *self.command(program, crawl, source)])
+            command, env = self.pod_command(program, crawl, source)
+            if self.options():
+                env[STORAGE_OPTIONS_ENV] = json.dumps(self.options())
+            result = PipesSubprocessClient(env=env).run(context=context, command=command)
             return result.get_materialize_result()
         if self.mode == "k8s":
             from curation_dagster.k8s import materialize_in_pod  # imports kubernetes only here
