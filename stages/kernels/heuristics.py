@@ -105,12 +105,18 @@ SCORE_NAMES: tuple[str, ...] = (
 
 
 class Rule(NamedTuple):
-    """One threshold rule: ``name`` is also the ``FilteredDocumentsParams`` field holding the
-    threshold; ``op`` "min" fails a document whose score is below it, "max" one above it."""
+    """One threshold rule: ``name`` (the ledger's reason) is also the ``FilteredDocumentsParams``
+    field holding the threshold unless ``field`` names another; ``op`` "min" fails a document
+    whose score is below it, "max" one above it."""
 
     name: str
     score: str
     op: Literal["min", "max"]
+    field: str = ""
+
+    @property
+    def threshold_field(self) -> str:
+        return self.field or self.name
 
 
 # The rules as data, in the order that picks a document's reason (its first failing rule).
@@ -226,20 +232,22 @@ def decide(
     scores: Mapping[str, npt.NDArray[np.floating]],
     params: FilteredDocumentsParams,
     exempt: Mapping[str, npt.NDArray[np.bool_]] | None = None,
+    rules: Sequence[Rule] = RULE_TABLE,
 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.object_], dict[str, int]]:
     """Apply the thresholds of ``params`` to stored scores.
 
     Returns ``keep`` bool (n,); ``reason`` object (n,), the name of the first failing rule in
     ``RULES`` order or None for a kept document; ``fails_per_rule`` {rule: documents failing it}
-    over every rule (a document may fail several). A rule whose threshold is None never fails;
+    over every rule of ``rules`` (``RULE_TABLE``, or another mode's table; a document may fail
+    several). A rule whose threshold is None never fails (nor does a NaN score);
     with ``params.enabled`` False no rule does. Only the scores of active rules are required.
     ``exempt`` maps a rule name to bool (n,): the documents that rule does not judge (see
     ``exemptions``).
     """
     active = [
         (rule, threshold)
-        for rule in RULE_TABLE
-        if params.enabled and (threshold := getattr(params, rule.name)) is not None
+        for rule in rules
+        if params.enabled and (threshold := getattr(params, rule.threshold_field)) is not None
     ]
     lengths = {len(values) for values in scores.values()}
     if len(lengths) > 1:
@@ -250,7 +258,7 @@ def decide(
     n = lengths.pop() if lengths else 0
     keep = np.ones(n, dtype=bool)
     reason = np.full(n, None, dtype=object)
-    fails_per_rule = dict.fromkeys(RULES, 0)
+    fails_per_rule = dict.fromkeys((rule.name for rule in rules), 0)
     for rule, threshold in active:
         values = np.asarray(scores[rule.score], dtype=np.float64)
         fails = values < threshold if rule.op == "min" else values > threshold

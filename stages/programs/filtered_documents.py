@@ -7,12 +7,17 @@ English stop-word rule for English only).
 Scores and decisions are separate: scores depend only on the text and the scorer version and
 are cached under ``heuristic_scores/<scorer key>/<crawl>/<source>`` (keyed by the raw data's
 version), so changing a threshold re-keys this output but recomputes no score.
+
+``params.rules`` picks the rule set: the default one, or the same thresholds with datatrove's
+semantics (``stages.kernels.heuristics_datatrove``), whose scores are cached under their own key.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from functools import partial
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -20,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.kernels import heuristics as H
+from stages.kernels import heuristics_datatrove
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, FilteredDocumentsParams
 from stages.paths import Manifest, PartitionBusy, PartitionWriter
@@ -29,13 +35,19 @@ from stages.removal import REMOVED, removal_table, survivors
 SCORES = "heuristic_scores"
 
 
-def _score_batch(batch: pa.RecordBatch) -> pa.Table:
-    return _score_table(batch.column(1).to_pylist())
+def _kernel(rules: str) -> ModuleType:
+    """The scoring module of a rule set (``FilteredDocumentsParams.rules``)."""
+    return heuristics_datatrove if rules == "datatrove" else H
 
 
-def _score_table(texts: list[str]) -> pa.Table:
-    scores = H.score_documents(texts)
-    return pa.table({name: pa.array(scores[name], pa.float64()) for name in H.SCORE_NAMES})
+def _score_batch(batch: pa.RecordBatch, rules: str = "default") -> pa.Table:
+    return _score_table(batch.column(1).to_pylist(), rules)
+
+
+def _score_table(texts: list[str], rules: str = "default") -> pa.Table:
+    kernel = _kernel(rules)
+    scores = kernel.score_documents(texts)
+    return pa.table({name: pa.array(scores[name], pa.float64()) for name in kernel.SCORE_NAMES})
 
 
 CHUNK_CHARS = 4_000_000  # text per scoring task: long documents still spread over every worker
@@ -53,17 +65,18 @@ def _chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 start = stop
 
 
-def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) -> pa.Table:
+def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams, rules: str = "default") -> pa.Table:
     """doc_id + one float64 column per score for every survivor of the removers before this
     stage (the language stage), in ``raw_documents`` order: from the cache, the missing ones
     computed and added to it. The cache holds the scores of every document ever scored for this
     raw data version, so a language setting that lets more documents through scores only those."""
     assert partition.source is not None
     raw = inputs.manifest("raw_documents", partition.source)
-    key = hashlib.sha256(f"{H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
+    mode = "" if rules == "default" else f"/{rules}"  # the default key predates the modes
+    key = hashlib.sha256(f"{H.SCORER_VERSION}/{raw.data_version}{mode}".encode()).hexdigest()[:16]
     store = inputs.store
     cache_dir = store.partition_dir(SCORES, key, partition.crawl, partition.source)
-    empty = _score_table([]).add_column(0, "doc_id", pa.array([], pa.string()))
+    empty = _score_table([], rules).add_column(0, "doc_id", pa.array([], pa.string()))
     cached = store.read_table(cache_dir, "scores") if store.read_manifest(cache_dir) is not None else empty
     wanted = pa.concat_arrays([pa.array([], pa.string())] + [
         t["doc_id"].combine_chunks() for t in survivors(inputs, partition.source, ["doc_id"], execution.batch_rows)
@@ -77,7 +90,7 @@ def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) ->
                                  progress=partition.progress)
             for b in t.filter(pc.is_in(t["doc_id"], value_set=todo)).to_batches() if b.num_rows
         )
-        for batch, scores in zip_results(_chunks(batches), _score_batch, execution):
+        for batch, scores in zip_results(_chunks(batches), partial(_score_batch, rules=rules), execution):
             fresh.append(scores.add_column(0, "doc_id", batch.column(0)))
     table = pa.concat_tables([cached, *fresh]).combine_chunks()
     if len(fresh) > 1 or store.read_manifest(cache_dir) is None:
@@ -89,7 +102,7 @@ def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams) ->
             try:
                 writer.write("scores", table)
                 writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source,
-                                       {"scorer_version": H.SCORER_VERSION}))
+                                       {"scorer_version": H.SCORER_VERSION, "rules": rules}))
             finally:
                 writer.close()
     # The survivors' rows, in raw order (the cache holds them in the order they were scored).
@@ -124,13 +137,15 @@ def run(
         }))
         output.write("removed", REMOVED.empty_table())
         return {"enabled": False, "input": n, "kept": n, "removed": 0, "removed_per_reason": {}}
-    table = _scores(inputs, partition, execution)
-    scores = {name: table[name].to_numpy() for name in H.SCORE_NAMES}
+    kernel = _kernel(params.rules)
+    table = _scores(inputs, partition, execution, params.rules)
+    scores = {name: table[name].to_numpy() for name in kernel.SCORE_NAMES}
     language = _languages(inputs, partition.source, table["doc_id"].combine_chunks())
-    keep, reason, fails = H.decide(scores, params, H.exemptions(language))
+    exempt = kernel.exemptions(language)
+    keep, reason, fails = H.decide(scores, params, exempt, kernel.RULE_TABLE)
     # The value of the rule that removed the document, for the ledger's score column.
     score = np.full(len(keep), np.nan)
-    for rule in H.RULE_TABLE:
+    for rule in kernel.RULE_TABLE:
         rows = reason == rule.name
         if rows.any():
             score[rows] = scores[rule.score][rows]
@@ -151,9 +166,10 @@ def run(
         removed_per_reason[r] = removed_per_reason.get(r, 0) + 1
     per_language = {}
     if any(x is not None for x in language):
-        per_language = {"word_rules_off": int(H.exemptions(language)["min_words"].sum())}
+        per_language = {"word_rules_off": int(exempt[kernel.RULE_TABLE[0].name].sum())}
     return {
         "enabled": True,
+        "rules": params.rules,
         **per_language,
         "input": len(keep),
         "kept": int(keep.sum()),

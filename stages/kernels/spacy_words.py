@@ -1,0 +1,165 @@
+"""spaCy's English word tokenizer in plain Python, for the datatrove heuristics mode.
+
+datatrove's Gopher and FineWeb filters count words as ``spacy.blank("en")`` tokenizes them,
+each token stripped and whitespace tokens dropped (``SpaCyTokenizer.word_tokenize``). This is a
+port of that tokenizer's algorithm (``spacy/tokenizer.pyx``: ``_tokenize_affixes``,
+``_split_affixes``, ``_attach_tokens`` and the special-case matcher of
+``_apply_special_cases``) over its own English rules, copied into ``datatrove_rules`` by
+bench/datatrove_rules.py, so the mode needs no spaCy at run time.
+
+A text is split at whitespace into chunks; each chunk is either a special case (``don't`` ->
+``do``, ``n't``) or is peeled of prefixes and suffixes (punctuation, ``'s``, units) until a
+special case or nothing is left, then the rest is kept whole if it is a URL and otherwise split
+at infixes (hyphens between letters, ``...``, ``/``...). Finally, token runs that spell a special
+case containing punctuation (``:)``, ``a.m.``) are replaced by that case's tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from stages.kernels import datatrove_rules as R
+
+_PREFIX = re.compile(R.PREFIX).search
+_SUFFIX = re.compile(R.SUFFIX).search
+_INFIX = re.compile(R.INFIX).finditer
+_URL = re.compile(R.URL).match
+_SPECIAL: dict[str, tuple[str, ...]] = R.SPECIAL_CASES
+
+
+def _affix_len(search: Callable[[str], re.Match[str] | None], text: str) -> int:
+    match = search(text)
+    return match.end() - match.start() if match is not None else 0
+
+
+def _split_affixes(chunk: str, specials: bool) -> tuple[list[str], str, list[str]]:
+    """(prefixes, the rest, suffixes in the order they were cut), as spaCy's ``_split_affixes``."""
+    prefixes: list[str] = []
+    suffixes: list[str] = []
+    last_size = 0
+    while chunk and len(chunk) != last_size:
+        if specials and chunk in _SPECIAL:
+            break
+        last_size = len(chunk)
+        pre_len = _affix_len(_PREFIX, chunk)
+        if pre_len:
+            prefix, minus_pre = chunk[:pre_len], chunk[pre_len:]
+            if minus_pre and specials and minus_pre in _SPECIAL:
+                prefixes.append(prefix)
+                chunk = minus_pre
+                break
+        suf_len = _affix_len(_SUFFIX, chunk[pre_len:])
+        if suf_len:
+            suffix, minus_suf = chunk[-suf_len:], chunk[:-suf_len]
+            if minus_suf and specials and minus_suf in _SPECIAL:
+                suffixes.append(suffix)
+                chunk = minus_suf
+                break
+        if pre_len and suf_len and pre_len + suf_len <= len(chunk):
+            prefixes.append(prefix)
+            suffixes.append(suffix)
+            chunk = chunk[pre_len:-suf_len]
+        elif pre_len:
+            prefixes.append(prefix)
+            chunk = minus_pre
+        elif suf_len:
+            suffixes.append(suffix)
+            chunk = minus_suf
+    return prefixes, chunk, suffixes
+
+
+def _chunk_tokens(chunk: str, specials: bool = True) -> list[str]:
+    """Tokens of one whitespace-free chunk before the special-case matcher."""
+    if specials and chunk in _SPECIAL:
+        return list(_SPECIAL[chunk])
+    tokens, rest, suffixes = _split_affixes(chunk, specials)
+    if rest:
+        if specials and rest in _SPECIAL:
+            tokens.extend(_SPECIAL[rest])
+        elif _URL(rest):
+            tokens.append(rest)
+        else:
+            start = 0
+            for match in _INFIX(rest):
+                begin, end = match.start(), match.end()
+                if begin == 0:  # an infix at the very start is not a split point
+                    continue
+                if begin != start:
+                    tokens.append(rest[start:begin])
+                if begin != end:
+                    tokens.append(rest[begin:end])
+                start = end
+            if rest[start:]:
+                tokens.append(rest[start:])
+    tokens.extend(reversed(suffixes))
+    return tokens
+
+
+def _matcher_patterns() -> tuple[dict[tuple[str, ...], tuple[str, ...]], int]:
+    """{token run: its special-case tokens} for the cases spaCy's special matcher looks for (those
+    with a prefix, suffix or infix; a run that already equals its case's tokens is left out), and
+    the longest run."""
+    patterns: dict[tuple[str, ...], tuple[str, ...]] = {}
+    for orth, pieces in _SPECIAL.items():
+        if orth.isspace() or not (_affix_len(_PREFIX, orth) or _affix_len(_SUFFIX, orth) or any(_INFIX(orth))):
+            continue
+        run = tuple(_chunk_tokens(orth, specials=False))
+        if run != pieces:
+            patterns[run] = pieces
+    return patterns, max(map(len, patterns), default=1)
+
+
+_PATTERNS, _LONGEST = _matcher_patterns()
+
+
+def _apply_special_runs(tokens: list[str]) -> list[str]:
+    """Replace runs of tokens that spell a special case, longest first, then earliest, as spaCy's
+    ``_filter_special_spans`` picks them (a run is skipped if its first or last token is taken)."""
+    n = len(tokens)
+    spans = [
+        (start, end)
+        for start in range(n)
+        for end in range(start + 1, min(start + _LONGEST, n) + 1)
+        if tuple(tokens[start:end]) in _PATTERNS
+    ]
+    if not spans:
+        return tokens
+    spans.sort(key=lambda s: (s[0] - s[1], s[0]))
+    taken: set[int] = set()
+    chosen: dict[int, int] = {}
+    for start, end in spans:
+        if start not in taken and end - 1 not in taken:
+            chosen[start] = end
+        taken.update(range(start, end))
+    out: list[str] = []
+    i = 0
+    while i < n:
+        if i in chosen:
+            out.extend(_PATTERNS[tuple(tokens[i : chosen[i]])])
+            i = chosen[i]
+        else:
+            out.append(tokens[i])
+            i += 1
+    return out
+
+
+def chunk_words(chunk: str) -> list[str]:
+    """datatrove's words of one whitespace-free chunk: its spaCy tokens, stripped, blanks dropped."""
+    tokens = _chunk_tokens(chunk)
+    if len(tokens) > 1 or (tokens and tokens[0] != chunk):
+        tokens = _apply_special_runs(tokens)
+    return [s for s in map(str.strip, tokens) if s]
+
+
+def words(text: str, memo: dict[str, list[str]] | None = None) -> list[str]:
+    """datatrove's ``split_into_words(text, "en")``. ``memo`` caches chunk -> words across calls
+    (chunks repeat a lot; spaCy caches them too)."""
+    memo = {} if memo is None else memo
+    out: list[str] = []
+    for chunk in text.split():
+        found = memo.get(chunk)
+        if found is None:
+            found = memo[chunk] = chunk_words(chunk)
+        out.extend(found)
+    return out

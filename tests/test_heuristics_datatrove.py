@@ -1,0 +1,253 @@
+"""The datatrove heuristics mode (``rules: datatrove``): hand-computed values where datatrove's
+semantics differ from the default rules, the spaCy word port, and agreement with datatrove's own
+decisions on the sample corpus (a checked-in golden file, so datatrove need not be installed)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from test_heuristics import repetitive_text
+from tiny_corpus import read, run_all, spec
+
+from stages.kernels import heuristics as H
+from stages.kernels import heuristics_datatrove as D
+from stages.kernels.spacy_words import words
+from stages.params import FilteredDocumentsParams, params_key
+from stages.paths import Store
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "datatrove_decisions.json"
+DT = FilteredDocumentsParams(rules="datatrove")
+
+
+def dt_scores(text: str) -> dict[str, float]:
+    return D.score_text(text)
+
+
+# --- words: spaCy's English tokens, stripped ---------------------------------------------------
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("Don't stop, U.S. friends: e.g. well-known (c) foo.bar() :) ... end.",
+     ["Do", "n't", "stop", ",", "U.S.", "friends", ":", "e.g.", "well", "-", "known", "(", "c", ")",
+      "foo.bar", "(", ")", ":)", "...", "end", "."]),
+    ("See https://example.com/a?b=1, or 10km; it's 5$ -- ok!!",
+     ["See", "https://example.com/a?b=1", ",", "or", "10", "km", ";", "it", "'s", "5", "$", "--", "ok", "!", "!"]),
+    ('a--b x/y "quoted" C++ #tag >>> x = 1',
+     ["a", "--", "b", "x", "/", "y", '"', "quoted", '"', "C++", "#", "tag", ">", ">", ">", "x", "=", "1"]),
+    ("  \n\t ", []),
+])
+def test_words_are_spacy_english_tokens(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+def test_words_agree_with_spacy_when_installed() -> None:
+    spacy = pytest.importorskip("spacy")
+    nlp = spacy.blank("en")
+    texts = ["(a.m.) 'tis y'all can't... U.K.'s 3.5% +1 -2 ~3 [1] {x} <b>bold</b> x@y.org www.a.co/b",
+             "Hello\u00a0world\u2014dash “quote” ‘single’ «guillemets» ½ 10°C. 5'11\" a/b/c ../x ...wait"]
+    for text in texts:
+        assert words(text) == [t.text.strip() for t in nlp(text) if t.text.strip()]
+
+
+# --- scores where datatrove's semantics differ -------------------------------------------------
+
+def test_word_count_leaves_out_punctuation_tokens_and_alpha_ratio_counts_them() -> None:
+    text = "Hello , world -- again >>> = ok."
+    # tokens: Hello , world -- again > > > = ok .  (11); symbol-only: , -- > > > = .  (7)
+    s = dt_scores(text)
+    assert s["word_count"] == 4.0  # default rules: 8 whitespace words
+    assert s["mean_word_length"] == (5 + 5 + 5 + 2) / 4
+    assert s["alpha_words_frac"] == 4 / 11
+    assert H.score_text(text)["word_count"] == 8.0
+    assert H.score_text(text)["alpha_words_frac"] == 4 / 8  # Hello world again ok.
+
+
+def test_alpha_ratio_divides_by_punctuation_tokens() -> None:
+    assert dt_scores("Hello, world.")["alpha_words_frac"] == 2 / 4
+    assert H.score_text("Hello, world.")["alpha_words_frac"] == 1.0
+
+
+def test_mean_word_length_is_unstripped_and_nan_without_words() -> None:
+    assert dt_scores("(hello) world's")["mean_word_length"] == (5 + 5 + 2) / 3  # ( ) are tokens of their own
+    assert math.isnan(dt_scores("... !!! --")["mean_word_length"])
+    keep, _, _ = H.decide({"mean_word_length": np.array([math.nan])},
+                          FilteredDocumentsParams(rules="datatrove", **{r.threshold_field: None for r in D.RULE_TABLE
+                                                                         if r.score != "mean_word_length"}),
+                          rules=D.RULE_TABLE)
+    assert keep.tolist() == [True]  # datatrove: np.mean([]) is NaN, and NaN < 3 is False
+
+
+def test_stop_words_are_case_sensitive() -> None:
+    assert dt_scores("The cat and The dog")["stop_word_count"] == 1.0  # "The" is not "the"
+    assert dt_scores("the cat and the dog")["stop_word_count"] == 2.0
+    assert dt_scores("the, and. of")["stop_word_count"] == 3.0  # punctuation is split off
+    assert H.score_text("The cat and The dog")["stop_word_count"] == 2.0
+
+
+def test_bullets_are_two_marks_and_blank_lines_count() -> None:
+    text = "• one\n\n* two\n- three\n  - four"
+    assert dt_scores(text)["bullet_lines_frac"] == 3 / 5  # '*' is no bullet; the blank line counts
+    assert H.score_text(text)["bullet_lines_frac"] == 4 / 4
+
+
+def test_ellipsis_lines_count_blank_lines() -> None:
+    text = "wait...\nmore… \n\nno"
+    assert dt_scores(text)["ellipsis_lines_frac"] == 2 / 4
+    assert H.score_text(text)["ellipsis_lines_frac"] == 2 / 3
+
+
+def test_hash_and_ellipsis_are_separate_ratios_over_all_tokens() -> None:
+    s = dt_scores("#a b ... c")  # tokens: # a b ... c
+    assert (s["hash_word_ratio"], s["ellipsis_word_ratio"]) == (1 / 5, 1 / 5)
+    assert H.score_text("#a b ... c")["symbol_word_ratio"] == 2 / 4
+
+
+def test_terminal_punctuation_lines_are_unstripped_and_quotes_do_not_end_them() -> None:
+    text = 'He said "hi."\nShe said "bye"\nend. \n\nok!'
+    assert dt_scores(text)["terminal_punct_lines_frac"] == 1 / 4  # only "ok!": '"' and ' ' end the others
+    assert H.score_text(text)["terminal_punct_lines_frac"] == 4 / 4
+
+
+def test_lines_and_paragraphs_are_compared_unstripped() -> None:
+    text = "a\nb \na\nb\n"  # lines split at \n+: a, "b ", a, b, "" -> one duplicate
+    s = dt_scores(text)
+    assert (s["dup_line_frac"], s["dup_line_char_frac"]) == (1 / 5, 1 / 9)
+    assert H.score_text(text)["dup_line_frac"] == 2 / 4
+    s = dt_scores("p\n\nq\n\n\np")  # paragraphs: p, q, p
+    assert (s["dup_para_frac"], s["dup_para_char_frac"]) == (1 / 3, 1 / 8)
+
+
+def test_fineweb_line_scores() -> None:
+    text = "short\n" + "x" * 31 + "\nshort\n\n"
+    s = dt_scores(text)
+    assert s["short_lines_frac"] == 2 / 3  # non-blank lines of at most 30 chars
+    assert s["char_dup_frac"] == 5 / (len(text) - 4)  # the second "short" over the text without newlines
+    assert s["newline_word_ratio"] == 4 / 3
+
+
+def test_c4_counts_lines() -> None:
+    s = dt_scores("Lorem Ipsum dolor\nlorem\nipsum {x}")
+    assert (s["lorem_ipsum"], s["curly_brackets"]) == (1.0, 1.0)
+
+
+# --- rules and decisions -----------------------------------------------------------------------
+
+def test_rule_table_thresholds_are_params_fields_and_scores_exist() -> None:
+    fields = set(FilteredDocumentsParams.model_fields)
+    assert {r.threshold_field for r in D.RULE_TABLE} <= fields
+    assert {r.score for r in D.RULE_TABLE} <= set(D.SCORE_NAMES)
+    assert all(r.name.startswith("dt_") for r in D.RULE_TABLE)
+    assert len(set(D.RULES)) == len(D.RULES)
+
+
+def test_reason_follows_datatrove_order_paragraphs_before_lines() -> None:
+    para = "Some words here and the of to be.\n\n" * 4
+    keep, reason, fails = H.decide(D.score_documents([para]), DT, D.exemptions(np.array([None], object)),
+                                   D.RULE_TABLE)
+    assert not keep[0]
+    assert fails["dt_max_dup_para_frac"] == 1 and fails["dt_max_dup_line_frac"] == 1
+    # min_words fails first (8 words < 50); with it off, the paragraph rule names it
+    off = FilteredDocumentsParams(rules="datatrove", min_words=None)
+    _, reason, _ = H.decide(D.score_documents([para]), off, rules=D.RULE_TABLE)
+    assert reason.tolist() == ["dt_max_dup_para_frac"]
+
+
+def test_fineweb_fields_need_the_datatrove_mode_and_the_mode_keys_the_output() -> None:
+    with pytest.raises(ValidationError, match="set rules: datatrove"):
+        FilteredDocumentsParams(max_short_lines_frac=0.67)
+    with pytest.raises(ValidationError):
+        FilteredDocumentsParams(rules="fineweb")  # type: ignore[arg-type]
+    assert params_key("filtered_documents", DT) != params_key("filtered_documents", FilteredDocumentsParams())
+
+
+def test_language_exemptions_follow_the_threshold_field() -> None:
+    exempt = D.exemptions(np.array(["zh", "de", "en", None], object))
+    assert exempt["dt_min_words"].tolist() == [True, False, False, False]
+    assert exempt["dt_max_hash_word_ratio"].tolist() == [True, False, False, False]
+    assert exempt["dt_min_stop_words"].tolist() == [True, True, False, False]
+    assert "dt_max_dup_line_frac" not in exempt
+
+
+def _same(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a.keys() == b.keys() and all(x == b[k] or (math.isnan(x) and math.isnan(b[k])) for k, x in a.items())
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", " ", "...", "#", "{", "\r\n\u2028x"])
+def test_degenerate_texts_score_without_dividing_by_zero(text: str) -> None:
+    s = dt_scores(text)
+    assert set(s) == set(D.SCORE_NAMES)
+    assert all(math.isfinite(v) for k, v in s.items() if k != "mean_word_length")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.text(), repetitive_text), max_size=6))
+def test_score_documents_equals_score_text_per_document(texts: list[str]) -> None:
+    batch = D.score_documents(texts)
+    for i, text in enumerate(texts):
+        assert _same({name: float(batch[name][i]) for name in D.SCORE_NAMES}, dt_scores(text))
+
+
+# --- agreement with datatrove on real text -----------------------------------------------------
+
+def _golden_agreement(setting: str, tmp_path: Path) -> tuple[int, float, float]:
+    from stages.sample import build_sample
+
+    golden = json.loads(GOLDEN.read_text())["settings"][setting]
+    build_sample(tmp_path / "corpus")
+    texts: dict[str, str] = {}
+    for source in sorted(p for p in (tmp_path / "corpus").iterdir() if p.is_dir()):
+        if source.name in ("scraps", "benchmarks"):
+            continue
+        for part in sorted(source.iterdir()):
+            data = gzip.decompress(part.read_bytes()) if part.suffix == ".gz" else part.read_bytes()
+            for line in data.decode().splitlines():
+                if line.strip():
+                    text = json.loads(line)["text"]
+                    key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+                    if key in golden["decisions"]:
+                        texts[key] = text
+    keys = sorted(texts)
+    params = FilteredDocumentsParams(rules="datatrove", **golden["params"])
+    keep, reason, _ = H.decide(D.score_documents([texts[k] for k in keys]), params, rules=D.RULE_TABLE)
+    theirs = [golden["decisions"][k] for k in keys]  # our rule name for datatrove's reason, None: kept
+    agree = float(np.mean([k == (t is None) for k, t in zip(keep.tolist(), theirs, strict=True)]))
+    same = float(np.mean([r == t for r, t in zip(reason.tolist(), theirs, strict=True)]))
+    return len(keys), agree, same
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["default", "fineweb"])
+def test_agrees_with_datatrove_on_the_sample_corpus(setting: str, tmp_path: Path) -> None:
+    n, agree, same_rule = _golden_agreement(setting, tmp_path)
+    assert n >= 1000, f"only {n} documents of the golden file are in this machine's sample corpus"
+    # The bar is 0.99 (issue 18); the port measures 1.0, so allow at most 1 in 1,000 (a Unicode table change)
+    assert agree >= 0.999 and same_rule >= 0.999, (n, agree, same_rule)
+
+
+# --- the program -------------------------------------------------------------------------------
+
+def test_program_runs_the_datatrove_rules_with_their_own_reasons_and_cache(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "data"))
+    default = spec(stages=("heuristic",))
+    datatrove = spec(stages=("heuristic",), params={"filtered_documents": {"rules": "datatrove"}})
+    run_all(store, default)
+    run_all(store, datatrove)
+    for source in datatrove.sources:
+        removed = read(store, datatrove, "filtered_documents", "removed", source)
+        reasons = set(removed["reason"].to_pylist())
+        assert reasons and all(r.startswith("dt_") for r in reasons), reasons
+        base = read(store, default, "filtered_documents", "removed", source)
+        assert not any(r.startswith("dt_") for r in base["reason"].to_pylist())
+        decisions = read(store, datatrove, "filtered_documents", "decisions", source)
+        assert pc.sum(pc.invert(decisions["keep"])).as_py() == removed.num_rows
+    # one score cache per source and mode
+    assert len(list((tmp_path / "data" / "heuristic_scores").iterdir())) == 2 * len(datatrove.sources)
