@@ -23,6 +23,28 @@ from spacy.attrs import ORTH
 OUT = Path(__file__).resolve().parents[1] / "stages" / "kernels" / "datatrove_rules.py"
 
 
+def suffix_widths(pattern: str) -> tuple[int, str]:
+    """(max width of the bounded branches, the chars that end an unbounded branch) of the suffix
+    pattern, after checking that every branch is anchored at the end."""
+    from re import _constants as C  # type: ignore[attr-defined]
+    from re import _parser as P  # type: ignore[attr-defined]
+
+    (op, (_, branches)), = P.parse(pattern).data
+    assert op == C.BRANCH
+    bounded, unbounded = 0, ""
+    for branch in branches:
+        assert branch.data[-1] == (C.AT, C.AT_END), "a suffix branch not anchored at the end"
+        _, hi = branch.getwidth()
+        if hi < C.MAXREPEAT:
+            bounded = max(bounded, hi)
+            continue
+        # an unbounded branch must be (literal c)+ right before $, so a chunk not ending in c skips it
+        kind, (_, _, body) = branch.data[-2]
+        assert kind == C.MAX_REPEAT and body[0][0] == C.LITERAL, branch
+        unbounded += chr(body[0][1])
+    return bounded, unbounded
+
+
 def main() -> None:
     tokenizer = spacy.blank("en").tokenizer
     patterns = {
@@ -32,6 +54,7 @@ def main() -> None:
         "URL": tokenizer.url_match.__self__.pattern,
     }
     assert tokenizer.token_match is None, "spaCy's English tokenizer gained a token_match: port it"
+    suffix_max, suffix_unbounded = suffix_widths(patterns["SUFFIX"])
     specials = {orth: [piece[ORTH] for piece in pieces] for orth, pieces in sorted(tokenizer.rules.items())}
     lines = [
         f'"""spaCy {spacy.__version__}\'s English tokenizer rules (``spacy.blank("en")``) and datatrove',
@@ -48,6 +71,10 @@ def main() -> None:
         f"TERMINAL_PUNCTUATION = {''.join(sorted(TERMINAL_PUNCTUATION))!r}",
     ]
     lines += [f"{name} = {pattern!r}" for name, pattern in patterns.items()]
+    lines.append("# Every SUFFIX branch ends at $; those of bounded width consume at most SUFFIX_MAX_WIDTH chars,")
+    lines.append("# the others end with a run of a char in SUFFIX_UNBOUNDED_LAST (spacy_words searches the tail only)")
+    lines.append(f"SUFFIX_MAX_WIDTH = {suffix_max}")
+    lines.append(f"SUFFIX_UNBOUNDED_LAST = {suffix_unbounded!r}")
     lines.append("# text -> its tokens, for the strings the tokenizer treats specially")
     lines.append("SPECIAL_CASES: dict[str, tuple[str, ...]] = {")
     lines += [f"    {orth!r}: {tuple(pieces)!r}," for orth, pieces in specials.items()]

@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from tiny_corpus import read, run_all, spec
 
 from stages.kernels import heuristics as H
 from stages.kernels import heuristics_datatrove as D
-from stages.kernels.spacy_words import words
+from stages.kernels.spacy_words import _INFIX, _SUFFIX, _SUFFIX_RE, words
 from stages.params import FilteredDocumentsParams, params_key
 from stages.paths import Store
 
@@ -56,6 +57,21 @@ def test_words_agree_with_spacy_when_installed() -> None:
              "Hello\u00a0world\u2014dash “quote” ‘single’ «guillemets» ½ 10°C. 5'11\" a/b/c ../x ...wait"]
     for text in texts:
         assert words(text) == [t.text.strip() for t in nlp(text) if t.text.strip()]
+
+
+def test_no_infix_splits_letters_and_digits() -> None:
+    # spacy_words keeps an alphanumeric chunk whole without running the infix pattern: check
+    # every alphanumeric code point, between letters, digits and itself
+    alnum = [chr(i) for i in range(sys.maxunicode + 1) if chr(i).isalnum()]
+    assert not any(_INFIX("".join(f"a{c}a0{c}0A{c}A{c}{c}" for c in alnum)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from("aZ09.,'s$%)km…!-_°C"), max_size=12) | st.text(max_size=8))
+def test_suffix_search_of_the_tail_equals_the_full_search(text: str) -> None:
+    full = _SUFFIX_RE.search(text)
+    tail = _SUFFIX(text)
+    assert (full and full.span()) == (tail and tail.span())
 
 
 # --- scores where datatrove's semantics differ -------------------------------------------------

@@ -22,10 +22,19 @@ from collections.abc import Callable
 from stages.kernels import datatrove_rules as R
 
 _PREFIX = re.compile(R.PREFIX).search
-_SUFFIX = re.compile(R.SUFFIX).search
+_SUFFIX_RE = re.compile(R.SUFFIX)
 _INFIX = re.compile(R.INFIX).finditer
 _URL = re.compile(R.URL).match
 _SPECIAL: dict[str, tuple[str, ...]] = R.SPECIAL_CASES
+
+
+def _SUFFIX(text: str) -> re.Match[str] | None:
+    """``SUFFIX.search(text)``, trying only the start positions a match can have: every branch
+    ends at the end and consumes at most ``SUFFIX_MAX_WIDTH`` chars, except those that end in a
+    run of a ``SUFFIX_UNBOUNDED_LAST`` char (lookbehinds still see the text before ``pos``)."""
+    if text.endswith(tuple(R.SUFFIX_UNBOUNDED_LAST)):
+        return _SUFFIX_RE.search(text)
+    return _SUFFIX_RE.search(text, max(0, len(text) - R.SUFFIX_MAX_WIDTH))
 
 
 def _affix_len(search: Callable[[str], re.Match[str] | None], text: str) -> int:
@@ -77,7 +86,7 @@ def _chunk_tokens(chunk: str, specials: bool = True) -> list[str]:
     if rest:
         if specials and rest in _SPECIAL:
             tokens.extend(_SPECIAL[rest])
-        elif _URL(rest):
+        elif rest.isalnum() or _URL(rest):  # infixes are punctuation and symbols: never in letters and digits
             tokens.append(rest)
         else:
             start = 0
