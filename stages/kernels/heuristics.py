@@ -56,7 +56,7 @@ import re
 import string
 from array import array
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import count
 from typing import Literal, NamedTuple
 
@@ -185,18 +185,57 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
     out = {name: np.zeros(n, dtype=np.float64) for name in SCORE_NAMES}
     if n == 0:
         return out
+    batch = batch_words(texts, str.split, _text_scores, _TEXT_SCORES)
+    n_chars, n_words, n_distinct, id_count = batch.n_chars, batch.n_words, batch.n_distinct, batch.id_count
+    out.update(batch.text_scores)
+    out["symbol_word_ratio"] = _ratio(out["symbol_word_ratio"], n_words)
+    out["word_count"] = n_words.astype(np.float64)
+
+    attrs = _distinct_word_attrs(batch.distinct_words)
+    out.update(_word_scores(attrs, id_count, n_distinct, n_words))
+
+    # Word ids unique across the batch, so n-grams of different documents never compare equal.
+    word_id = batch.word_id
+    word_len = attrs["length"][word_id]
+    top, dup = _ngram_repetition(word_id, word_len, id_count[word_id] >= 2, n_words)
+    for n_gram, chars in top.items():
+        out[f"top_{n_gram}gram_char_frac"] = np.minimum(_ratio(chars, n_chars), 1.0)
+    for n_gram, chars in dup.items():
+        out[f"dup_{n_gram}gram_char_frac"] = _ratio(chars, n_chars)
+    return out
+
+
+class BatchWords(NamedTuple):
+    """The words of a batch of documents, as ``batch_words`` collects them."""
+
+    n_chars: FloatArray  # (n,) len(text)
+    n_words: IntArray  # (n,)
+    n_distinct: IntArray  # (n,) distinct words per document
+    text_scores: dict[str, FloatArray]  # the per-document scores of ``text_scores``
+    distinct_words: list[str]  # (D,) each document's distinct words in first-seen order, grouped by document
+    id_count: IntArray  # (D,) occurrences of each
+    word_id: IntArray  # (T,) every word as an index into distinct_words (so distinct across documents)
+
+
+def batch_words(
+    texts: Sequence[str], split: Callable[[str], list[str]], text_scores: Callable[[str], tuple[float, ...]],
+    names: Sequence[str],
+) -> BatchWords:
+    """Split every text into words once (``split``) and compute its per-document ``text_scores``
+    (named ``names``): the per-word Python work is one split, one Counter and one id lookup."""
+    n = len(texts)
     n_chars = np.zeros(n, dtype=np.float64)
     n_words = np.zeros(n, dtype=np.int64)
     n_distinct = np.zeros(n, dtype=np.int64)
-    text_scores = np.zeros((n, len(_TEXT_SCORES)), dtype=np.float64)
+    scores = np.zeros((n, len(names)), dtype=np.float64)
     # Typed arrays, not lists: 8 bytes per word instead of a pointer plus an int object.
     local_ids = array("q")  # per word: index of the word among its document's distinct words
-    distinct_words: list[str] = []  # per document, its distinct words in first-seen order
+    distinct_words: list[str] = []
     distinct_counts = array("q")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
-        words = text.split()
+        words = split(text)
         counts = Counter(words)
         local = dict(zip(counts, count()))
         local_ids.extend(map(local.__getitem__, words))
@@ -205,27 +244,12 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
         n_chars[i] = len(text)
         n_words[i] = len(words)
         n_distinct[i] = len(counts)
-        text_scores[i] = _text_scores(text)
-    for column, name in enumerate(_TEXT_SCORES):
-        out[name] = np.ascontiguousarray(text_scores[:, column])
-    out["symbol_word_ratio"] = _ratio(out["symbol_word_ratio"], n_words)
-    out["word_count"] = n_words.astype(np.float64)
-
-    id_count = np.frombuffer(distinct_counts, dtype=np.int64)
-    attrs = _distinct_word_attrs(distinct_words)
-    out.update(_word_scores(attrs, id_count, n_distinct, n_words))
-
-    # Word ids unique across the batch, so n-grams of different documents never compare equal.
-    word_id = np.frombuffer(local_ids, dtype=np.int64) + np.repeat(
-        np.cumsum(n_distinct) - n_distinct, n_words
+        scores[i] = text_scores(text)
+    word_id = np.frombuffer(local_ids, dtype=np.int64) + np.repeat(np.cumsum(n_distinct) - n_distinct, n_words)
+    return BatchWords(
+        n_chars, n_words, n_distinct, {name: np.ascontiguousarray(scores[:, k]) for k, name in enumerate(names)},
+        distinct_words, np.frombuffer(distinct_counts, dtype=np.int64), word_id,
     )
-    word_len = attrs["length"][word_id]
-    top, dup = _ngram_repetition(word_id, word_len, id_count[word_id] >= 2, n_words)
-    for n_gram, chars in top.items():
-        out[f"top_{n_gram}gram_char_frac"] = np.minimum(_ratio(chars, n_chars), 1.0)
-    for n_gram, chars in dup.items():
-        out[f"dup_{n_gram}gram_char_frac"] = _ratio(chars, n_chars)
-    return out
 
 
 def decide(

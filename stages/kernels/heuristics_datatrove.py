@@ -56,9 +56,8 @@ looked for in every line, as datatrove's ``C4QualityFilter`` does with its line 
 from __future__ import annotations
 
 import re
-from array import array
-from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from itertools import count
 
 import numpy as np
@@ -78,30 +77,6 @@ PUNCTUATION_SET: frozenset[str] = frozenset(datatrove_rules.PUNCTUATION) | froze
 )
 TERMINAL_PUNCTUATION: tuple[str, ...] = tuple(datatrove_rules.TERMINAL_PUNCTUATION)
 SHORT_LINE_CHARS = 30  # FineWeb's short_line_length
-
-SCORE_NAMES: tuple[str, ...] = (
-    "word_count",
-    "mean_word_length",
-    "hash_word_ratio",
-    "ellipsis_word_ratio",
-    "bullet_lines_frac",
-    "ellipsis_lines_frac",
-    "alpha_words_frac",
-    "stop_word_count",
-    "dup_para_frac",
-    "dup_para_char_frac",
-    "dup_line_frac",
-    "dup_line_char_frac",
-    *(f"top_{n}gram_char_frac" for n in H.TOP_NGRAMS),
-    *(f"dup_{n}gram_char_frac" for n in H.DUP_NGRAMS),
-    "terminal_punct_lines_frac",
-    "short_lines_frac",
-    "char_dup_frac",
-    "newline_word_ratio",
-    "lorem_ipsum",
-    "curly_brackets",
-)
-
 
 def _rule(field: str, score: str, op: str, name: str = "") -> Rule:
     return Rule(f"dt_{name or field}", score, op, field)  # type: ignore[arg-type]
@@ -133,6 +108,8 @@ RULE_TABLE: tuple[Rule, ...] = (
     _rule("max_curly_brackets", "curly_brackets", "max"),
 )
 RULES: tuple[str, ...] = tuple(rule.name for rule in RULE_TABLE)
+# Every score is some rule's, in the order the rules first use them.
+SCORE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(rule.score for rule in RULE_TABLE))
 
 _PARAGRAPH_BREAK = re.compile(r"\n{2,}")
 _LINE_BREAK = re.compile(r"\n+")
@@ -171,34 +148,14 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
     if n == 0:
         return out
     memo: dict[str, list[str]] = {}
-    n_chars = np.zeros(n, dtype=np.float64)
-    n_words = np.zeros(n, dtype=np.int64)
-    n_distinct = np.zeros(n, dtype=np.int64)
-    text_scores = np.zeros((n, len(_TEXT_SCORES)), dtype=np.float64)
-    local_ids = array("q")
-    distinct_words: list[str] = []
-    distinct_counts = array("q")
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
-        words = split_words(text, memo)
-        counts = Counter(words)
-        local = dict(zip(counts, count()))
-        local_ids.extend(map(local.__getitem__, words))
-        distinct_words.extend(counts)
-        distinct_counts.extend(counts.values())
-        n_chars[i] = len(text)
-        n_words[i] = len(words)
-        n_distinct[i] = len(counts)
-        text_scores[i] = _text_scores(text)
-    for column, name in enumerate(_TEXT_SCORES):
-        out[name] = np.ascontiguousarray(text_scores[:, column])
+    batch = H.batch_words(texts, partial(split_words, memo=memo), _text_scores, _TEXT_SCORES)
+    n_chars, n_words, id_count = batch.n_chars, batch.n_words, batch.id_count
+    out.update(batch.text_scores)
     for name in ("hash_word_ratio", "ellipsis_word_ratio", "newline_word_ratio"):
         out[name] = H._ratio(out[name], n_words)
 
-    id_count = np.frombuffer(distinct_counts, dtype=np.int64)
-    attrs = _distinct_word_attrs(distinct_words)
-    doc = np.repeat(np.arange(n), n_distinct)
+    attrs = _distinct_word_attrs(batch.distinct_words)
+    doc = np.repeat(np.arange(n), batch.n_distinct)
     weights = id_count.astype(np.float64)
 
     def per_doc(attr: str) -> FloatArray:
@@ -214,7 +171,7 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
         stop_words += H._sum_per_doc(doc, ((attrs["stop_bits"] & bit) != 0).astype(np.int64), n) > 0
     out["stop_word_count"] = stop_words
 
-    word_id = np.frombuffer(local_ids, dtype=np.int64) + np.repeat(np.cumsum(n_distinct) - n_distinct, n_words)
+    word_id = batch.word_id
     word_len = attrs["length"][word_id]
     top, dup = H._ngram_repetition(word_id, word_len, id_count[word_id] >= 2, n_words)
     for n_gram, chars in top.items():
