@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from test_heuristics import repetitive_text
 from tiny_corpus import read, run_all, spec
 
+from stages.kernels import datatrove_rules
 from stages.kernels import heuristics as H
 from stages.kernels import heuristics_datatrove as D
 from stages.kernels.spacy_words import _INFIX, _SUFFIX, _SUFFIX_RE, words
@@ -217,7 +218,9 @@ def test_score_documents_equals_score_text_per_document(texts: list[str]) -> Non
 def _golden_agreement(setting: str, tmp_path: Path) -> tuple[int, float, float]:
     from stages.sample import build_sample
 
-    golden = json.loads(GOLDEN.read_text())["settings"][setting]
+    data = json.loads(GOLDEN.read_text())
+    assert data["datatrove"] == datatrove_rules.DATATROVE_VERSION  # regenerate both together
+    golden = data["settings"][setting]
     build_sample(tmp_path / "corpus")
     texts: dict[str, str] = {}
     for source in sorted(p for p in (tmp_path / "corpus").iterdir() if p.is_dir()):
@@ -247,6 +250,99 @@ def test_agrees_with_datatrove_on_the_sample_corpus(setting: str, tmp_path: Path
     assert n >= 1000, f"only {n} documents of the golden file are in this machine's sample corpus"
     # The bar is 0.99 (issue 18); the port measures 1.0, so allow at most 1 in 1,000 (a Unicode table change)
     assert agree >= 0.999 and same_rule >= 0.999, (n, agree, same_rule)
+
+
+# Documents planted to fail one rule each (their first failing rule) and one that passes them all.
+PARA = ("The old harbour town sits between two green hills, and most visitors arrive by the morning ferry. "
+        "Fishermen still mend their nets along the quay while children chase gulls across wet cobbles. "
+        "A narrow street climbs from the market square towards a chapel with a painted wooden ceiling. "
+        "Local bakers sell saffron buns that travellers describe as the best they have tasted anywhere. "
+        "In winter, storms close the ferry for days, so families keep candles, flour and dried fish ready. "
+        "Historians believe that merchants from distant ports traded wool here during the twelfth century. "
+        "Today a small museum displays maps, coins and letters that were found beneath the customs house.")
+WORDS = PARA.replace(",", "").replace(".", "").split()
+PLANTED = {
+    "short": "Too short to be a page.",
+    "long words": " ".join(["incomprehensibilities"] * 60) + " the and.",
+    "hashes": PARA + " " + " ".join(f"#{w}" for w in WORDS[:30]),
+    "bullets": "\n".join(f"- {' '.join(WORDS[i:i + 6])}." for i in range(0, len(WORDS) - 6, 3)),
+    "ellipsis lines": "\n".join(f"{' '.join(WORDS[i:i + 8])}..." for i in range(0, len(WORDS) - 8, 4)),
+    "punctuation": PARA + " ( ) , ; = " * 12,
+    "stop words": PARA.replace("the ", "").replace("The ", "").replace(" and ", " ").replace(" have ", " ")
+                      .replace(" that ", " ").replace(" to", "").replace(" with ", " ").replace(" of ", " "),
+    "duplicate paragraphs": PARA + "\n\nThank you for reading.\n\nThank you for reading.\n\nThank you for reading.",
+    "duplicate lines": "\n".join(PARA.split(". ") + ["Thank you."] * 6),
+    "no terminal punctuation": "\n".join(" ".join(WORDS[i:i + 9]) for i in range(0, len(WORDS), 9)),
+    "short lines": "\n".join(" ".join(WORDS[i:i + 4]) + "." for i in range(0, len(WORDS), 4)),
+    "char duplicates": "\n".join([*PARA.split(". "), PARA.split(". ")[2]]),
+    "lorem": PARA + "\nLorem ipsum dolor sit amet.",
+    "good": PARA,
+}
+
+
+FINEWEB = FilteredDocumentsParams(rules="datatrove", max_short_lines_frac=0.67, max_char_dup_frac=0.01,
+                                  max_newline_word_ratio=0.3)
+# What datatrove 0.10.1 says of them (test_planted_documents_get_datatrove_reasons_when_installed)
+PLANTED_REASONS = {
+    "short": "dt_min_words", "long words": "dt_max_mean_word_length", "hashes": "dt_max_hash_word_ratio",
+    "bullets": "dt_max_bullet_lines_frac", "ellipsis lines": "dt_max_ellipsis_word_ratio",
+    "punctuation": "dt_min_alpha_words_frac", "stop words": "dt_min_stop_words",
+    "duplicate paragraphs": "dt_max_dup_para_frac", "duplicate lines": "dt_max_dup_line_frac",
+    "no terminal punctuation": "dt_min_terminal_punct_lines_frac", "short lines": "dt_max_short_lines_frac",
+    "char duplicates": "dt_max_char_dup_frac", "lorem": "dt_max_lorem_ipsum", "good": None,
+}
+
+
+def test_planted_documents_fail_their_rule() -> None:
+    _, reason, _ = H.decide(D.score_documents(list(PLANTED.values())), FINEWEB, rules=D.RULE_TABLE)
+    assert dict(zip(PLANTED, reason.tolist(), strict=True)) == PLANTED_REASONS
+
+
+def test_planted_documents_get_datatrove_reasons_when_installed() -> None:
+    pytest.importorskip("datatrove")
+    pytest.importorskip("spacy")
+    from datatrove.data import Document
+    from datatrove.pipeline.filters import (
+        C4QualityFilter,
+        FineWebQualityFilter,
+        GopherQualityFilter,
+        GopherRepetitionFilter,
+    )
+    from datatrove.pipeline.filters.base_filter import get_filter_result
+
+    filters = [GopherQualityFilter(), GopherRepetitionFilter(), FineWebQualityFilter(),
+               C4QualityFilter(remove_citations=False, filter_no_terminal_punct=False, min_num_sentences=-1,
+                               min_words_per_line=-1, max_word_length=-1, filter_javascript=False,
+                               filter_curly_bracket=False, filter_policy=False)]
+    _, ours, _ = H.decide(D.score_documents(list(PLANTED.values())), FINEWEB, rules=D.RULE_TABLE)
+    theirs = []
+    for text in PLANTED.values():
+        reason = None
+        for f in filters:
+            kept, why = get_filter_result(f.filter(Document(text=text, id="x")))
+            if not kept:
+                reason = why
+                break
+        theirs.append(reason)
+    assert len(set(ours.tolist())) == len(PLANTED)  # each fails a different rule, "good" none
+    mapped = [None if r is None else _DT_REASON.get(r, f"dt_{r}") for r in theirs]
+    assert dict(zip(PLANTED, ours.tolist(), strict=True)) == dict(zip(PLANTED, mapped, strict=True))
+
+
+_DT_REASON = {
+    "gopher_short_doc": "dt_min_words", "gopher_long_doc": "dt_max_words",
+    "gopher_below_avg_threshold": "dt_min_mean_word_length", "gopher_above_avg_threshold": "dt_max_mean_word_length",
+    "gopher_too_many_hashes": "dt_max_hash_word_ratio", "gopher_too_many_ellipsis": "dt_max_ellipsis_word_ratio",
+    "gopher_too_many_bullets": "dt_max_bullet_lines_frac", "gopher_too_many_end_ellipsis": "dt_max_ellipsis_lines_frac",
+    "gopher_below_alpha_threshold": "dt_min_alpha_words_frac", "gopher_enough_stop_words": "dt_min_stop_words",
+    "dup_para_frac": "dt_max_dup_para_frac", "dup_para_char_frac": "dt_max_dup_para_char_frac",
+    "dup_line_frac": "dt_max_dup_line_frac", "dup_line_char_frac": "dt_max_dup_line_char_frac",
+    "line_punct_ratio": "dt_min_terminal_punct_lines_frac", "short_line_ratio": "dt_max_short_lines_frac",
+    "char_dup_ratio": "dt_max_char_dup_frac", "list_ratio": "dt_max_newline_word_ratio",
+    "lorem_ipsum": "dt_max_lorem_ipsum",
+    **{f"top_{n}_gram": f"dt_max_top_{n}gram_char_frac" for n in H.TOP_NGRAMS},
+    **{f"duplicated_{n}_n_grams": f"dt_max_dup_{n}gram_char_frac" for n in H.DUP_NGRAMS},
+}
 
 
 # --- the program -------------------------------------------------------------------------------
