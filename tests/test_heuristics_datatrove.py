@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,6 +50,12 @@ def dt_scores(text: str) -> dict[str, float]:
 ])
 def test_words_are_spacy_english_tokens(text: str, expected: list[str]) -> None:
     assert words(text) == expected
+
+
+def test_the_mode_needs_neither_spacy_nor_datatrove() -> None:
+    code = ("import sys, stages.kernels.heuristics_datatrove as D; D.score_text('Hello, world.'); "
+            "sys.exit(any(m.split('.')[0] in ('spacy', 'datatrove', 'thinc') for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_words_agree_with_spacy_when_installed() -> None:
