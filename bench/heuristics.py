@@ -4,7 +4,7 @@ Corpus: ``curate sample`` real text (stdlib docstrings, license files, package d
 this Python installation; ``scraps`` left out), optionally with ``--copies`` of every document
 (each with a distinct trailing line), as bench/fuzzy.py builds it.
 
-Contenders, all on the default ``FilteredDocumentsParams``:
+Contenders, on the default ``FilteredDocumentsParams`` thresholds:
 
 - ``ours kernel``: ``stages.kernels.heuristics.score_documents`` on chunks of about
   ``CHUNK_CHARS`` characters (as the program cuts them) + ``decide``, in this process, one core.
@@ -33,7 +33,9 @@ remove, only ours removes, only datatrove removes); per rule, how many documents
 with it as the first failing rule and how many both removed with that same rule; the most common
 (ours, datatrove) reason pairs among disagreements; the same comparison with datatrove's filters
 given ``text.split()`` words instead of spaCy tokens (untimed, to attribute the disagreements); a
-few disagreeing documents.
+few disagreeing documents; then the datatrove mode's speed, its decision agreement with datatrove
+and how often both name the same first failing rule (``--fineweb``: with FineWeb's other rules on,
+in both).
 
 Where the two disagree, and why (our definitions: ``stages/kernels/heuristics.py``; we keep them,
 this bench only measures them):
