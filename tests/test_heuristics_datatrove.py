@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,37 @@ def test_suffix_search_of_the_tail_equals_the_full_search(text: str) -> None:
     full = _SUFFIX_RE.search(text)
     tail = _SUFFIX(text)
     assert (full and full.span()) == (tail and tail.span())
+
+
+def _fuzz_texts(n: int, seed: int) -> list[str]:
+    """Random strings of special cases, URLs, contractions and punctuation runs: the tokenizer's corners."""
+    rnd = random.Random(seed)
+    chars = [*"aAbZ09.,;:!?'\"()[]{}<>-–—_/\\@#$%^&*+=~`|…’“”«»°€£¥", " ", " ", " ", "\n"]
+    specials = sorted(datatrove_rules.SPECIAL_CASES)
+    pieces = ["http://a.com/x", "www.b.org", "e.g.", "U.S.", "10km", "3.5%", "a-b", "don't", "1st", "5'11\"", ":)"]
+    texts = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rnd.randint(1, 8)):
+            r = rnd.random()
+            parts.append(rnd.choice(specials) if r < 0.3 else rnd.choice(pieces) if r < 0.5
+                         else "".join(rnd.choice(chars) for _ in range(rnd.randint(1, 6))))
+        texts.append("".join(p if rnd.random() < 0.5 else p + " " for p in parts))
+    return texts
+
+
+def test_words_agree_with_spacy_on_random_corner_cases_when_installed() -> None:
+    spacy = pytest.importorskip("spacy")
+    nlp = spacy.blank("en")
+    for text in _fuzz_texts(3000, seed=7):
+        assert words(text) == [t.text.strip() for t in nlp(text) if t.text.strip()], repr(text)
+
+
+def test_special_case_runs_across_a_space_block_but_are_not_merged() -> None:
+    assert words(":)") == [":)"]
+    assert words("=) :)") == ["=)", ":)"]
+    assert words("x=) :)3") == ["x=", ")", ":", ")", "3"]  # ") :" spells "):", which blocks ":)"
+    assert words("°c.") == ["°", "c", "."]  # a special case's own tokens are not merged again
 
 
 # --- scores where datatrove's semantics differ -------------------------------------------------

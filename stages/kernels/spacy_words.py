@@ -11,7 +11,13 @@ A text is split at whitespace into chunks; each chunk is either a special case (
 ``do``, ``n't``) or is peeled of prefixes and suffixes (punctuation, ``'s``, units) until a
 special case or nothing is left, then the rest is kept whole if it is a URL and otherwise split
 at infixes (hyphens between letters, ``...``, ``/``...). Finally, token runs that spell a special
-case containing punctuation (``:)``, ``a.m.``) are replaced by that case's tokens.
+case containing punctuation (``:)``, ``(:``) are replaced by that case's tokens, with spaCy's
+quirk kept: its matcher also finds runs across a single space, which are never replaced but
+block the runs they overlap (``"=) :)"`` keeps ``:`` ``)`` apart, since ``) :`` spells ``):``).
+
+Checked against spaCy 3.8.18 on every sample document and on 60,000 random strings of special
+cases, URLs and punctuation (tests/test_heuristics_datatrove.py runs a share of them where spaCy
+is installed): the same tokens for all.
 """
 
 from __future__ import annotations
@@ -105,70 +111,85 @@ def _chunk_tokens(chunk: str, specials: bool = True) -> list[str]:
     return tokens
 
 
-def _matcher_patterns() -> tuple[dict[tuple[str, ...], tuple[str, ...]], int]:
-    """{token run: its special-case tokens} for the cases spaCy's special matcher looks for (those
-    with a prefix, suffix or infix; a run that already equals its case's tokens is left out), and
-    the longest run."""
+def _matcher_patterns() -> tuple[dict[tuple[str, ...], tuple[str, ...]], dict[str, tuple[int, ...]]]:
+    """{token run: its special case's tokens} for every case spaCy's special matcher looks for
+    (those with a prefix, suffix or infix), and {first token of a run: the run lengths}."""
     patterns: dict[tuple[str, ...], tuple[str, ...]] = {}
     for orth, pieces in _SPECIAL.items():
         if orth.isspace() or not (_affix_len(_PREFIX, orth) or _affix_len(_SUFFIX, orth) or any(_INFIX(orth))):
             continue
         run = tuple(_chunk_tokens(orth, specials=False))
-        if run != pieces:
+        if run:
             patterns[run] = pieces
-    return patterns, max(map(len, patterns), default=1)
+    lengths: dict[str, set[int]] = {}
+    for run in patterns:
+        lengths.setdefault(run[0], set()).add(len(run))
+    return patterns, {first: tuple(sorted(n)) for first, n in lengths.items()}
 
 
-_PATTERNS, _LONGEST = _matcher_patterns()
+_PATTERNS, _RUN_LENGTHS = _matcher_patterns()
+_WHITESPACE = re.compile(r"(\s+)")  # \s is str.isspace for str patterns, as spaCy splits
 
 
-def _apply_special_runs(tokens: list[str]) -> list[str]:
-    """Replace runs of tokens that spell a special case, longest first, then earliest, as spaCy's
-    ``_filter_special_spans`` picks them (a run is skipped if its first or last token is taken)."""
-    n = len(tokens)
-    spans = [
-        (start, end)
-        for start in range(n)
-        for end in range(start + 1, min(start + _LONGEST, n) + 1)
-        if tuple(tokens[start:end]) in _PATTERNS
-    ]
+def _apply_special_runs(tokens: list[str | None], chunk: list[int]) -> list[str]:
+    """spaCy's ``_apply_special_cases`` over a document's tokens (``None``: a whitespace token;
+    ``chunk[i]``: the whitespace-separated chunk token i came from).
+
+    Runs of tokens that spell a special case are found anywhere, across chunks too (spaCy's
+    phrase matcher ignores the single spaces between tokens); they are taken longest first, then
+    earliest, skipping a run whose first or last token is already taken; a taken run is replaced
+    by its case's tokens only if it lies within one chunk (its text, spaces included, is the
+    case), otherwise it stays as it is but still blocks the runs it overlaps.
+    """
+    spans = []
+    for start, token in enumerate(tokens):
+        if token is None or token not in _RUN_LENGTHS:
+            continue
+        for n in _RUN_LENGTHS[token]:
+            if start + n <= len(tokens) and tuple(tokens[start : start + n]) in _PATTERNS:
+                spans.append((start, start + n))
     if not spans:
-        return tokens
+        return [t for t in tokens if t is not None]
     spans.sort(key=lambda s: (s[0] - s[1], s[0]))
     taken: set[int] = set()
     chosen: dict[int, int] = {}
-    for start, end in spans:
-        if start not in taken and end - 1 not in taken:
-            chosen[start] = end
-        taken.update(range(start, end))
+    for start, stop in spans:
+        if start not in taken and stop - 1 not in taken and chunk[start] == chunk[stop - 1]:
+            chosen[start] = stop
+        taken.update(range(start, stop))
     out: list[str] = []
     i = 0
-    while i < n:
-        if i in chosen:
-            out.extend(_PATTERNS[tuple(tokens[i : chosen[i]])])
-            i = chosen[i]
+    while i < len(tokens):
+        end = chosen.get(i)
+        if end is not None:
+            out.extend(_PATTERNS[tuple(tokens[i:end])])  # type: ignore[arg-type]  # no None in a run
+            i = end
         else:
-            out.append(tokens[i])
+            token = tokens[i]
+            if token is not None:
+                out.append(token)
             i += 1
     return out
 
 
-def chunk_words(chunk: str) -> list[str]:
-    """datatrove's words of one whitespace-free chunk: its spaCy tokens, stripped, blanks dropped."""
-    tokens = _chunk_tokens(chunk)
-    if len(tokens) > 1 or (tokens and tokens[0] != chunk):
-        tokens = _apply_special_runs(tokens)
-    return [s for s in map(str.strip, tokens) if s]
-
-
 def words(text: str, memo: dict[str, list[str]] | None = None) -> list[str]:
-    """datatrove's ``split_into_words(text, "en")``. ``memo`` caches chunk -> words across calls
-    (chunks repeat a lot; spaCy caches them too)."""
+    """datatrove's ``split_into_words(text, "en")``: ``spacy.blank("en")``'s tokens of ``text``,
+    stripped, whitespace tokens dropped. ``memo`` caches chunk -> tokens across calls (chunks
+    repeat a lot; spaCy caches them too)."""
     memo = {} if memo is None else memo
-    out: list[str] = []
-    for chunk in text.split():
-        found = memo.get(chunk)
+    tokens: list[str | None] = []
+    chunk: list[int] = []
+    for k, part in enumerate(_WHITESPACE.split(text)):
+        if k % 2:  # a whitespace run: one plain space separates tokens, anything else is a token
+            if part != " ":
+                tokens.append(None)
+                chunk.append(k)
+            continue
+        if not part:
+            continue
+        found = memo.get(part)
         if found is None:
-            found = memo[chunk] = chunk_words(chunk)
-        out.extend(found)
-    return out
+            found = memo[part] = _chunk_tokens(part)
+        tokens.extend(found)
+        chunk.extend([k] * len(found))
+    return [s for s in map(str.strip, _apply_special_runs(tokens, chunk)) if s]
