@@ -7,6 +7,9 @@
     curate report (--workdir DIR | --data-root URL) --crawl NAME [--json]
     curate ledger (--workdir DIR | --data-root URL) --crawl NAME --out FILE.parquet
     curate explain (--workdir DIR | --data-root URL) --crawl NAME DOC_ID
+    curate train-quality (--workdir DIR | --data-root URL) --crawl NAME --positive SOURCE... --negative SOURCE...
+               --out MODEL.bin [--name NAME] [--threshold P] [--holdout F] [--seed N] [--max-docs N] [--no-balance]
+               [--threads N] [fastText options]
     curate sample --out DIR
     curate lsh-curve --bands B --rows R
     curate decontam-report (--workdir DIR | --data-root URL) --crawl NAME [--json]
@@ -27,10 +30,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from curation_dagster.instance import ensure_instance_config
+from stages.credentials import CredentialInURL
 from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
+from stages.filters import FilterError
 from stages.params import LSH_PRESETS
 from stages.paths import Store
 from stages.registry import QUARANTINE, STAGES, CrawlSpec
+
+# Where `make run` trains the sample's quality classifier (under the sample folder), and the
+# threshold its config keeps documents at: P(hq) >= 0.5, the training threshold.
+SAMPLE_MODEL = "quality/model.bin"
+SAMPLE_MIN_SCORE = 0.5
 
 
 class CliError(Exception):
@@ -191,22 +201,30 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from curation_dagster.lineage import custom_filters
+
     stages = list(STAGES)
+    # Custom filters (docs/filters.md): their share of the heuristic removals, after its column.
+    custom = [f"heuristic:{name}" for name in custom_filters(report)]
+    columns = [*stages[: stages.index("heuristic") + 1], *custom, *stages[stages.index("heuristic") + 1:]]
     table = Table(title=f"crawl {report['crawl']}: what each source lost at each stage")
-    for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *[s.upper() for s in stages], "KEPT", "KEPT %"]:
-        table.add_column(col, justify="left" if col == "SOURCE" else "right")
-    totals = {"input": 0, "kept": 0, "quarantined": 0, **{s: 0 for s in stages}}
+    for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *[c if c in custom else c.upper() for c in columns], "KEPT",
+                "KEPT %"]:
+        label = "↳ " + col.partition(":")[2] if col in custom else col  # part of the HEURISTIC column
+        table.add_column(label, justify="left" if col == "SOURCE" else "right", min_width=len(label))
+    totals = {"input": 0, "kept": 0, "quarantined": 0, **{c: 0 for c in columns}}
     for source, row in sorted(report["sources"].items()):
-        removed = [row["removed"].get(s, 0) for s in stages]
-        for s, n in zip(stages, removed, strict=True):
-            totals[s] += n
+        removed = [row.get("filters", {}).get(c.partition(":")[2], 0) if c in custom else row["removed"].get(c, 0)
+                   for c in columns]
+        for c, n in zip(columns, removed, strict=True):
+            totals[c] += n
         for k in ("input", "kept", "quarantined"):
             totals[k] += row[k]
         pct = 100.0 * row["kept"] / row["input"] if row["input"] else 0.0
         table.add_row(source, str(row["input"]), str(row["quarantined"]), *map(str, removed), str(row["kept"]),
                       f"{pct:.1f}")
     pct = 100.0 * totals["kept"] / totals["input"] if totals["input"] else 0.0
-    table.add_row("TOTAL", str(totals["input"]), str(totals["quarantined"]), *[str(totals[s]) for s in stages],
+    table.add_row("TOTAL", str(totals["input"]), str(totals["quarantined"]), *[str(totals[c]) for c in columns],
                   str(totals["kept"]), f"{pct:.1f}", style="bold")
     # Piped or logged output has no terminal width: do not squeeze the table into 80 columns.
     Console(width=None if sys.stdout.isatty() else 160).print(table)
@@ -216,7 +234,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     report = load_report(_dataroot(args), args.crawl)
     if args.json:
         out = {"crawl": report["crawl"], "sources": {
-            s: {"input": r["input"], "kept": r["kept"], "quarantined": r["quarantined"], "removed": r["removed"]}
+            s: {"input": r["input"], "kept": r["kept"], "quarantined": r["quarantined"], "removed": r["removed"],
+                **({"filters": r["filters"]} if "filters" in r else {})}
             for s, r in sorted(report["sources"].items())
         }}
         print(json.dumps(out, indent=1))
@@ -262,9 +281,54 @@ def cmd_sample(args: argparse.Namespace) -> int:
     config["params"] = {"contaminated_documents": {"benchmarks": [
         {"name": SAMPLE_BENCHMARK, "path": str(bench.resolve())}]}}
     (out / "curate.json").write_text(json.dumps(config, indent=1))
+    # The same with the quality classifier `make run` trains on a first pass's survivors
+    # (`curate train-quality --positive docstrings --negative package_docs --out SAMPLE_MODEL`).
+    model = out / SAMPLE_MODEL
+    quality = {"classifiers": [{"name": "sample-quality", "kind": "fasttext", "path": str(model.resolve()),
+                                "label": "hq", "min_score": SAMPLE_MIN_SCORE}]}
+    with_quality = {**config, "params": {**config["params"], "quality_scores": quality}}
+    (out / "curate-quality.json").write_text(json.dumps(with_quality, indent=1))
     for name, path in folders.items():
         print(f"{name}: {path}")
     print(f"config with every source: {out / 'curate.json'}")
+    print(f"the same with the classifier `curate train-quality` writes to {model}: {out / 'curate-quality.json'}")
+    return 0
+
+
+def cmd_train_quality(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from stages.params import QualityClassifier
+    from stages.train_quality import FastTextParams, TrainError, TrainParams, provenance_path, train
+
+    out = Path(args.out)
+    name = args.name or out.stem
+    try:
+        QualityClassifier(name=name, kind="fasttext", path=str(out))
+        params = TrainParams(
+            max_docs=args.max_docs, holdout=args.holdout, seed=args.seed, threshold=args.threshold,
+            balance=args.balance, threads=args.threads,
+            fasttext=FastTextParams(**{f: getattr(args, f) for f in FastTextParams.model_fields
+                                       if getattr(args, f) is not None}),
+        )
+    except ValidationError as exc:  # one line naming the bad option
+        err = exc.errors()[0]
+        field = "name" if err["loc"][:1] == ("name",) else str(err["loc"][-1]).replace("_", "-")
+        raise CliError(f"--{field}: {err['msg']}") from exc
+    root = _dataroot(args)
+    try:
+        prov = train(root.store, root.spec(args.crawl), args.positive, args.negative, out, params, name)
+    except TrainError as exc:
+        raise CliError(str(exc)) from exc
+    docs, m = prov["documents"], prov["heldout_metrics"]
+    print(f"crawl {args.crawl}: positive {', '.join(args.positive)} ({docs['positive']['documents']} documents), "
+          f"negative {', '.join(args.negative)} ({docs['negative']['documents']} documents); "
+          f"trained on {docs['positive']['train']} + {docs['negative']['train']}, "
+          f"held out {docs['positive']['heldout']} + {docs['negative']['heldout']}")
+    print(f"held out, P(hq) >= {m['threshold']}: precision {m['precision']:.3f}, recall {m['recall']:.3f}, "
+          f"F1 {m['f1']:.3f}, AUC {m['auc']:.3f}")
+    print(f"model -> {out} (provenance {provenance_path(out)})")
+    print(f"configure it under params.quality_scores.classifiers: {json.dumps(prov['classifier'])}")
     return 0
 
 
@@ -414,6 +478,28 @@ def parser() -> argparse.ArgumentParser:
     sa.add_argument("--copies", type=int, default=1, help="lightly varied copies of each document (larger corpora)")
     sa.set_defaults(fn=cmd_sample)
 
+    tq = sub.add_parser("train-quality", help="train a fastText quality classifier on a crawl's surviving documents: "
+                                              "positive (reference) sources vs negative (crawl) sources")
+    _where(tq)
+    tq.add_argument("--crawl", required=True)
+    tq.add_argument("--positive", nargs="+", required=True, metavar="SOURCE", help="reference-quality sources")
+    tq.add_argument("--negative", nargs="+", required=True, metavar="SOURCE", help="ordinary crawl sources")
+    tq.add_argument("--out", required=True, metavar="MODEL.bin",
+                    help="the model file; its provenance goes beside it as MODEL.json")
+    tq.add_argument("--name", help="the classifier's name in the printed config (default: the model file's stem)")
+    tq.add_argument("--threshold", type=float, default=0.5, help="keep when P(hq) >= this (held-out metrics at it)")
+    tq.add_argument("--holdout", type=float, default=0.2, help="fraction of each class held out")
+    tq.add_argument("--seed", type=int, default=0, help="seed of the sample, the split and fastText")
+    tq.add_argument("--max-docs", type=int, default=100_000, help="documents per class at most (then balanced)")
+    tq.add_argument("--no-balance", dest="balance", action="store_false",
+                    help="train on every sampled document instead of cutting the larger class to the smaller's size")
+    tq.add_argument("--threads", type=int, default=1,
+                    help="fastText training threads; more than 1 is faster but not byte-for-byte reproducible")
+    for flag, kind in (("dim", int), ("epoch", int), ("lr", float), ("word-ngrams", int), ("min-count", int),
+                       ("bucket", int)):  # defaults: stages.train_quality.FastTextParams (docs/quality.md)
+        tq.add_argument(f"--{flag}", type=kind, help=f"fastText {flag.replace('-', ' ')}")
+    tq.set_defaults(fn=cmd_train_quality)
+
     dr = sub.add_parser("decontam-report", help="per benchmark: documents removed, from which sources")
     _where(dr)
     dr.add_argument("--crawl", required=True)
@@ -461,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.fn(args))
-    except (CliError, UnknownCrawl, NoDataRoot, StalePrior) as exc:
+    except (CliError, UnknownCrawl, NoDataRoot, StalePrior, FilterError, CredentialInURL) as exc:
         print(f"curate: error: {exc}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError, KeyError) as exc:  # pydantic validation, bad names, paths

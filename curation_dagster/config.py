@@ -12,15 +12,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from stages.credentials import check_url
 from stages.params import ExecutionTuning
 
 CONFIG_FILE = "curate.yaml"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # a rejected value (a URL with a credential in it) is never echoed in the error
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
 
 class RecrawlConfig(_Section):
@@ -46,6 +48,21 @@ class RecrawlConfig(_Section):
     params: dict[str, dict[str, Any]] | None = None
     stages: list[str] | None = None
     keep: dict[str, Any] | None = None
+
+    @field_validator("prefix")
+    @classmethod
+    def _no_credentials(cls, prefix: str | None) -> str | None:
+        return None if prefix is None else check_url("recrawl prefix", prefix)
+
+    @field_validator("sources", "source_defaults")
+    @classmethod
+    def _no_credentials_in_urls(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # a source's url is checked again where it becomes a RawDocumentsParams; here, so that
+        # curate.yaml fails when it is read, in one line
+        for entry in [value, *value.values()]:
+            if isinstance(entry, dict) and isinstance(entry.get("url"), str):
+                check_url("recrawl source URL", entry["url"])
+        return value
 
 
 class AutomationConfig(_Section):

@@ -1,24 +1,54 @@
-"""The Dagster code location: ``dagster dev -m curation_dagster.definitions``.
+"""The Dagster code location: ``curate ui --workdir DIR``, or in the repository root plain
+``dagster dev`` / ``dg dev`` / ``dg check defs`` (``[tool.dagster]`` and ``[tool.dg]`` in
+pyproject.toml name this module).
 
-The workdir comes from ``CURATE_WORKDIR`` (``curate ui`` and ``curate run`` set it); its
-``curate.yaml`` (docs/operations.md) sets the recrawl schedule and sensor and the automation.
+The workdir: ``CURATE_WORKDIR`` (``curate ui`` and ``curate run`` set it); else, when
+``DAGSTER_HOME`` is a workdir's instance (``<workdir>/dagster``, written by curate), that workdir;
+else ``./workdir`` (``make run``'s). Its ``curate.yaml`` (docs/operations.md) sets the recrawl
+schedule and sensor and the automation. The crawls are the instance's dynamic partitions, so
+``dagster dev`` without ``DAGSTER_HOME`` (a temporary, empty instance) shows none: the code
+location says so in the log.
 """
 
 from __future__ import annotations
 
 import os
 
-from dagster import AssetSelection, AutomationConditionSensorDefinition, DefaultSensorStatus, Definitions
+from dagster import (
+    AssetSelection,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+    Definitions,
+    get_dagster_logger,
+)
 
 from curation_dagster.assets import ASSETS
 from curation_dagster.checks import CHECKS
 from curation_dagster.config import load_config
+from curation_dagster.instance import workdir_of
 from curation_dagster.recrawl import build_recrawl_schedule, build_recrawl_sensor
 from curation_dagster.resources import CurationResource
 
 
+def default_workdir() -> str:
+    """``CURATE_WORKDIR``, else the workdir whose instance ``DAGSTER_HOME`` is, else ``workdir``."""
+    if os.environ.get("CURATE_WORKDIR"):
+        return os.environ["CURATE_WORKDIR"]
+    home = os.environ.get("DAGSTER_HOME")
+    found = workdir_of(home) if home else None
+    return str(found) if found is not None else "workdir"
+
+
+def _hint_instance() -> None:
+    """One log line when ``dagster dev`` runs on its temporary instance (no ``DAGSTER_HOME``)."""
+    if os.environ.get("DAGSTER_IS_DEV_CLI") and not os.environ.get("DAGSTER_HOME"):
+        get_dagster_logger().warning(
+            "DAGSTER_HOME is not set: this is a temporary, empty instance without the crawls of "
+            "`curate run`; use `DAGSTER_HOME=$PWD/workdir/dagster dagster dev` or `curate ui --workdir workdir`")
+
+
 def build_definitions(workdir: str | None = None, **resource_config: object) -> Definitions:
-    workdir = os.path.abspath(workdir or os.environ.get("CURATE_WORKDIR", "workdir"))
+    workdir = os.path.abspath(workdir or default_workdir())
     cfg = load_config(workdir)
     automation = AutomationConditionSensorDefinition(
         "curation_automation",
@@ -37,4 +67,5 @@ def build_definitions(workdir: str | None = None, **resource_config: object) -> 
     )
 
 
+_hint_instance()
 defs = build_definitions()

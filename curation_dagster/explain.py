@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow.compute as pc
 
 from stages.paths import Store
@@ -10,17 +12,26 @@ from stages.registry import CrawlSpec, plan_task
 SNIPPET = 300
 
 
-def _document(store: Store, spec: CrawlSpec, doc_id: str) -> dict[str, str | None] | None:
+def _document(store: Store, spec: CrawlSpec, doc_id: str) -> dict[str, Any] | None:
     """A document of this crawl or of an earlier crawl it was deduplicated against."""
     dirs = [plan_task(store, spec, "raw_documents", source).output_dir for source in sorted(spec.sources)]
     for crawl, outputs in sorted(spec.dedup_against.items()):
         dirs += [store.partition_dir("raw_documents", key, crawl, name.partition("/")[2])
                  for name, key in sorted(outputs.items()) if name.startswith("raw_documents/")]
     for pdir in dirs:
-        t = store.read_table(pdir, "documents", ["doc_id", "record_id", "source", "url", "text"])
-        hit = t.filter(pc.equal(t["doc_id"], doc_id))
+        hit = _first(store, pdir, "documents", ["doc_id", "record_id", "source", "url", "text"], doc_id)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _first(store: Store, pdir: str, table: str, columns: list[str] | None, doc_id: str) -> dict[str, Any] | None:
+    """The first row of ``table`` whose doc_id is ``doc_id``, streamed batch by batch (memory:
+    one batch, never a whole table; no Python object but for the row found)."""
+    for batch in store.iter_batches(pdir, table, columns):
+        hit = batch.filter(pc.equal(batch["doc_id"], doc_id))
         if hit.num_rows:
-            return hit.to_pylist()[0]
+            return hit.slice(0, 1).to_pylist()[0]
     return None
 
 
@@ -31,15 +42,13 @@ def _snippet(text: str | None) -> str:
 
 def explain(store: Store, spec: CrawlSpec, ledger_dir: str, doc_id: str) -> tuple[str, bool]:
     """(text to print, whether the document was found in the crawl)."""
-    ledger = store.read_table(ledger_dir, "ledger")
-    rows = ledger.filter(pc.equal(ledger["doc_id"], doc_id)).to_pylist()
+    row = _first(store, ledger_dir, "ledger", None, doc_id)
     doc = _document(store, spec, doc_id)
-    if not rows:
+    if row is None:
         if doc is None:
             return f"{doc_id}: not a document of crawl {spec.crawl}", False
         return (f"{doc_id}: kept (source {doc['source']}, record_id {doc['record_id']})\n"
                 f"  text: {_snippet(doc['text'])}"), True
-    row = rows[0]
     lines = [
         f"{doc_id}: removed by stage '{row['stage']}' ({row['reason']})",
         f"  source: {row['source']}   record_id: {row['record_id']}",

@@ -5,6 +5,10 @@ for all runs (``ConsolidatedSqliteEventLogStorage``): Dagster's default opens a 
 run, ~0.4 s each, and a crawl is dozens of short runs (one per wave of assets and partition
 key). That storage takes an absolute path, so a workdir that was copied or moved gets its file
 pointed at its own folder again (only a file this module wrote; an edited one is left alone).
+
+That storage is named by its private module path, ``dagster._core.storage.event_log``: Dagster
+exports no public name for it, and its own docstring configures it so. dagster is pinned
+(pyproject.toml), and tests/test_dagster_tools.py fails if the class moves or stops loading.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ import json
 import re
 from pathlib import Path
 
-DAGSTER_YAML = """\
-# The embedded default: SQLite storage in this folder, runs in-process (written by curate).
+HEADER = "# The embedded default: SQLite storage in this folder, runs in-process (written by curate)."
+DAGSTER_YAML = HEADER + """
 telemetry:
   enabled: false
 # One event-log database for all runs: the default opens a new database per run, which costs
@@ -46,3 +50,14 @@ def ensure_instance_config(home: Path) -> Path:
     if text != want and found and text == DAGSTER_YAML.format(history=found.group(1)):
         path.write_text(want)  # ours, written for another folder: this workdir was copied or moved
     return home
+
+
+def workdir_of(home: str | Path) -> Path | None:
+    """The workdir whose instance ``home`` is (``<workdir>/dagster`` with a ``dagster.yaml`` that
+    ``ensure_instance_config`` wrote), else None."""
+    path = Path(home) / "dagster.yaml"
+    try:
+        written = path.read_text().startswith(HEADER)
+    except OSError:
+        return None
+    return Path(home).resolve().parent if written and Path(home).name == "dagster" else None

@@ -1,9 +1,10 @@
 """Why a source shrank, at a glance: the source x stage waterfall of a crawl's ledger report.
 
 ``waterfall_markdown`` is the table (each step: documents removed and the share of what reached
-it), ``waterfall_png`` the chart (one 100 % bar per source: kept, quarantined, removed by each
-stage), ``ledger_metadata`` both as Dagster metadata for the ``removal_ledger`` materialization
-(the chart embedded as a base64 ``data:`` URI in Markdown, which the UI renders inline).
+it), ``waterfall_rows`` the same counts as plain rows (a native Dagster table with a schema),
+``waterfall_png`` the chart (one 100 % bar per source: kept, quarantined, removed by each stage),
+``ledger_metadata`` all three as Dagster metadata for the ``removal_ledger`` materialization (the
+chart embedded as a base64 ``data:`` URI in Markdown, which the UI renders inline).
 matplotlib is imported only here and only when a chart is drawn, with the Agg canvas (no GUI,
 no global pyplot state).
 """
@@ -25,6 +26,12 @@ def stages_of(report: dict[str, Any]) -> list[str]:
     """Removal stages of a ledger report in pipeline order (unknown ones last, sorted)."""
     seen = {st for row in report["sources"].values() for st in row["removed"]}
     return [s for s in STAGES if s in seen] + sorted(seen - set(STAGES))
+
+
+def custom_filters(report: dict[str, Any]) -> list[str]:
+    """Names of the custom filters in a ledger report (``filters`` of a source: its heuristic
+    removals by each custom filter, docs/filters.md), sorted."""
+    return sorted({name for row in report["sources"].values() for name in row.get("filters", {})})
 
 
 def steps(row: dict[str, Any], stages: list[str]) -> list[tuple[str, int, int]]:
@@ -66,6 +73,48 @@ def waterfall_markdown(report: dict[str, Any]) -> str:
         pct = f"{100 * row['kept'] / row['input']:.1f}" if row["input"] else "–"
         lines.append(f"| {name} | {row['input']:,} | " + " | ".join(cells) + f" | {row['kept']:,} | {pct} |")
     return "\n".join(lines)
+
+
+def _step_columns(report: dict[str, Any]) -> list[str]:
+    """The stages in pipeline order, each custom filter's ``heuristic:NAME`` right after heuristic."""
+    out = []
+    for stage in stages_of(report):
+        out.append(stage)
+        if stage == "heuristic":
+            out += [f"heuristic:{name}" for name in custom_filters(report)]
+    return out
+
+
+def waterfall_columns(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(name, type, description) of the ``waterfall_rows`` columns; types are TableColumn's."""
+    return [
+        ("source", "string", "source name, or 'total' for the sum over sources"),
+        ("input", "int", "documents read"),
+        (QUARANTINE, "int", "bad records (ingestion quarantine)"),
+        *[(s, "int", f"of the heuristic removals, those by custom filter {s.partition(':')[2]}") if ":" in s
+          else (s, "int", f"documents removed by stage {s}") for s in _step_columns(report)],
+        ("kept", "int", "documents in the curated output"),
+        ("kept_fraction", "float", "kept / input"),
+    ]
+
+
+def waterfall_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per source (sorted) and a ``total`` row: input, quarantine, removed per stage, the
+    custom filters' share of the heuristic removals (``heuristic:NAME``), kept; per row
+    ``input == quarantine + sum(stages) + kept``."""
+    names = custom_filters(report)
+    total = {**totals(report), "filters": {n: sum(int(r.get("filters", {}).get(n, 0))
+                                               for r in report["sources"].values()) for n in names}}
+    out = []
+    for name, row in [*sorted(report["sources"].items()), ("total", total)]:
+        out.append({
+            "source": name, "input": int(row["input"]), QUARANTINE: int(row["quarantined"]),
+            **{s: int(row.get("filters", {}).get(s.partition(":")[2], 0)) if ":" in s else int(row["removed"].get(s, 0))
+               for s in _step_columns(report)},
+            "kept": int(row["kept"]),
+            "kept_fraction": round(row["kept"] / row["input"], 6) if row["input"] else 0.0,
+        })
+    return out
 
 
 def waterfall_png(report: dict[str, Any], dpi: int = 90) -> bytes:
@@ -114,13 +163,17 @@ def chart_markdown(report: dict[str, Any]) -> str:
 
 
 def ledger_metadata(report: dict[str, Any]) -> dict[str, Any]:
-    """Metadata of a removal_ledger materialization: the waterfall as a table and a chart, and
-    numeric totals (plotted across materializations by the UI)."""
-    from dagster import MetadataValue
+    """Metadata of a removal_ledger materialization: the waterfall as Markdown, as a native table
+    (``waterfall_table``) and as a chart, and numeric totals (plotted across materializations by the UI)."""
+    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
     tot = totals(report)
+    schema = TableSchema(columns=[TableColumn(name, kind, description)
+                                  for name, kind, description in waterfall_columns(report)])
     meta: dict[str, Any] = {
         "waterfall": MetadataValue.md(waterfall_markdown(report)),
+        # The same counts as a native table: typed columns the UI sorts, and tools read as data.
+        "waterfall_table": MetadataValue.table([TableRecord(r) for r in waterfall_rows(report)], schema),
         "input_total": tot["input"],
         "kept_total": tot["kept"],
         "quarantined_total": tot["quarantined"],

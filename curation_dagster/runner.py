@@ -185,7 +185,7 @@ def _manifest_report(resource: CurationResource, spec: CrawlSpec, program: str, 
 
 def _summary(report: dict[str, Any]) -> str:
     parts = []
-    for key in ("input", "documents", "quarantined", "kept", "removed"):
+    for key in ("input", "embedded", "documents", "quarantined", "kept", "removed"):
         value = report.get(key)
         if isinstance(value, int):
             parts.append(f"{key}={value}")

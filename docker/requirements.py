@@ -23,10 +23,24 @@ def requirements(pyproject: Path, extras: str = "") -> list[str]:
     if not extras:
         return list(project["dependencies"])
     table = project["optional-dependencies"]
-    unknown = [e for e in extras.split(",") if e not in table]
-    if unknown:
-        raise SystemExit(f"unknown extras {unknown}; pyproject.toml has {sorted(table)}")
-    return [req for extra in extras.split(",") for req in table[extra]]
+    out: list[str] = []
+    todo, seen = extras.split(","), set()
+    while todo:
+        extra = todo.pop(0)
+        if extra in seen:
+            continue
+        seen.add(extra)
+        if extra not in table:
+            raise SystemExit(f"unknown extra {extra!r}; pyproject.toml has {sorted(table)}")
+        for req in table[extra]:
+            # An extra that names the project itself ("curation-dagster[a,b]") stands for those
+            # extras: pip would look for the project on the index instead.
+            name, _, rest = req.partition("[")
+            if name.strip().lower().replace("_", "-") == project["name"]:
+                todo += rest.rstrip("]").split(",")
+            elif req not in out:
+                out.append(req)
+    return out
 
 
 if __name__ == "__main__":

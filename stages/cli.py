@@ -18,6 +18,7 @@ import os
 import sys
 
 from stages.dataroot import DataRoot, NoDataRoot, UnknownCrawl
+from stages.filters import FilterError
 from stages.params import ExecutionParams, ExecutionTuning, workdir_tuning
 from stages.registry import PROGRAMS, execute, metadata
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = root.spec(args.crawl)
         tuning = ExecutionTuning.model_validate_json(args.tuning) if args.tuning else \
             workdir_tuning(args.workdir) if args.workdir else ExecutionTuning()
-    except (NoDataRoot, UnknownCrawl, ValueError) as exc:  # unsafe names and bad tuning are ValueErrors
+    except (NoDataRoot, UnknownCrawl, ValueError, FilterError) as exc:  # unsafe names, bad tuning: ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
     store = root.store
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             outcome = execute(store, spec, args.program, args.source, execution, args.force, emit=_stderr)
-        except (FileNotFoundError, KeyError, ValueError) as exc:
+        except (FileNotFoundError, KeyError, ValueError, FilterError) as exc:
             print(f"error: {args.program}: {exc}", file=sys.stderr)
             return 1
     print(json.dumps({"program": args.program, "skipped": outcome.skipped, "seconds": outcome.seconds,

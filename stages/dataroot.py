@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from stages.credentials import check_url
 from stages.paths import Store, check_name, retry, use_storage_options
 from stages.registry import CrawlSpec, plan_task, prior_outputs
 
@@ -63,16 +64,17 @@ def storage_options(explicit: Mapping[str, Any] | None = None) -> dict[str, Any]
 
 def data_root_url(data_root: str | None = None, workdir: str | os.PathLike[str] | None = None) -> str:
     """The data root in use: ``data_root``, else ``$CURATE_DATA_ROOT``, else the one the workdir's
-    last ``curate run --data-root`` recorded (``<workdir>/data_root``), else ``<workdir>/data``."""
+    last ``curate run --data-root`` recorded (``<workdir>/data_root``), else ``<workdir>/data``.
+    A data root carrying a credential is refused (:func:`stages.credentials.check_url`)."""
     if data_root:
-        return data_root
+        return check_url("data root", data_root)
     if os.environ.get(DATA_ROOT_ENV):
-        return os.environ[DATA_ROOT_ENV]
+        return check_url(f"data root (${DATA_ROOT_ENV})", os.environ[DATA_ROOT_ENV])
     if workdir is None:
         raise NoDataRoot(f"no data root: give --data-root URL (or set ${DATA_ROOT_ENV}) or --workdir DIR")
     recorded = Path(workdir) / DATA_ROOT_FILE
     if recorded.exists() and recorded.read_text().strip():
-        return recorded.read_text().strip()
+        return check_url(f"data root ({recorded})", recorded.read_text().strip())
     return str(Path(workdir) / "data")
 
 

@@ -12,7 +12,10 @@ texts of the documents in them can be as large as the corpus. ``pair_jaccard`` h
 3. the spilled texts are scattered into one file per block, and each block is loaded and run
    through the pair kernel (numba, or its torch twin) alone.
 
-Every pair is computed exactly once whatever the budget, so results do not depend on it.
+Every pair is computed exactly once whatever the budget, so results do not depend on it. Before
+any spilled byte is written (the gathered texts, batch by batch; the block files, all at once),
+the free space of the spill folder (under ``TMPDIR``) is checked: a spill that would leave less
+than ``reserve`` bytes free fails first, in one line naming the settings that make room.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from numba import njit
 
 from stages.backend import Backend, pair_jaccard_on
 from stages.kernels.lsh import sorted_distinct, sorted_find
+from stages.params import SPILL_RESERVE
 from stages.registry import Inputs
 from stages.removal import raw_dirs
 
@@ -104,12 +108,37 @@ def plan_blocks(
     return block, int(blocks)
 
 
+class SpillSpaceError(RuntimeError):
+    """The spill folder has not the room a spill needs (a user setting to change, not a crash)."""
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+def check_free_space(folder: Path, needed: int, reserve: int) -> None:
+    """Fail with :class:`SpillSpaceError` unless writing ``needed`` more bytes under ``folder``
+    leaves at least ``reserve`` bytes free (before they are written: a full disk would fail
+    whatever shares it, and late)."""
+    free = shutil.disk_usage(folder).free
+    if free - needed < reserve:
+        raise SpillSpaceError(
+            f"fuzzy dedup needs to spill {_size(needed)} more of candidate texts to {folder.parent} (TMPDIR), "
+            f"which has {_size(free)} free and keeps {_size(reserve)} (spill_reserve_bytes): raise text_block_bytes "
+            "(curate.yaml execution:) to hold more in memory, or give TMPDIR more room (in a pod: CURATE_K8S_TMP_GIB)"
+        )
+
+
 class _Gathered:
     """The wanted texts, in memory until they pass the budget, then in a local Arrow file."""
 
-    def __init__(self, budget: int, tmp: Path) -> None:
+    def __init__(self, budget: int, tmp: Path, reserve: int) -> None:
         self.budget = budget
         self.tmp = tmp
+        self.reserve = reserve
         self.held: list[pa.RecordBatch] = []
         self.bytes = 0
         self.writer: pa.ipc.RecordBatchFileWriter | None = None
@@ -119,6 +148,7 @@ class _Gathered:
         if self.writer is None and self.bytes <= self.budget:
             self.held.append(batch)
             return
+        check_free_space(self.tmp, self.bytes if self.writer is None else nbytes, self.reserve)
         if self.writer is None:
             self.writer = pa.ipc.new_file(str(self.tmp / "gathered.arrow"), _ROWS)
             for held in self.held:
@@ -169,7 +199,8 @@ class IdIndex:
 
 
 def _gather(
-    inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], budget: int, tmp: Path, batch_rows: int
+    inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], budget: int, tmp: Path, batch_rows: int,
+    reserve: int,
 ) -> tuple[_Gathered, npt.NDArray[np.int64]]:
     """One scan of ``raw_documents`` (this crawl's and the earlier crawls' it reads) for the texts of
     documents ``wanted`` (sorted indices into ``doc_ids``). Returns the gathered (node, text) rows
@@ -177,7 +208,7 @@ def _gather(
     size = np.zeros(len(doc_ids), np.int64)
     found = np.zeros(len(doc_ids), dtype=bool)
     index = IdIndex(doc_ids.take(pa.array(wanted)))
-    gathered = _Gathered(budget, tmp)
+    gathered = _Gathered(budget, tmp, reserve)
     try:
         for pdir in raw_dirs(inputs):
             for batch in inputs.store.iter_batches(pdir, "documents", ["doc_id", "text"], batch_rows):
@@ -249,17 +280,19 @@ class PairTexts:
     """
 
     def __init__(self, inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], *,
-                 budget: int, batch_rows: int = 20_000) -> None:
+                 budget: int, batch_rows: int = 20_000, reserve: int = SPILL_RESERVE) -> None:
         """doc_ids: string (n,) the documents' ids; wanted: int64 indices into it (any order,
-        repeats allowed) of the documents whose texts pairs will need."""
+        repeats allowed) of the documents whose texts pairs will need; reserve: bytes a spill
+        leaves free in its folder (``ExecutionParams.spill_reserve_bytes``)."""
         self.n = len(doc_ids)
         self.budget = budget
+        self.reserve = reserve
         self.blocks = 0  # blocks loaded over all calls
         self._tmp = Path(tempfile.mkdtemp(prefix="pair-texts-"))
         self._cached: tuple[Any, npt.NDArray[np.int64]] | None = None
         try:
             self._gathered, self.size = _gather(inputs, doc_ids, sorted_distinct(np.asarray(wanted, np.int64)),
-                                                budget, self._tmp, batch_rows)
+                                                budget, self._tmp, batch_rows, reserve)
         except BaseException:
             self.close()
             raise
@@ -320,6 +353,7 @@ class PairTexts:
         group = np.zeros(src.shape[0], np.int64) if group is None else np.asarray(group, np.int64)
         block, blocks = plan_blocks(src, dst, group, self.size, self.budget)
         node_block = sorted_distinct(np.concatenate([(src << 32) | block, (dst << 32) | block]))
+        check_free_space(self._tmp, int(self.size[node_block >> 32].sum()), self.reserve)  # the block files
         paths = _scatter(self._tmp / "gathered.arrow", self._tmp, node_block, blocks)
         order = np.argsort(block, kind="stable")
         cuts = np.searchsorted(block[order], np.arange(blocks + 1))
@@ -352,6 +386,7 @@ def pair_jaccard(
     backend: Backend,
     budget: int,
     batch_rows: int = 20_000,
+    reserve: int = SPILL_RESERVE,
 ) -> tuple[npt.NDArray[np.float64], int]:
     """(float64 (e,) exact Jaccard of each pair, blocks used): ``PairTexts`` for one set of pairs.
 
@@ -360,6 +395,7 @@ def pair_jaccard(
     """
     if not len(src):
         return np.empty(0, np.float64), 0
-    with PairTexts(inputs, doc_ids, np.concatenate([src, dst]), budget=budget, batch_rows=batch_rows) as texts:
+    with PairTexts(inputs, doc_ids, np.concatenate([src, dst]), budget=budget, batch_rows=batch_rows,
+                   reserve=reserve) as texts:
         out = texts.jaccard(src, dst, group, shingle=shingle, backend=backend)
         return out, texts.blocks

@@ -230,23 +230,37 @@ def _threads(num_cpus: float) -> int:
 
 
 def _storage_conf(ray: Any) -> Any:
-    """fsspec's per-protocol defaults of this process (``stages.paths.use_storage_options``),
-    put once in the object store, so tasks open source URLs the way the driver does."""
+    """fsspec's per-protocol defaults of this process (``stages.paths.use_storage_options``)
+    without their secrets (``stages.credentials.without_secrets``: endpoint and region travel,
+    keys and tokens never enter the object store), put once in the object store, so tasks open
+    source URLs the way the driver does."""
     import fsspec.config
 
-    return ray.put({k: dict(v) for k, v in fsspec.config.conf.items()}) if fsspec.config.conf else None
+    return ray.put(shared_storage_conf(fsspec.config.conf)) if fsspec.config.conf else None
+
+
+def shared_storage_conf(conf: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What of fsspec's per-protocol defaults ``conf`` Ray tasks receive: no secret."""
+    from stages.credentials import without_secrets
+
+    return {protocol: without_secrets(options) for protocol, options in conf.items()}
 
 
 def _worker_setup(threads: int, conf: dict[str, dict[str, Any]] | None) -> None:
-    """In a Ray worker: numba kernels on the task's cores; the driver's fsspec defaults."""
+    """In a Ray worker: numba kernels on the task's cores; the driver's fsspec defaults, with the
+    worker's own ``$CURATE_STORAGE_OPTIONS`` over them (its credentials: from its environment,
+    as a local instance inherits the driver's, or the cluster's Secret; else the AWS chain)."""
     import numba
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
     if conf:
         import fsspec.config
 
+        from stages.dataroot import storage_options
+
+        own = storage_options()
         for protocol, options in conf.items():
-            fsspec.config.conf.setdefault(protocol, {}).update(options)
+            fsspec.config.conf.setdefault(protocol, {}).update({**options, **own})
 
 
 def _run_task(fn: Callable[[T], R], item: T, threads: int, conf: dict[str, dict[str, Any]] | None) -> R:

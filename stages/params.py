@@ -66,11 +66,9 @@ class RawDocumentsParams(StageParams):
     @field_validator("url")
     @classmethod
     def _no_credentials(cls, url: str) -> str:
-        # user:password@ after the scheme, also when the secret holds a '/' (AWS secrets do)
-        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^@]*:[^@]*@", url):
-            raise ValueError("the source URL carries credentials (user:password@...); give them through the "
-                             "environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) instead")
-        return url
+        from stages.credentials import check_url
+
+        return check_url("source URL", url)
 
 
 DEFAULT_LANGUAGE_MODEL = "lid.176.ftz"
@@ -139,6 +137,57 @@ class DocumentLanguagesParams(StageParams):
         return {**data, "fingerprint": fingerprint(path)}
 
 
+class CustomFilter(BaseModel):
+    """A user's filter in the heuristic stage (``stages.filters``, docs/filters.md).
+
+    ``filter``: ``package.module:Class`` or the name of an entry point of the group
+    ``curation_dagster.filters``; ``kwargs``: its constructor's arguments (JSON values). ``name``
+    (the ledger's reason) defaults to the class's ``name`` (set it to run one class twice with
+    different kwargs); ``version`` and ``keep_kwargs`` are read from the class and never given by
+    hand, so a version bump re-keys the outputs.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    filter: str = Field(min_length=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    name: str = ""
+    version: int = 0
+    keep_kwargs: tuple[str, ...] = ()
+
+
+def _with_filter_classes(data: Any) -> Any:
+    """Fill ``name``, ``version``, ``keep_kwargs`` of every entry of ``data["filters"]`` (a
+    string is ``{"filter": string}``) from its class (imported, not built); one-line errors for
+    a filter that cannot be imported or whose name another entry has. A disabled stage imports
+    nothing (a run without the heuristic stage does not need the filters' packages)."""
+    if not isinstance(data, dict) or not data.get("filters"):
+        return data
+    from stages.filters import NAME, FilterError, describe
+
+    entries: list[dict[str, Any]] = []
+    for entry in data["filters"]:
+        if isinstance(entry, BaseModel | dict | str):
+            values: dict[str, Any] = entry.model_dump() if isinstance(entry, BaseModel) else \
+                {"filter": entry} if isinstance(entry, str) else dict(entry)
+        else:
+            values = {}
+        ref = values.get("filter")
+        if not isinstance(ref, str) or not ref:
+            raise FilterError(f"a custom filter is 'module:Class', an entry point name or {{filter: ..., kwargs: "
+                              f"...}}; got {entry!r}")
+        if data.get("enabled", True):
+            name, version, keep_kwargs = describe(ref, values.get("kwargs") or {})
+            name = values.get("name") or name
+            if not NAME.match(name):
+                raise FilterError(f"custom filter {ref!r}: name {name!r} is not a name like 'digit_ratio'")
+            if name in {e["name"] for e in entries}:
+                raise FilterError(f"custom filter {ref!r}: name {name!r} is taken by another filter; give the "
+                                  "entry its own 'name'")
+            values = {**values, "name": name, "version": version, "keep_kwargs": keep_kwargs}
+        entries.append(values)
+    return {**data, "filters": entries}
+
+
 class FilteredDocumentsParams(StageParams):
     """Heuristic filters: thresholds on stored scores (Gopher quality/repetition, C4 lines).
 
@@ -190,6 +239,13 @@ class FilteredDocumentsParams(StageParams):
     max_short_lines_frac: float | None = None
     max_char_dup_frac: float | None = None
     max_newline_word_ratio: float | None = None
+    # A user's own filters (stages.filters, docs/filters.md), judged after the rules above, in order.
+    filters: tuple[CustomFilter, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _filter_classes(cls, data: Any) -> Any:
+        return _with_filter_classes(data)
 
     @model_validator(mode="after")
     def _datatrove_only(self) -> FilteredDocumentsParams:
@@ -325,6 +381,9 @@ class KeepParams(StageParams):
     source_priority: dict[str, int] = Field(default_factory=dict)
 
 
+SPILL_RESERVE = 256 << 20  # bytes a spill to TMPDIR leaves free (ExecutionParams.spill_reserve_bytes)
+
+
 class ExecutionParams(BaseModel):
     """How programs run; never part of a key."""
 
@@ -334,6 +393,9 @@ class ExecutionParams(BaseModel):
     # fuzzy dedup's exact Jaccard holds at most this many bytes of document text at a time
     # (stages.pair_texts: beyond it, texts spill to local disk and are read block by block)
     text_block_bytes: int = Field(default=512 << 20, ge=1)
+    # ... and a spill must leave this much free in its folder (under TMPDIR), checked before it
+    # writes: else it fails in one line naming text_block_bytes, TMPDIR and CURATE_K8S_TMP_GIB
+    spill_reserve_bytes: int = Field(default=SPILL_RESERVE, ge=0)
     executor: Literal["local", "ray"] = "local"  # where fanned-out work runs (stages.parallel)
     ray_address: str | None = None  # an existing Ray cluster ("ray://host:10001", "auto"); None: local
     backend: Literal["auto", "cpu", "gpu"] = "cpu"
@@ -358,6 +420,7 @@ class ExecutionTuning(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     text_block_bytes: int | None = Field(default=None, ge=1)
+    spill_reserve_bytes: int | None = Field(default=None, ge=0)
     embedding_batch_tokens: int | None = Field(default=None, ge=1)
     pairwise_batch_size: int | None = Field(default=None, ge=1)
     ingest_task_bytes: int | None = Field(default=None, ge=1)
@@ -539,8 +602,8 @@ def embedding_model_path(model: str) -> str:
 
 
 class DocumentEmbeddingsParams(StageParams):
-    """Sentence embeddings (L2-normalised) of the heuristic survivors of one source. Part of stage
-    ``semantic``; docs/semantic.md.
+    """Sentence embeddings (L2-normalised) of the documents of one source that survived every
+    cheaper remover (exact and fuzzy dedup included). Part of stage ``semantic``; docs/semantic.md.
 
     ``model``: ``all-MiniLM-L6-v2`` (the packaged default, 384 dimensions) or a local
     sentence-transformers directory. Texts are cut to ``max_tokens`` tokens (capped at what the

@@ -28,6 +28,8 @@ import fsspec.config
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stages.lease import Lease, LeaseBusy, LeaseLost, supports_leases
+
 MANIFEST = "_manifest.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -114,7 +116,9 @@ class Store:
     """The data root, on any fsspec filesystem (local folder, ``s3://bucket/prefix``, ...)."""
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
+        from stages.credentials import check_url
+
+        self.fs, path = fsspec.core.url_to_fs(check_url("data root", root), **(storage_options or {}))
         self.root = path.rstrip("/")
         self.is_local = "file" in (
             self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
@@ -158,6 +162,7 @@ class Store:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+            _fsync_dir(folder)  # the rename itself
             return
 
         def put() -> None:
@@ -198,6 +203,15 @@ class Store:
         return PartitionWriter(self, pdir)
 
 
+def _fsync_dir(folder: str) -> None:
+    """Make a local folder's entries (new names, a rename) durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class PartitionBusy(RuntimeError):
     """Another attempt is writing the same partition right now."""
 
@@ -228,9 +242,10 @@ class PartitionWriter:
     the same partition (a rerun launched while one is running) fails at once with
     ``PartitionBusy`` instead of having its parts deleted by the other's commit. The kernel drops
     the lock when the process dies (forked pool workers close their inherited copies, and die
-    with their parent: ``stages.parallel``), so a crashed attempt never blocks its retry. Object storage
-    has no such lock: there, two concurrent attempts on one partition are the operator's to avoid
-    (docs/operations.md).
+    with their parent: ``stages.parallel``), so a crashed attempt never blocks its retry. On S3
+    an attempt holds a lease instead (``stages.lease``: conditional writes, renewed while it runs,
+    checked before the manifest is published); other object stores have no lock, and two
+    concurrent attempts on one partition there are the operator's to avoid (docs/operations.md).
     """
 
     def __init__(self, store: Store, pdir: str) -> None:
@@ -241,12 +256,56 @@ class PartitionWriter:
         self.rows: dict[str, int] = {}
         self.schemas: dict[str, pa.Schema] = {}
         self._lock: int | None = None  # set first: __del__ runs even when acquiring fails
+        self._lease: Lease | None = None
+        self.leftovers: list[str] = []  # what killed attempts had left here, removed at start
         self._pid = os.getpid()  # a forked child's copy of this writer must not close a descriptor
         if store.is_local:
             self._lock = self._acquire()
             if self._lock is not None:
                 _HELD_LOCKS.add(self._lock)
+        elif supports_leases(store.fs):
+            lease = Lease(store.fs, store.root, pdir)
+            try:
+                lease.acquire()
+            except LeaseBusy as exc:
+                raise PartitionBusy(str(exc)) from None
+            self._lease = lease
         store.fs.makedirs(pdir, exist_ok=True)
+        if self._lock is not None or self._lease is not None:
+            self.leftovers = self._remove_leftovers()
+
+    def _remove_leftovers(self) -> list[str]:
+        """Remove what killed attempts left in the partition (parts, half-written parts, manifest
+        temporaries: anything the committed manifest does not name), before this attempt writes,
+        so a partition killed again and again never holds more than one attempt's parts. Only
+        under the partition lock or lease: no other attempt can be writing. Returns the names removed."""
+        manifest = self.store.read_manifest(self.pdir)
+        keep = {MANIFEST} | {n for names in (manifest.tables.values() if manifest else []) for n in names}
+        removed = []
+        if self.store.is_local:
+            for entry in os.scandir(self.pdir):
+                if entry.name not in keep:
+                    if entry.is_dir(follow_symlinks=False):
+                        import shutil
+
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
+                    removed.append(entry.name)
+            return sorted(removed)
+        fs = self.store.fs
+        fs.invalidate_cache(self.pdir)
+        try:
+            paths = fs.ls(self.pdir, detail=False)
+        except FileNotFoundError:  # object storage has no empty folders
+            return []
+        for path in paths:
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if name not in keep:
+                fs.rm(path, recursive=True)
+                removed.append(name)
+        fs.invalidate_cache(self.pdir)
+        return sorted(removed)
 
     def _acquire(self) -> int | None:
         import errno
@@ -276,6 +335,9 @@ class PartitionWriter:
             _HELD_LOCKS.discard(self._lock)
             os.close(self._lock)  # closing the last descriptor drops the flock
         self._lock = None
+        if self._lease is not None and os.getpid() == self._pid:
+            self._lease.release()
+        self._lease = None
 
     def __del__(self) -> None:
         self.close()
@@ -290,6 +352,9 @@ class PartitionWriter:
         name = f"{table}-{self.attempt}-{len(names):05d}.parquet"
         with self.store.fs.open(f"{self.pdir}/{name}", "wb") as fh:
             pq.write_table(data, fh, compression="zstd")
+            if self.store.is_local:  # on disk before any manifest names it (a power cut keeps it whole)
+                fh.flush()
+                os.fsync(fh.fileno())
         names.append(name)
 
     def rename(self, table: str, new: str) -> None:
@@ -315,6 +380,14 @@ class PartitionWriter:
         manifest.tables = self.tables
         manifest.rows = self.rows
         fs = self.store.fs
+        if self.store.is_local:
+            _fsync_dir(self.pdir)  # the parts' names too, before the manifest that names them
+        if self._lease is not None:  # on S3: publish only while this attempt holds the partition
+            try:
+                self._lease.check()
+            except LeaseLost as exc:
+                self.close()
+                raise PartitionBusy(str(exc)) from None
         self.store.write_atomic(f"{self.pdir}/{MANIFEST}", manifest.to_json())
         keep = {name for names in self.tables.values() for name in names} | {MANIFEST}
         try:

@@ -100,13 +100,16 @@ _MIDDLE: tuple[Program, ...] = (
         "Removal list of near-duplicates: one survivor per component, each removed one names it.",
         group="dedup", stage="fuzzy", uses_keep_rule=True, reads_prior=True, resources=Resources(memory_gib=4.0),
     ),
-    # Embeddings see only the heuristic survivors (per source, so exact/fuzzy parameter changes
-    # never re-embed); clusters and duplicates read the removal lists of every earlier remover.
+    # Embeddings see only the survivors of every remover before them (language, heuristic,
+    # exact, fuzzy): a document dropped by a cheaper stage is never embedded. A dedup parameter
+    # change re-keys them, and the embedding cache (keyed by model and text) re-embeds only the
+    # documents whose survival changed. Clusters and duplicates still read the exact and fuzzy
+    # removal lists (nothing left to drop; they say so in ``dropped``).
     Program(
-        "document_embeddings", "source", P.DocumentEmbeddingsParams,
-        ("raw_documents", "document_languages", "filtered_documents"),
-        "Sentence embeddings (L2-normalised, length-bucketed batches) of the heuristic survivors.",
-        group="dedup", part_of="semantic", resources=Resources(cpu=4.0, memory_gib=8.0, gpu=1, image="gpu"),
+        "document_embeddings", "source", P.DocumentEmbeddingsParams, ("raw_documents",),
+        "Sentence embeddings (L2-normalised, length-bucketed batches) of the exact/fuzzy survivors.",
+        group="dedup", part_of="semantic", sees_survivors=True,
+        resources=Resources(cpu=4.0, memory_gib=8.0, gpu=1, image="gpu"),
     ),
     Program(
         "semantic_clusters", "crawl", P.SemanticClustersParams,
@@ -445,7 +448,7 @@ def metadata(outcome: Outcome) -> dict[str, Any]:
         "cached": outcome.skipped,
         "seconds": round(outcome.seconds, 3),
     }
-    for name in ("input", "kept", "documents", "quarantined", "removed", "enabled", "backend"):
+    for name in ("input", "embedded", "kept", "documents", "quarantined", "removed", "enabled", "backend"):
         if name in m.report and not isinstance(m.report[name], dict):
             meta[name] = m.report[name]
     for name in ("removed_per_reason", "removed_per_source", "quarantine_reasons", "fails_per_rule"):

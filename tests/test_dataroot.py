@@ -256,6 +256,40 @@ def test_report_ledger_explain_and_a_stage_from_an_s3_data_root_alone(s3: dict[s
     assert list(empty.iterdir()) == []  # nothing written where they ran
 
 
+PLANTED_KEY, PLANTED_SECRET = "AKIAPLANTEDSTORAGEOPT", "planted/storage-options-secret+9f3"
+
+
+def test_storage_options_never_persist_after_a_real_crawl_on_s3(
+    s3: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keys given in $CURATE_STORAGE_OPTIONS (as curate.yaml-less deployments do) open the data
+    root and the sources on S3, and are never written: not in any object under the data root
+    (parts, manifests, crawl specs), not in any file of the workdir (the Dagster instance's run and
+    event storage, logs), not in the materialization metadata, not in what `curate` prints."""
+    fs = Store(f"s3://{BUCKET}", s3).fs
+    body = "".join(json.dumps(d) + "\n" for d in documents(30, stop_words=True) * 2)
+    fs.pipe_file(f"{BUCKET}/planted-src/web/part.jsonl", body.encode())
+    monkeypatch.setenv("CURATE_STORAGE_OPTIONS", json.dumps({**s3, "key": PLANTED_KEY, "secret": PLANTED_SECRET}))
+    work, url = tmp_path / "w", f"s3://{BUCKET}/planted-root"
+    code, out, err = curate("run", "--workdir", str(work), "--data-root", url, "--crawl", "c1",
+                            "--source", f"web=s3://{BUCKET}/planted-src/web/", "--stages", "exact,fuzzy")
+    assert code == 0, err
+    assert report("--workdir", str(work), crawl="c1")["web"]["removed"]["exact"] == 30  # it really ran
+    planted = (PLANTED_KEY.encode(), PLANTED_SECRET.encode())
+    written = {p: fs.cat_file(p) for p in fs.find(f"{BUCKET}/planted-root")}
+    assert any(p.endswith("_manifest.json") for p in written) and any(f"/{CRAWLS_DIR}/" in p for p in written)
+    written.update({str(p): p.read_bytes() for p in work.rglob("*") if p.is_file()})
+    assert len(written) > 20
+    assert [p for p, blob in written.items() if any(s in blob for s in planted)] == []
+    assert not [s for s in (PLANTED_KEY, PLANTED_SECRET) if s in out + err]
+    with dg.DagsterInstance.from_config(str(work / "dagster")) as instance:
+        records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_documents")),
+                                                  limit=10).records
+        metadata = [str(r.asset_materialization.metadata) for r in records if r.asset_materialization]
+    assert metadata and "planted-src" in metadata[0]
+    assert not [m for m in metadata if PLANTED_KEY in m or PLANTED_SECRET in m]
+
+
 # --- cross-crawl dedup when an earlier crawl is rerun ---------------------------------------------
 
 

@@ -191,6 +191,39 @@ def test_block_wise_verification_gives_the_same_edges(corpus: tuple[Path, list[d
     assert again.equals(removed) and removed.num_rows > 0
 
 
+def test_a_spill_without_room_fails_first_in_one_line_naming_the_settings(
+    corpus: tuple[Path, list[dict[str, str]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spilling candidate texts to TMPDIR checks its free space before it writes: asked to keep
+    more free than the disk has, the stage fails in one line naming text_block_bytes, TMPDIR and
+    CURATE_K8S_TMP_GIB, and leaves nothing in TMPDIR; in memory (no spill) it never checks."""
+    import shutil
+    import tempfile
+
+    from stages.pair_texts import SpillSpaceError
+    from stages.params import ExecutionParams
+    from stages.registry import execute
+
+    root, sources = corpus
+    store, spec = _run(root, sources, "default")
+    spill = tmp_path / "tmp"
+    spill.mkdir()
+    monkeypatch.setenv("TMPDIR", str(spill))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    beyond = shutil.disk_usage(spill).free + (1 << 40)
+    with pytest.raises(SpillSpaceError) as exc:
+        execute(store, spec, "duplicate_components", None,
+                ExecutionParams(text_block_bytes=40_000, spill_reserve_bytes=beyond), force=True)
+    message = str(exc.value)
+    assert len(message.splitlines()) == 1 and str(spill) in message, message
+    for setting in ("text_block_bytes", "TMPDIR", "CURATE_K8S_TMP_GIB", "spill_reserve_bytes"):
+        assert setting in message, (setting, message)
+    assert list(spill.iterdir()) == []
+    outcome = execute(store, spec, "duplicate_components", None, ExecutionParams(spill_reserve_bytes=beyond),
+                      force=True)
+    assert not outcome.manifest.report["text_spilled"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     pairs=st.lists(st.tuples(st.integers(0, 29), st.integers(0, 29)), min_size=1, max_size=80),

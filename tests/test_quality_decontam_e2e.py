@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import random
 from pathlib import Path
@@ -15,31 +13,13 @@ import pytest
 
 pytest.importorskip("fasttext")
 
-from tiny_corpus import fast_tmp
-from tiny_models import COMMON, HQ_WORDS, LQ_WORDS, train_fasttext
-
-from curation_dagster import cli
+from tiny_corpus import curate, fast_tmp
+from tiny_models import HQ_WORDS, LQ_WORDS, prose, train_fasttext
 
 pytestmark = pytest.mark.slow
 
 PASSAGE = ("The lighthouse keeper logged the passing of every ship in a leather book, noting the wind, "
            "the state of the sea and the colour of each hull, until the light was automated in the spring.")
-
-
-def curate(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(args))
-    return code, out.getvalue(), err.getvalue()
-
-
-def _prose(rng: random.Random, vocab: list[str], sentences: int = 8) -> str:
-    """Sentences with stop words and end punctuation, so the heuristic filters keep them."""
-    out = []
-    for _ in range(sentences):
-        words = [rng.choice(vocab if rng.random() < 0.6 else COMMON) for _ in range(11)]
-        out.append(" ".join(words).capitalize() + ".")
-    return " ".join(out)
 
 
 def _corpus(root: Path) -> tuple[dict[str, Any], dict[str, set[str]]]:
@@ -50,7 +30,7 @@ def _corpus(root: Path) -> tuple[dict[str, Any], dict[str, set[str]]]:
         rows = []
         for i in range(12):
             bad = i % 3 == 0
-            rows.append({"id": f"{name}{i}", "text": _prose(rng, LQ_WORDS if bad else HQ_WORDS)})
+            rows.append({"id": f"{name}{i}", "text": prose(rng, LQ_WORDS if bad else HQ_WORDS)})
         lq[name] = {r["id"] for r in rows if r["id"].removeprefix(name) in {str(i) for i in range(0, 12, 3)}}
         if name == "papers":  # a benchmark passage, upper-cased, inside a good document
             rows[4]["text"] = rows[4]["text"] + " " + PASSAGE.upper()

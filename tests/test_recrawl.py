@@ -218,3 +218,38 @@ def test_rerunning_a_failed_partition_resumes_from_committed_work(
     assert raw2.metadata["cached"].value is True  # committed in the failed run: not recomputed
     assert raw2.metadata["data_version"].value == raw.metadata["data_version"].value
     assert flt.metadata["cached"].value is False and flt.metadata["removed"].value == 6
+
+
+def test_recrawl_storage_options_are_never_written(tmp_path: Path) -> None:
+    """curate.yaml's recrawl storage_options (a planted secret) open the snapshot prefix and reach
+    no crawl spec, run request, Dagster event or file of the workdir; a prefix with a credential
+    in it is refused by the sensor's config, without echoing it."""
+    from curation_dagster.cli import _workdir_paths
+    from curation_dagster.config import load_config
+
+    planted = "recrawl-planted-secret-4b1"
+    workdir, prefix = tmp_path / "workdir", tmp_path / "snapshots"
+    workdir.mkdir()
+    prefix.mkdir()
+    ops_workdir.write_curate_yaml(workdir, prefix, recrawl={"storage_options": {"secret": planted}})
+    ops_workdir.snapshot(prefix, T.CRAWL)
+    _, home = _workdir_paths(str(workdir))
+    curation = CurationResource(workdir=str(workdir), workers=1)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        sensor = build_definitions(str(workdir)).get_repository_def().get_sensor_def("recrawl_sensor")
+        result = sensor(dg.build_sensor_context(instance=instance, resources={"curation": curation}))
+        assert result.run_requests and planted not in repr(result)
+        for req in result.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        run = result.run_requests[0]
+        ops_workdir.materialize(instance, curation, [k.to_user_string() for k in run.asset_selection],
+                                run.partition_key)
+    assert load_spec(workdir, T.CRAWL).sources  # registered in the data root
+    written = [p for p in workdir.rglob("*") if p.is_file() and p.name != "curate.yaml"]
+    assert len(written) > 10 and [p for p in written if planted.encode() in p.read_bytes()] == []
+    cfg = yaml.safe_load((workdir / "curate.yaml").read_text())
+    cfg["recrawl"]["prefix"] = f"s3://AKIAPLANTED:{planted}@bucket/snapshots"
+    (workdir / "curate.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match="recrawl prefix carries credentials") as exc:
+        load_config(workdir)
+    assert planted not in str(exc.value)

@@ -1,6 +1,8 @@
 """Security: no code path unpickles or evaluates data, names cannot leave the workdir, the Dagster
-UI listens on loopback only. (Credentials never reaching logs, metadata or manifests: the planted
-fake AWS secret of ``test_bad_input.py``.)"""
+UI listens on loopback only, a URL carrying a credential is refused wherever it enters and Ray
+tasks get storage options without their secrets. (Credentials never reaching logs, metadata or
+manifests: the planted fake AWS secret of ``test_bad_input.py``, the planted storage options of
+``test_dataroot.py``, ``test_k8s.py`` and ``test_recrawl.py``.)"""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -228,3 +231,122 @@ def test_a_copied_workdir_keeps_its_own_event_log(tmp_path: Path) -> None:
     shutil.copytree(tmp_path / "b", tmp_path / "c")
     ensure_instance_config(tmp_path / "c" / "dagster")
     assert (tmp_path / "c" / "dagster" / "dagster.yaml").read_text() == text + "# mine\n"
+
+
+# --- no secret in a URL -----------------------------------------------------------------------------
+
+PLANTED = "Planted9SecretValue/xyz"  # never echoed, never written
+CREDENTIAL_URLS = [
+    f"s3://AKIAPLANTED:{PLANTED}@bucket/crawl/",  # user:password@, the secret with a '/'
+    f"s3://user:{PLANTED}@bucket",
+    f"https://{PLANTED.replace('/', '')}@example.org/crawl.jsonl",  # token@host
+    f"https://bucket.s3.amazonaws.com/a.jsonl?X-Amz-Algorithm=AWS4&X-Amz-Credential={PLANTED}&X-Amz-Signature=ab",
+    f"https://acct.blob.core.windows.net/c/a.jsonl?sv=2024&sp=r&sig={PLANTED}",
+    f"https://example.org/a.jsonl?token={PLANTED}",
+    f"https://example.org/a.jsonl?access_token={PLANTED}",
+    f"https://example.org/a.jsonl?page=1&key={PLANTED}",
+    f"gs://bucket/a.jsonl?GoogleAccessId=me&Signature={PLANTED}",
+    f"simplecache::s3://AKIAPLANTED:{PLANTED}@bucket/x",
+]
+PLAIN_URLS = [
+    "s3://bucket/crawl/*.jsonl.gz", "abfs://container@account.dfs.core.windows.net/crawl/",
+    "hf://datasets/org/name@main/data/", "http://127.0.0.1:8080/files/a@b.jsonl", "https://example.org/a.jsonl?page=2",
+    "s3://bucket/a.jsonl?versionId=3", "github://org:repo@abc123/data/", "/data/user@host:x/crawl", "sftp://me@host/x",
+    "s3://bucket/part-?.jsonl",
+]
+
+
+@pytest.mark.parametrize("url", CREDENTIAL_URLS)
+def test_a_credential_in_any_url_is_refused_wherever_it_enters(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Source URLs (the params, `curate run|register --source`, curate.yaml's recrawl section),
+    the data root (`--data-root`, $CURATE_DATA_ROOT, the workdir's data_root file, a Store, the
+    stage entry point of pods): one check, a one-line error naming the kind, never the secret."""
+    from curation_dagster.config import load_config
+    from stages.credentials import CredentialInURL, check_url
+    from stages.dataroot import DATA_ROOT_FILE, data_root_url
+
+    secret_parts = [PLANTED, PLANTED.replace("/", "")]
+
+    def refused(call: Any) -> str:
+        with pytest.raises(ValueError, match="carries credentials") as exc:
+            call()
+        assert not [s for s in secret_parts if s in str(exc.value)]
+        return str(exc.value)
+
+    refused(lambda: check_url("source URL", url))
+    refused(lambda: RawDocumentsParams(url=url))
+    refused(lambda: CrawlSpec.model_validate({"crawl": "c1", "sources": {"s": {"url": url}}}))
+    refused(lambda: DataRoot.open(url))
+    refused(lambda: Store(url))
+    with pytest.raises(CredentialInURL):
+        data_root_url(url)
+    monkeypatch.setenv("CURATE_DATA_ROOT", url)
+    refused(lambda: data_root_url(None, tmp_path))
+    monkeypatch.delenv("CURATE_DATA_ROOT")
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / DATA_ROOT_FILE).write_text(url + "\n")  # e.g. edited by hand
+    refused(lambda: DataRoot.open(workdir=work))
+    (work / DATA_ROOT_FILE).unlink()
+    for section in ({"prefix": url}, {"sources": {"news": {"url": url}}}, {"source_defaults": {"url": url}}):
+        (work / "curate.yaml").write_text(json.dumps({"recrawl": section}))
+        refused(lambda: load_config(work))
+    (work / "curate.yaml").unlink()
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"text": "a document"}\n')
+    for argv in (["run", "--workdir", str(work), "--crawl", "c1", "--source", f"news={url}"],
+                 ["register", "--workdir", str(work), "--crawl", "c1", "--source", f"news={url}"],
+                 ["run", "--workdir", str(work), "--crawl", "c1", "--source", f"news={src}", "--data-root", url],
+                 ["report", "--data-root", url, "--crawl", "c1"]):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            assert cli.main(argv) == 1, argv
+        assert "carries credentials" in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1, argv
+        assert not [s for s in secret_parts if s in err.getvalue() + out.getvalue()], argv
+    assert not (work / "data" / CRAWLS_DIR).exists() and not (work / DATA_ROOT_FILE).exists()
+
+
+def test_the_stage_entry_point_refuses_a_data_root_with_a_credential(tmp_path: Path) -> None:
+    url = CREDENTIAL_URLS[0]
+    proc = subprocess.run([sys.executable, "-m", "stages", "raw_documents", "--data-root", url, "--crawl", "c1",
+                           "--source", "s"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "the data root carries credentials (user:password@...)" in proc.stderr
+    assert PLANTED not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("url", PLAIN_URLS)
+def test_urls_without_credentials_are_accepted(url: str) -> None:
+    """adlfs's container@account, a revision after '@' in a path, github's org:repo@ref, a port,
+    a version id, a local path with '@' and ':', a glob '?' are no credentials."""
+    from stages.credentials import url_credential
+
+    assert url_credential(url) is None
+    assert RawDocumentsParams(url=url).url == url
+
+
+def test_storage_options_reach_ray_tasks_without_their_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the driver puts in Ray's object store for its tasks holds the endpoint, never a key;
+    a worker takes its credentials from its own $CURATE_STORAGE_OPTIONS (a local instance
+    inherits the driver's environment; a cluster's workers have the Secret)."""
+    import fsspec.config
+
+    from stages.dataroot import STORAGE_OPTIONS_ENV
+    from stages.parallel import _worker_setup, shared_storage_conf
+    from stages.paths import use_storage_options
+
+    options = {"endpoint_url": "http://127.0.0.1:9", "key": "AKIAPLANTED", "secret": PLANTED, "token": PLANTED,
+               "client_kwargs": {"region_name": "eu-west-1", "aws_secret_access_key": PLANTED}}
+    monkeypatch.setattr(fsspec.config, "conf", {})
+    use_storage_options("s3://bucket/root", options)
+    shared = shared_storage_conf(fsspec.config.conf)
+    assert PLANTED not in json.dumps(shared) and "AKIAPLANTED" not in json.dumps(shared)
+    assert shared["s3"] == {"endpoint_url": "http://127.0.0.1:9", "client_kwargs": {"region_name": "eu-west-1"}}
+    # In a worker: the shared defaults, then the worker's own credentials over them.
+    monkeypatch.setattr(fsspec.config, "conf", {})
+    monkeypatch.setenv(STORAGE_OPTIONS_ENV, json.dumps({"key": "worker-key", "secret": "worker-secret"}))
+    _worker_setup(1, shared)
+    assert fsspec.config.conf["s3"] == {"endpoint_url": "http://127.0.0.1:9", "client_kwargs": {
+        "region_name": "eu-west-1"}, "key": "worker-key", "secret": "worker-secret"}

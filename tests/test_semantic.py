@@ -385,7 +385,7 @@ def write_source(folder: Path, docs: dict[str, str]) -> Path:
 def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     """Two sources (wire before blog in the keep rule): the blog's rewrites of two wire stories
     are removed by stage ``semantic`` as duplicates of the wire originals; its verbatim copy of
-    one is removed by ``exact`` and never reaches semantic dedup; templated listings stay. A
+    one is removed by ``exact`` and is never embedded; templated listings stay. A
     third source loses everything to the heuristics and embeds nothing. The outputs live outside
     the workdir (as after ``curate run --data-root``), where the audit must find them."""
     from curation_dagster import cli
@@ -432,8 +432,12 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     neighbors = table("semantic_duplicates", "neighbors")
     seen = {record[r["doc_id"]] for r in neighbors} | {record[r["neighbor"]] for r in neighbors if r["neighbor"]}
     assert ("blog", "bridge-copy") not in seen and len(neighbors) == 7
+    # The blog's exact copy was never embedded: embeddings see only exact/fuzzy survivors.
     emb = table("document_embeddings", "embeddings", "blog")
-    assert len(emb) == 5 and len(emb[0]["embedding"]) == 384
+    assert len(emb) == 4 and len(emb[0]["embedding"]) == 384
+    assert ("blog", "bridge-copy") not in {record[r["doc_id"]] for r in emb}
+    assert table("semantic_clusters", "clusters") and execute(
+        store, spec, "semantic_clusters", None).manifest.report["dropped"] == 0  # nothing left to drop
 
     out = tmp_path / "audit.html"
     stdout = io.StringIO()

@@ -8,6 +8,7 @@ later is covered automatically, and one this test cannot vary fails it until it 
 from __future__ import annotations
 
 import re
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ def special_values(tmp: Path) -> dict[tuple[str, str], Any]:
     (tmp / "q.bin").write_bytes(b"a stand-in model file")
     (tmp / "bench.jsonl").write_text('{"id": 1, "question": "q"}\n')
     (tmp / "other").mkdir(exist_ok=True)
+    plugin = str(Path(__file__).resolve().parent / "data" / "plugin_pkg")  # tests/test_custom_filters.py's
+    if plugin not in sys.path:
+        sys.path.append(plugin)
     return {
         ("RawDocumentsParams", "url"): str(tmp / "other"),
         ("RawDocumentsParams", "text_field"): "body",
@@ -44,6 +48,7 @@ def special_values(tmp: Path) -> dict[tuple[str, str], Any]:
         ("ContaminatedDocumentsParams", "benchmarks"): ({"name": "b", "path": str(tmp / "bench.jsonl")},),
         ("KeepParams", "source_priority"): {"a": 1},
         ("DocumentLanguagesParams", "languages"): ("en",),
+        ("FilteredDocumentsParams", "filters"): ({"filter": "curate_plugin_filters:DigitShare"},),
         ("DocumentLanguagesParams", "model"): str(tmp / "q.bin"),  # any local file: fingerprinted, not loaded
     }
 

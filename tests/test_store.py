@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -132,6 +133,79 @@ def test_an_uncommitted_writer_leaves_nothing_visible(store: Store) -> None:
     assert store.read_table(pdir, "t").num_rows == 3
 
 
+KILLED_ATTEMPT = """
+import os, signal, sys
+import pyarrow as pa
+from stages.paths import Store
+store = Store(sys.argv[1])
+w = store.writer(sys.argv[2])
+w.write("t", pa.table({"x": pa.array(range(5), pa.int64())}))  # a whole part
+with open(os.path.join(sys.argv[2], f"t-{w.attempt}-00001.parquet"), "wb") as fh:
+    fh.write(b"PAR1 half a part")  # the process dies mid-write
+    fh.flush()
+with open(os.path.join(sys.argv[2], ".manifest-tmp"), "w") as fh:
+    fh.write("{")
+os.replace(os.path.join(sys.argv[2], ".manifest-tmp"), os.path.join(sys.argv[2], "._manifest.json.0123456789ab"))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_attempts_leftovers_are_removed_when_the_next_attempt_starts(tmp_path: Path) -> None:
+    """A SIGKILLed attempt leaves a part, half a part and a manifest temporary; the next attempt
+    of the partition removes them as it starts (under the partition lock), before it writes, and
+    keeps every part the committed manifest names."""
+    store = Store(str(tmp_path / "root"))
+    pdir = store.partition_dir("p", "k", "c", "s")
+    first = store.writer(pdir)
+    first.write("t", table(3))
+    committed = first.commit(manifest())
+    for _ in range(2):  # killed twice: leftovers never pile up
+        done = subprocess.run([sys.executable, "-c", KILLED_ATTEMPT, store.root, pdir], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == -9, done.stderr
+    left = listing(store, pdir) - {MANIFEST, *committed.tables["t"]}
+    assert len(left) == 3 and any(n.startswith(f".{MANIFEST}.") for n in left)  # the last attempt's only
+    w = store.writer(pdir)
+    assert w.leftovers == sorted(left)
+    assert listing(store, pdir) == {MANIFEST, *committed.tables["t"]}  # before this attempt wrote anything
+    assert store.read_table(pdir, "t").num_rows == 3  # the committed partition stays readable meanwhile
+    w.write("t", table(4))
+    w.commit(manifest())
+    assert store.read_table(pdir, "t").num_rows == 4 and listing(store, pdir) == {MANIFEST, *w.tables["t"]}
+
+
+def test_parts_and_their_names_are_fsynced_before_the_manifest_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Local data root: each part's bytes, then the partition folder (the parts' names), are
+    fsynced before the manifest is renamed into place, and the folder again after it."""
+    store = Store(str(tmp_path / "root"))
+    pdir = store.partition_dir("p", "k", "c", "s")
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        events.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    w = store.writer(pdir)
+    w.write("t", table(3))
+    w.write("t", table(2, 3))
+    m = w.commit(manifest())
+    published = events.index(("replace", f"{pdir}/{MANIFEST}"))
+    synced = [path for kind, path in events[:published] if kind == "fsync"]
+    assert [p.rsplit("/", 1)[-1] for p in synced[:2]] == m.tables["t"]  # each part, as it is written
+    assert synced[2] == pdir  # the folder with the parts' names
+    assert synced[3].rsplit("/", 1)[-1].startswith(f".{MANIFEST}.")  # the manifest's own bytes
+    assert events[published + 1] == ("fsync", pdir)  # the rename
+
+
 def test_a_second_attempt_on_a_busy_partition_fails_at_once(store: Store) -> None:
     """A concurrent attempt on the same local partition is refused (its commit would delete the
     running attempt's parts); the lock goes with the commit, and with the process."""
@@ -224,7 +298,7 @@ def test_a_busy_score_cache_is_skipped_not_fatal(tmp_path: Path) -> None:
     execute(store, crawl, "document_languages", "s")
     raw = store.read_manifest(plan_task(store, crawl, "raw_documents", "s").output_dir)
     assert raw is not None
-    key = fd.hashlib.sha256(f"{fd.H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{fd.H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
     cache = store.partition_dir(fd.SCORES, key, "c1", "s")
     holder = store.writer(cache)  # the other attempt
     out = plan_task(store, crawl, "filtered_documents", "s").output_dir

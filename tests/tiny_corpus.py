@@ -29,6 +29,19 @@ SOURCES: tuple[str, ...] = tuple(sorted(EXPECTED["sources"]))
 STAGES: tuple[str, ...] = ("heuristic", "exact")
 
 
+def curate(*args: str) -> tuple[int, str, str]:
+    """``curate ARGS`` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from curation_dagster import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
 @contextmanager
 def fast_tmp(fallback: Path) -> Iterator[Path]:
     """A fresh temporary folder for a Dagster workdir, removed afterwards: on a tmpfs

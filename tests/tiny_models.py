@@ -22,6 +22,16 @@ def lq_text(rng: random.Random, words: int = 40) -> str:
     return " ".join(rng.choice(LQ_WORDS if rng.random() < 0.7 else COMMON) for _ in range(words))
 
 
+def prose(rng: random.Random, vocab: list[str] | tuple[str, ...], sentences: int = 8) -> str:
+    """Sentences of ``vocab`` words with stop words and end punctuation, so the heuristic filters
+    keep them: documents only a quality classifier tells apart."""
+    out = []
+    for _ in range(sentences):
+        words = [rng.choice(vocab if rng.random() < 0.6 else COMMON) for _ in range(11)]
+        out.append(" ".join(words).capitalize() + ".")
+    return " ".join(out)
+
+
 def train_fasttext(path: Path, seed: int = 0) -> Path:
     """A fastText supervised model with labels __label__hq / __label__lq, trained in ~0.1 s."""
     import fasttext

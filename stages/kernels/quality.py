@@ -24,12 +24,18 @@ import numpy as np
 import numpy.typing as npt
 
 
+def fasttext_line(text: str) -> str:
+    """One text as the single line fastText reads: newlines and carriage returns become spaces
+    (what DCLM did, and what training and scoring must agree on)."""
+    return " ".join(text.split("\n")).replace("\r", " ")
+
+
 def fasttext_scores(model: Any, texts: Sequence[str], label: str) -> npt.NDArray[np.float64]:
     """float64 (n,): probability of ``label`` (e.g. ``__label__hq``) per text under a loaded
     fastText supervised model. A label the model does not return for a text scores 0."""
     if len(texts) == 0:
         return np.zeros(0, dtype=np.float64)
-    lines = [" ".join(t.split("\n")).replace("\r", " ") for t in texts]
+    lines = [fasttext_line(t) for t in texts]
     labels, probs = model.predict(lines, k=-1)
     out = np.zeros(len(texts), dtype=np.float64)
     for i, (labs, ps) in enumerate(zip(labels, probs, strict=True)):

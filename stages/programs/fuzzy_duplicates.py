@@ -13,8 +13,10 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from stages.keep import pick_survivors
+from stages.keep import fixed_ids, pick_survivors, source_priorities
 from stages.kernels.lsh import sorted_find
 from stages.params import ExecutionParams, FuzzyDuplicatesParams
 from stages.paths import PartitionWriter
@@ -51,18 +53,24 @@ def run(
     from stages.backend import resolve
     from stages.pair_texts import pair_jaccard
 
-    doc_id = np.asarray(comps["doc_id"].to_numpy(zero_copy_only=False), dtype="S32")
-    source = np.asarray(comps["source"].to_numpy(zero_copy_only=False), dtype=object)
-    crawl = np.asarray(comps["crawl"].to_numpy(zero_copy_only=False), dtype=object)
-    earlier = crawl != partition.crawl
+    # Columnar: ids as 32 bytes a row, priorities through the sources' dictionary; Python
+    # strings only for the removed rows and their survivors.
+    doc_id = fixed_ids(comps["doc_id"])
+    earlier = np.asarray(pc.not_equal(comps["crawl"], partition.crawl).to_numpy(zero_copy_only=False), bool)
     # Documents kept by an earlier crawl always win (they are already published), and are never
     # removed here: only this crawl's documents can be.
-    priority = np.array([partition.spec.keep.source_priority.get(s, 0) for s in source], np.int64)
+    priority = source_priorities(comps["source"], partition.spec.keep.source_priority)
     priority = np.where(earlier, np.iinfo(np.int64).min, priority)
     survivor = pick_survivors(comps["component"].to_numpy(), priority, doc_id)
     removed = np.flatnonzero((survivor != np.arange(len(survivor))) & ~earlier)
     keep_of = survivor[removed]
-    kept_source = np.where(earlier[keep_of], crawl[keep_of] + "/" + source[keep_of], source[keep_of])
+
+    def rows_of(column: str, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(comps[column].take(pa.array(rows, pa.int64())).to_numpy(zero_copy_only=False), dtype=object)
+
+    source = rows_of("source", removed)
+    kept_crawl, kept_sources = rows_of("crawl", keep_of), rows_of("source", keep_of)
+    kept_source = np.where(earlier[keep_of], kept_crawl + "/" + kept_sources, kept_sources)
 
     # Exact Jaccard of each removed document with its survivor, for the ledger's score: taken from
     # the verified edge where the two are linked directly (the usual case), else computed from the
@@ -76,11 +84,12 @@ def run(
         rows = removed[todo].astype(np.int64)
         computed, _ = pair_jaccard(inputs, comps["doc_id"].combine_chunks(), rows, keep_of[todo], component[rows],
                                    shingle=shingle, backend=resolve(execution.backend),
-                                   budget=execution.text_block_bytes, batch_rows=execution.batch_rows)
+                                   budget=execution.text_block_bytes, batch_rows=execution.batch_rows,
+                                   reserve=execution.spill_reserve_bytes)
         score[todo] = computed.astype(np.float32)  # as stored on the edges
 
     table = removal_table(
-        doc_id[removed].astype(str), source[removed], "", doc_id[keep_of].astype(str), kept_source,
+        doc_id[removed].astype(str), source, "", doc_id[keep_of].astype(str), kept_source,
         score.astype(np.float64),
         reasons=np.where(earlier[keep_of], "near_duplicate_of_earlier_crawl", "near_duplicate"),
     )
@@ -90,6 +99,6 @@ def run(
         "input": int(comps.num_rows),
         "removed": len(removed),
         "components": len(np.unique(survivor)),
-        "removed_per_source": dict(sorted(Counter(source[removed].tolist()).items())),
+        "removed_per_source": dict(sorted(Counter(source.tolist()).items())),
         "removed_as_earlier_crawl_duplicates": int(earlier[keep_of].sum()),
     }

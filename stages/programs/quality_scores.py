@@ -7,18 +7,18 @@ junk. Removed documents get reason ``quality:<classifier>`` and the score that d
 Outputs: ``scores`` (doc_id + one float64 column per classifier, null where a document was not
 scored because an earlier classifier removed it) and ``removed``.
 
-Scores and decisions are separate: each classifier's scores are cached under
-``quality_model_scores/<key>/<crawl>/<source>`` where the key hashes the model's content
-fingerprint, its label and truncation and the raw data's version, never the thresholds; a
-threshold change (or an upstream stage removing fewer documents) rescores only documents the
-cache lacks, and a changed model file gets a new key, so stale scores are never read.
+Scores and decisions are separate: each classifier's scores are cached (``stages.cache``) under
+``quality_model_scores/<key>/<crawl>/<source>`` by the xxh3-128 of the text, where the key
+hashes the scorer version, the model's content fingerprint, its label and truncation, never the
+thresholds; a threshold change, or an upstream dedup parameter that changes the survivors,
+scores only texts the cache lacks, and a changed model file gets a new key, so stale scores are
+never read.
 
 Models load only from local paths (``local_files_only``): nothing is downloaded at run time.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,13 +27,13 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from stages import versions
 from stages.backend import resolve
+from stages.cache import RowCache, text_keys
 from stages.kernels import quality as Q
 from stages.params import ExecutionParams, QualityClassifier, QualityScoresParams
-from stages.paths import Manifest, PartitionBusy, PartitionWriter, Store
+from stages.paths import PartitionWriter, Store
 from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
 
@@ -148,51 +148,32 @@ def load_scorer(clf: QualityClassifier, execution: ExecutionParams) -> Scorer:
     return _LOADED[key]
 
 
+SCORE_ROWS = pa.schema([("text_hash", pa.binary(16)), ("score", pa.float64())])
+
+
 class ScoreCache:
-    """Cached scores of one classifier on one source's raw data version (doc_id -> score)."""
+    """Cached scores of one classifier on one source's texts (text hash -> score), a
+    ``RowCache`` whose key hashes the scorer version, the model's content fingerprint, its label
+    and truncation: never a threshold, never the survivor set."""
 
-    def __init__(self, store: Store, clf: QualityClassifier, partition: Partition, raw_version: str) -> None:
-        ident = f"{SCORER_VERSION}/{clf.kind}/{clf.fingerprint}/{clf.label}/{clf.max_tokens}/{raw_version}"
-        self.key = hashlib.sha256(ident.encode()).hexdigest()[:16]
-        self.store = store
-        self.partition = partition
-        self.dir = store.partition_dir(SCORES, self.key, partition.crawl, partition.source)
-        self.ident = ident
-        if store.read_manifest(self.dir) is not None:
-            t = store.read_table(self.dir, "scores")
-            self.ids = t["doc_id"].combine_chunks() if t.num_rows else pa.array([], pa.string())
-            self.scores = t["score"].to_numpy() if t.num_rows else np.zeros(0)
-        else:
-            self.ids, self.scores = pa.array([], pa.string()), np.zeros(0)
-        self.new_ids: list[pa.Array] = []
-        self.new_scores: list[npt.NDArray[np.float64]] = []
+    def __init__(self, store: Store, clf: QualityClassifier, partition: Partition) -> None:
+        ident = f"{SCORER_VERSION}/{clf.kind}/{clf.fingerprint}/{clf.label}/{clf.max_tokens}"
+        self.rows = RowCache(store, SCORES, ident, partition.crawl, partition.source, SCORE_ROWS,
+                             key_column="text_hash", table="scores")
+        self.scores = self.rows.table["score"].to_numpy()
 
-    def lookup(self, ids: pa.Array) -> npt.NDArray[np.float64]:
-        """float64 (n,): cached score per id, NaN where the cache has none."""
-        pos = pc.index_in(ids, value_set=self.ids).to_numpy(zero_copy_only=False)
-        out = np.full(len(ids), np.nan)
-        found = ~np.isnan(pos.astype(np.float64))
-        out[found] = self.scores[pos[found].astype(np.int64)]
+    def lookup(self, keys: pa.Array) -> npt.NDArray[np.float64]:
+        """float64 (n,): cached score per text key, NaN where the cache has none."""
+        pos = self.rows.find(keys)
+        out = np.full(len(keys), np.nan)
+        out[pos >= 0] = self.scores[pos[pos >= 0]]
         return out
 
-    def add(self, ids: pa.Array, scores: npt.NDArray[np.float64]) -> None:
-        if len(ids):
-            self.new_ids.append(ids)
-            self.new_scores.append(scores)
+    def add(self, keys: pa.Array, scores: npt.NDArray[np.float64]) -> None:
+        self.rows.add(pa.table({"text_hash": keys, "score": pa.array(scores, pa.float64())}))
 
     def save(self) -> None:
-        """Commit old + new scores as the new cache content (only when something was added)."""
-        if not self.new_ids:
-            return
-        ids = pa.concat_arrays([self.ids, *self.new_ids])
-        scores = np.concatenate([self.scores, *self.new_scores])
-        try:
-            writer = self.store.writer(self.dir)
-        except PartitionBusy:  # another attempt is saving this cache right now; it is only a cache
-            return
-        writer.write("scores", pa.table({"doc_id": ids, "score": pa.array(scores, pa.float64())}))
-        writer.commit(Manifest(SCORES, self.key, self.key, self.partition.crawl, self.partition.source,
-                               {"cache": self.ident}))
+        self.rows.save()
 
 
 def _empty(output: PartitionWriter, names: list[str]) -> None:
@@ -221,9 +202,8 @@ def run(
         _empty(output, [])
         return {"enabled": True, "note": NO_MODEL, "input": n, "kept": n, "removed": 0, "removed_per_reason": {}}
 
-    raw_version = inputs.manifest("raw_documents", source).data_version
     clfs = list(params.classifiers)
-    caches = [ScoreCache(inputs.store, c, partition, raw_version) for c in clfs]
+    caches = [ScoreCache(inputs.store, c, partition) for c in clfs]
     scorers: list[Scorer | None] = [None] * len(clfs)  # loaded on first use: a fully cached run loads none
     stats = [{"scored": 0, "cached": 0, "computed": 0, "removed": 0, "seconds": 0.0} for _ in clfs]
     all_scores: list[list[npt.NDArray[np.float64]]] = [[] for _ in clfs]
@@ -235,6 +215,7 @@ def run(
         total += n
         ids = table["doc_id"].combine_chunks()
         texts = table["text"].to_pylist()
+        keys = text_keys(texts)
         alive = np.ones(n, dtype=bool)
         reason = np.full(n, None, dtype=object)
         decided = np.full(n, np.nan)
@@ -242,7 +223,7 @@ def run(
         for k, clf in enumerate(clfs):
             rows = np.flatnonzero(alive)
             s = np.full(n, np.nan)
-            got = caches[k].lookup(ids.take(pa.array(rows))) if len(rows) else np.zeros(0)
+            got = caches[k].lookup(keys.take(pa.array(rows))) if len(rows) else np.zeros(0)
             missing = rows[np.isnan(got)]
             s[rows] = got
             if len(missing):
@@ -254,7 +235,7 @@ def run(
                 fresh = scorer.score([texts[i] for i in missing.tolist()])
                 stats[k]["seconds"] += time.perf_counter() - t0
                 s[missing] = fresh
-                caches[k].add(ids.take(pa.array(missing)), fresh)
+                caches[k].add(keys.take(pa.array(missing)), fresh)
             lo, hi = clf.bounds(source)
             keep = Q.keep_mask(s[rows], lo, hi)
             gone = rows[~keep]

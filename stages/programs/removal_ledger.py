@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages import filters
+from stages.keep import ID_BYTES, fixed_ids
 from stages.params import ExecutionParams, RemovalLedgerParams
 from stages.paths import PartitionWriter
-from stages.registry import PROGRAMS, QUARANTINE, Inputs, Partition
+from stages.registry import PROGRAMS, QUARANTINE, STAGES, Inputs, Partition
 from stages.removal import applied_programs, removed_table
 
 LEDGER = pa.schema([
@@ -30,22 +33,86 @@ LEDGER = pa.schema([
     ("score", pa.float64()),
     ("detail", pa.string()),
 ])
+QUARANTINE_COLUMNS = ["doc_id", "record_id", "source", "reason", "detail"]
+
+
+HEURISTIC = "heuristic"
+HEURISTIC_PROGRAM = STAGES[HEURISTIC]
 
 
 class LedgerMismatch(RuntimeError):
     """Counts that do not add up: a removal was lost or counted twice."""
 
 
-def _prior_record_ids(inputs: Inputs, doc_ids: set[str]) -> dict[str, str | None]:
-    wanted = pa.array(sorted(doc_ids), pa.string())
-    found: dict[str, str | None] = {}
-    for outputs in inputs.prior.values():
-        for name, pdir in sorted(outputs.items()):
-            if name.startswith("raw_documents/"):
-                t = inputs.store.read_table(pdir, "documents", ["doc_id", "record_id"])
-                t = t.filter(pc.is_in(t["doc_id"], value_set=wanted))
-                found.update(zip(t["doc_id"].to_pylist(), t["record_id"].to_pylist(), strict=True))
-    return found
+def _ids32(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(``"S32"`` ids, bool mask of the rows that hold a doc_id): nulls and other values (a
+    decontam ``duplicate_of`` names a benchmark example) are masked out."""
+    ok = pc.fill_null(pc.equal(pc.binary_length(keys), ID_BYTES), False)
+    filled = pc.if_else(ok, keys, "0" * ID_BYTES)  # every row 32 bytes: read without Python objects
+    return fixed_ids(filled), np.asarray(ok.to_numpy(zero_copy_only=False), bool)
+
+
+def _positions(ids: np.ndarray, ok: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Row of each id in the sorted ``wanted`` (``len(wanted)`` where it is not there)."""
+    if not len(wanted):
+        return np.zeros(len(ids), np.int64)
+    pos = np.minimum(np.searchsorted(wanted, ids), len(wanted) - 1)
+    return np.where(ok & (wanted[pos] == ids), pos, len(wanted))
+
+
+def _record_ids(inputs: Inputs, wanted: np.ndarray, batch_rows: int) -> pa.Array:
+    """The record_id of each of the ``wanted`` doc_ids (sorted ``"S32"``; null where none is),
+    streamed out of ``raw_documents`` of this crawl, then, for those not found, of the earlier
+    crawls it is deduplicated against (the kept copy of a cross-crawl duplicate). Memory: the
+    wanted ids, their record ids and one batch."""
+    positions: list[np.ndarray] = []
+    values: list[pa.Array] = []
+    missing = np.ones(len(wanted), bool)
+    groups = [[inputs.dir("raw_documents", s) for s in inputs.sources("raw_documents")],
+              [pdir for outputs in inputs.prior.values()
+               for name, pdir in sorted(outputs.items()) if name.startswith("raw_documents/")]]
+    for group in groups:
+        if not missing.any():
+            break
+        for pdir in group:
+            for batch in inputs.store.iter_batches(pdir, "documents", ["doc_id", "record_id"], batch_rows):
+                pos = _positions(*_ids32(batch.column(0)), wanted)
+                hit = pos < len(wanted)
+                hit[hit] = missing[pos[hit]]
+                if hit.any():
+                    positions.append(pos[hit])
+                    values.append(batch.column(1).filter(pa.array(hit)))
+        for pos in positions:
+            missing[pos] = False
+    found = pa.concat_arrays([*[v.cast(pa.string()) for v in values], pa.nulls(1, pa.string())])
+    index = np.full(len(wanted), len(found) - 1, np.int64)  # the null at the end
+    if positions:
+        index[np.concatenate(positions)] = np.arange(len(found) - 1)
+    return found.take(pa.array(index))
+
+
+def _lookup(keys: pa.Array | pa.ChunkedArray, wanted: np.ndarray, record_ids: pa.Array) -> pa.Array:
+    """The record_id of each of ``keys`` (doc_ids among ``wanted``; null where none), in order."""
+    with_null = pa.concat_arrays([record_ids, pa.nulls(1, pa.string())])
+    return with_null.take(pa.array(_positions(*_ids32(keys), wanted)))
+
+
+def _counts(table: pa.Table) -> dict[str, int]:
+    """Rows per source."""
+    grouped = table.group_by("source").aggregate([("doc_id", "count")])
+    return dict(zip(grouped["source"].to_pylist(), grouped["doc_id_count"].to_pylist(), strict=True))
+
+
+def _removed(inputs: Inputs, program: str, sources: list[str], columns: list[str]) -> pa.Table:
+    """``program``'s removed rows of ``sources``, source by source in their order (a crawl-level
+    table is read once and ordered by source, stably)."""
+    if PROGRAMS[program].level == "source":
+        return pa.concat_tables([removed_table(inputs, program, s, columns).select(columns) for s in sources])
+    t = inputs.store.read_table(inputs.dir(program, None), "removed", columns)
+    rank = pc.index_in(t["source"], value_set=pa.array(sources, pa.string()))
+    t = t.filter(pc.is_valid(rank))
+    order = np.argsort(pc.drop_null(rank).to_numpy(zero_copy_only=False), kind="stable")
+    return t.take(pa.array(order))
 
 
 def run(
@@ -55,50 +122,61 @@ def run(
     partition: Partition,
     execution: ExecutionParams,
 ) -> dict[str, Any]:
-    """Report: {"crawl", "sources": {source: {input, kept, quarantined, removed: {stage: n}}}}."""
+    """Report: {"crawl", "sources": {source: {input, kept, quarantined, removed: {stage: n}}}}, and
+    per source ``filters: {name: n}`` (of the heuristic removals, those of each custom filter)
+    when the heuristic stage ran custom filters.
+
+    Columnar throughout (Arrow compute, tables streamed in batches of ``batch_rows``): no Python
+    object per document, so a crawl of any size costs its removed rows' columns and one batch."""
     store = inputs.store
     sources = inputs.sources("raw_documents")
-    record_ids: dict[str, str | None] = {}
-    for s in sources:
-        t = store.read_table(inputs.dir("raw_documents", s), "documents", ["doc_id", "record_id"])
-        record_ids.update(zip(t["doc_id"].to_pylist(), t["record_id"].to_pylist(), strict=True))
     ledger_counts: Counter[tuple[str, str]] = Counter()
+    reason_counts: Counter[tuple[str, str]] = Counter()  # heuristic removals per (source, reason)
     for s in sources:
-        q = store.read_table(inputs.dir("raw_documents", s), "quarantine")
-        n = q.num_rows
-        output.write("ledger", pa.table({
-            "doc_id": q["doc_id"], "record_id": q["record_id"], "source": q["source"],
-            "stage": pa.array([QUARANTINE] * n, pa.string()), "reason": q["reason"],
-            "duplicate_of": pa.nulls(n, pa.string()), "duplicate_of_record_id": pa.nulls(n, pa.string()),
-            "score": pa.nulls(n, pa.float64()), "detail": q["detail"],
-        }, schema=LEDGER))
-        ledger_counts[(s, QUARANTINE)] += n
-    seen: set[str] = set()
+        for batch in store.iter_batches(inputs.dir("raw_documents", s), "quarantine", QUARANTINE_COLUMNS,
+                                        execution.batch_rows):
+            n = batch.num_rows
+            output.write("ledger", pa.table({
+                "doc_id": batch["doc_id"], "record_id": batch["record_id"], "source": batch["source"],
+                "stage": pa.repeat(pa.scalar(QUARANTINE, pa.string()), n), "reason": batch["reason"],
+                "duplicate_of": pa.nulls(n, pa.string()), "duplicate_of_record_id": pa.nulls(n, pa.string()),
+                "score": pa.nulls(n, pa.float64()), "detail": batch["detail"],
+            }, schema=LEDGER))
+            ledger_counts[(s, QUARANTINE)] += n
+    # Each removing program's rows, without documents an earlier program removed already.
+    removed: list[tuple[str, pa.Table]] = []
+    seen = np.zeros(0, f"S{ID_BYTES}")  # sorted
     for program in applied_programs(inputs):
         stage = PROGRAMS[program].stage
         assert stage is not None
-        cols = ["doc_id", "source", "reason", "duplicate_of", "score"]
-        rows = [r for s in sources for r in removed_table(inputs, program, s, cols).to_pylist()
-                if r["doc_id"] not in seen]
-        if not rows:
-            continue
-        seen.update(r["doc_id"] for r in rows)
-        dup = [r["duplicate_of"] for r in rows]
-        missing = {d for d in dup if d and d not in record_ids}
-        if missing and inputs.prior:  # duplicates of documents kept by an earlier crawl
-            record_ids.update(_prior_record_ids(inputs, missing))
+        t = _removed(inputs, program, sources, ["doc_id", "source", "reason", "duplicate_of", "score"])
+        t = t.combine_chunks()
+        ids, ok = _ids32(t["doc_id"])
+        if len(seen):
+            fresh = _positions(ids, ok, seen) == len(seen)
+            t, ids, ok = t.filter(pa.array(fresh)), ids[fresh], ok[fresh]
+        if t.num_rows:
+            removed.append((stage, t))
+            seen = np.sort(np.concatenate([seen, ids[ok]]))
+    # Every doc_id whose record_id a row names: the removed ones and the kept copies.
+    dups = [_ids32(t["duplicate_of"]) for _, t in removed]
+    wanted = np.unique(np.concatenate([seen, *[ids[ok] for ids, ok in dups]]))
+    del dups
+    record_ids = _record_ids(inputs, wanted, execution.batch_rows)
+    for stage, t in removed:
+        n = t.num_rows
         output.write("ledger", pa.table({
-            "doc_id": [r["doc_id"] for r in rows],
-            "record_id": [record_ids.get(r["doc_id"]) for r in rows],
-            "source": [r["source"] for r in rows],
-            "stage": [stage] * len(rows),
-            "reason": [r["reason"] for r in rows],
-            "duplicate_of": dup,
-            "duplicate_of_record_id": [record_ids.get(d) if d else None for d in dup],
-            "score": [r["score"] for r in rows],
-            "detail": [None] * len(rows),
+            "doc_id": t["doc_id"], "record_id": _lookup(t["doc_id"], wanted, record_ids), "source": t["source"],
+            "stage": pa.repeat(pa.scalar(stage, pa.string()), n), "reason": t["reason"],
+            "duplicate_of": t["duplicate_of"],
+            "duplicate_of_record_id": _lookup(t["duplicate_of"], wanted, record_ids),
+            "score": t["score"].cast(pa.float64()), "detail": pa.nulls(n, pa.string()),
         }, schema=LEDGER))
-        ledger_counts.update((r["source"], stage) for r in rows)
+        ledger_counts.update({(source, stage): count for source, count in _counts(t).items()})
+        if stage == HEURISTIC:
+            by_reason = t.group_by(["source", "reason"]).aggregate([("doc_id", "count")])
+            reason_counts.update(dict(zip(zip(by_reason["source"].to_pylist(), by_reason["reason"].to_pylist(),
+                                              strict=True), by_reason["doc_id_count"].to_pylist(), strict=True)))
     if not output.tables.get("ledger"):
         output.write("ledger", LEDGER.empty_table())
 
@@ -114,5 +192,16 @@ def run(
             if ledger_counts[(s, stage)] != n:
                 raise LedgerMismatch(f"source {s}, stage {stage}: ledger has {ledger_counts[(s, stage)]} rows, "
                                      f"curated counts {n}")
+        names = _custom_filters(inputs, s)
+        if names:  # the custom filters' share of the heuristic removals, from the ledger's reasons
+            entry["filters"] = {name: reason_counts[(s, filters.reason(name))] for name in names}
         report["sources"][s] = entry
     return report
+
+
+def _custom_filters(inputs: Inputs, source: str) -> list[str]:
+    """Names of the custom filters the heuristic stage ran for ``source`` (from its manifest)."""
+    if HEURISTIC_PROGRAM not in inputs.dirs:
+        return []
+    params = inputs.manifest(HEURISTIC_PROGRAM, source).params
+    return [f["name"] for f in params.get("filters", [])] if params.get("enabled", True) else []
