@@ -4,7 +4,7 @@ Corpus: ``curate sample`` real text (stdlib docstrings, license files, package d
 this Python installation; ``scraps`` left out), optionally with ``--copies`` of every document
 (each with a distinct trailing line), as bench/fuzzy.py builds it.
 
-Contenders, all on the default ``FilteredDocumentsParams``:
+Contenders, on the default ``FilteredDocumentsParams`` thresholds:
 
 - ``ours kernel``: ``stages.kernels.heuristics.score_documents`` on chunks of about
   ``CHUNK_CHARS`` characters (as the program cuts them) + ``decide``, in this process, one core.
@@ -13,9 +13,14 @@ Contenders, all on the default ``FilteredDocumentsParams``:
   ours: the seconds of its partitions (read raw Parquet, score on 2 worker processes, write the
   score cache and the decisions); ingestion is timed separately and not counted. Its removed
   count must equal the kernel's.
+- ``ours datatrove mode``: the same with ``FilteredDocumentsParams(rules="datatrove")``:
+  ``stages.kernels.heuristics_datatrove.score_documents`` (datatrove's semantics and spaCy's
+  English words, ported; no spaCy) + ``decide`` on its rule table, in this process, one core,
+  and as the real program (2 workers). Its decisions should equal datatrove's.
 - ``datatrove``: ``GopherQualityFilter`` -> ``GopherRepetitionFilter`` -> ``FineWebQualityFilter``
-  (its ``line_punct_thr`` is our ``min_terminal_punct_lines_frac``; its other rules are set to
-  thresholds that never fail) -> ``C4QualityFilter`` (only ``filter_lorem_ipsum``, our
+  (its ``line_punct_thr`` is our ``min_terminal_punct_lines_frac``, its other rules our
+  ``max_short_lines_frac``, ``max_char_dup_frac``, ``max_newline_word_ratio``, None by default,
+  given as thresholds that never fail) -> ``C4QualityFilter`` (only ``filter_lorem_ipsum``, our
   ``max_lorem_ipsum = 0``; every line rule off: C4's terminal-punctuation rule drops *lines*, not
   documents, and is not ours), thresholds taken from ``FilteredDocumentsParams``. The filters run
   **in this process** on a list of datatrove ``Document`` objects, no executor: each document
@@ -28,7 +33,9 @@ remove, only ours removes, only datatrove removes); per rule, how many documents
 with it as the first failing rule and how many both removed with that same rule; the most common
 (ours, datatrove) reason pairs among disagreements; the same comparison with datatrove's filters
 given ``text.split()`` words instead of spaCy tokens (untimed, to attribute the disagreements); a
-few disagreeing documents.
+few disagreeing documents; then the datatrove mode's speed, its decision agreement with datatrove
+and how often both name the same first failing rule (``--fineweb``: with FineWeb's other rules on,
+in both).
 
 Where the two disagree, and why (our definitions: ``stages/kernels/heuristics.py``; we keep them,
 this bench only measures them):
@@ -59,7 +66,7 @@ this bench only measures them):
   space fails the line) and its set lacks ``"``, ``'`` and ``…`` (ours has them, as C4's
   END_PUNCTUATION has the quotes).
 
-    python bench/heuristics.py [--copies 1] [--max-docs 1500] [--examples 4]
+    python bench/heuristics.py [--copies 1] [--max-docs 1500] [--examples 4] [--fineweb]
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ from common import SKIPPED_SOURCES, sample_texts
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stages.kernels import heuristics as H
+from stages.kernels import heuristics_datatrove as D
 from stages.params import ExecutionParams, FilteredDocumentsParams
 from stages.programs.filtered_documents import CHUNK_CHARS
 from stages.sample import build_sample
@@ -110,6 +118,17 @@ DT_RULE: dict[str, str] = {
 }
 
 
+# datatrove's rejection reasons -> the datatrove mode's rule names.
+DT_MODE_RULE: dict[str, str] = {
+    **{reason: f"dt_{rule}" for reason, rule in DT_RULE.items()},
+    "gopher_too_many_hashes": "dt_max_hash_word_ratio",
+    "gopher_too_many_ellipsis": "dt_max_ellipsis_word_ratio",
+    "short_line_ratio": "dt_max_short_lines_frac",
+    "char_dup_ratio": "dt_max_char_dup_frac",
+    "list_ratio": "dt_max_newline_word_ratio",
+}
+
+
 def _chunks(texts: list[str]) -> Iterator[list[str]]:
     """Runs of about CHUNK_CHARS characters, as filtered_documents hands them to the kernel."""
     start = size = 0
@@ -123,21 +142,23 @@ def _chunks(texts: list[str]) -> Iterator[list[str]]:
 
 
 def run_ours_kernel(texts: list[str], params: FilteredDocumentsParams) -> dict[str, Any]:
+    kernel = D if params.rules == "datatrove" else H
     t0 = time.perf_counter()
-    parts = [H.score_documents(chunk) for chunk in _chunks(texts)]
-    scores = {name: np.concatenate([p[name] for p in parts]) for name in H.SCORE_NAMES}
-    keep, reason, _ = H.decide(scores, params)
+    parts = [kernel.score_documents(chunk) for chunk in _chunks(texts)]
+    scores = {name: np.concatenate([p[name] for p in parts]) for name in kernel.SCORE_NAMES}
+    keep, reason, _ = H.decide(scores, params, rules=kernel.RULE_TABLE)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "keep": keep, "reason": reason, "scores": scores}
 
 
-def run_ours_program(corpus: Path, work: Path) -> dict[str, Any]:
+def run_ours_program(corpus: Path, work: Path, params: FilteredDocumentsParams) -> dict[str, Any]:
     from stages.paths import Store
     from stages.registry import CrawlSpec, execute_crawl
 
     sources = {p.name: {"url": str(p), "id_field": "id"} for p in sorted(corpus.iterdir())
                if p.is_dir() and p.name not in SKIPPED_SOURCES}
-    spec = CrawlSpec(crawl="bench", sources=sources, stages=("heuristic",))
+    spec = CrawlSpec(crawl="bench", sources=sources, stages=("heuristic",),
+                     params={"filtered_documents": params.canonical()})
     outcomes = execute_crawl(Store(str(work / "data")), spec, ExecutionParams())
     reports = [o.manifest.report for (name, _), o in outcomes.items() if name == "filtered_documents"]
     per_reason: Counter[str] = Counter()
@@ -179,8 +200,12 @@ def datatrove_filters(params: FilteredDocumentsParams) -> list[Any]:
     ]
     if p.min_terminal_punct_lines_frac is not None:
         # Only the line-punctuation rule: the others compare a ratio <= 1 against inf.
-        filters.append(FineWebQualityFilter(line_punct_thr=p.min_terminal_punct_lines_frac, short_line_thr=math.inf,
-                                            char_duplicates_ratio=math.inf, new_line_ratio=math.inf))
+        filters.append(FineWebQualityFilter(
+            line_punct_thr=p.min_terminal_punct_lines_frac,
+            short_line_thr=math.inf if p.max_short_lines_frac is None else p.max_short_lines_frac,
+            char_duplicates_ratio=math.inf if p.max_char_dup_frac is None else p.max_char_dup_frac,
+            new_line_ratio=math.inf if p.max_newline_word_ratio is None else p.max_newline_word_ratio,
+        ))
     lorem, curly = p.max_lorem_ipsum == 0, p.max_curly_brackets == 0  # C4 can only say "none allowed"
     if lorem or curly:
         # Last: on a kept document C4QualityFilter rewrites doc.text (its kept lines, stripped).
@@ -298,23 +323,55 @@ def report(texts: list[str], ours: dict[str, Any], program: dict[str, Any], dt: 
             print(f"  {_preview(texts[i])}\n      {why}; datatrove {dt['reason'][i] or 'keeps'}")
 
 
+def report_datatrove_mode(texts: list[str], mode: dict[str, Any], program: dict[str, Any], dt: dict[str, Any],
+                          examples: int) -> None:
+    """Our datatrove mode against datatrove: speed, decision agreement, same first failing rule."""
+    n = len(texts)
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    print("\n== ours, rules: datatrove ==")
+    print(f"{'contender':<34} {'seconds':>8} {'docs/s':>8} {'MB/s':>7} {'removed':>8}")
+    for name, sec, removed in (("ours datatrove mode kernel (1 core)", mode["seconds"], int((~mode["keep"]).sum())),
+                               ("ours datatrove mode program (2 w.)", program["seconds"], program["removed"]),
+                               ("datatrove (1 core)", dt["seconds"], int((~dt["keep"]).sum()))):
+        print(f"{name:<34} {sec:>8.2f} {n / sec:>8.0f} {mb / sec:>7.2f} {removed:>8}")
+    print(f"datatrove mode kernel vs datatrove: {dt['seconds'] / mode['seconds']:.1f}x faster")
+    mk, dk = mode["keep"], dt["keep"]
+    ours_rule = [r if r else None for r in mode["reason"].tolist()]
+    dt_rule = [DT_MODE_RULE.get(r, r) if r else None for r in dt["reason"]]
+    same_rule = sum(a == b for a, b in zip(ours_rule, dt_rule, strict=True))
+    print(f"decision agreement with datatrove: {float((mk == dk).mean()):.4f} (both keep {int((mk & dk).sum())}, "
+          f"both remove {int((~mk & ~dk).sum())}, only ours removes {int((~mk & dk).sum())}, "
+          f"only datatrove removes {int((mk & ~dk).sum())}); same first failing rule: {same_rule / n:.4f}")
+    _pairs("datatrove mode: differing (ours, datatrove) first rules", ours_rule, dt_rule)
+    for i in np.flatnonzero(mk != dk)[:examples].tolist():
+        print(f"  {_preview(texts[i])}\n      ours {ours_rule[i] or 'keeps'}; datatrove {dt['reason'][i] or 'keeps'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--copies", type=int, default=1)
     ap.add_argument("--max-docs", type=int, default=1500, help="per source")
     ap.add_argument("--examples", type=int, default=4, help="disagreeing documents shown per direction")
+    ap.add_argument("--fineweb", action="store_true",
+                    help="also FineWeb's short-line, char-duplicate and list rules (0.67, 0.01, 0.3), "
+                         "in the datatrove mode and in datatrove")
     args = ap.parse_args()
+    fineweb = {"max_short_lines_frac": 0.67, "max_char_dup_frac": 0.01, "max_newline_word_ratio": 0.3}
     params = FilteredDocumentsParams()
+    dt_params = FilteredDocumentsParams(rules="datatrove", **(fineweb if args.fineweb else {}))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         build_sample(root / "corpus", max_docs_per_source=args.max_docs, copies=args.copies)
         texts = list(sample_texts(root / "corpus"))
-        # The program first: its worker processes fork from a process without spaCy loaded.
-        program = run_ours_program(root / "corpus", root / "work")
+        # The programs first: their worker processes fork from a process without spaCy loaded.
+        program = run_ours_program(root / "corpus", root / "work", params)
+        dt_program = run_ours_program(root / "corpus", root / "work", dt_params)
     ours = run_ours_kernel(texts, params)
-    dt = run_datatrove(texts, params)
-    dt_ws = run_datatrove_whitespace_words(texts, params)
+    mode = run_ours_kernel(texts, dt_params)
+    dt = run_datatrove(texts, dt_params)
+    dt_ws = run_datatrove_whitespace_words(texts, dt_params)
     report(texts, ours, program, dt, dt_ws, params, args.examples)
+    report_datatrove_mode(texts, mode, dt_program, dt, args.examples)
 
 
 if __name__ == "__main__":

@@ -204,6 +204,8 @@ class FilteredDocumentsParams(StageParams):
     # 2: the rule set follows the document's language (document_languages is an input)
     version: ClassVar[int] = 2
     enabled: bool = True
+    # "datatrove": the same thresholds with datatrove's semantics (stages/kernels/heuristics_datatrove.py)
+    rules: Literal["default", "datatrove"] = "default"
     # Gopher quality rules
     min_words: int | None = 50
     max_words: int | None = 100_000
@@ -232,6 +234,11 @@ class FilteredDocumentsParams(StageParams):
     min_terminal_punct_lines_frac: float | None = 0.12
     max_lorem_ipsum: int | None = 0
     max_curly_brackets: int | None = None
+    # FineWeb's other rules, datatrove mode only (FineWeb: 0.67, 0.01, 0.3)
+    datatrove_only: ClassVar[tuple[str, ...]] = ("max_short_lines_frac", "max_char_dup_frac", "max_newline_word_ratio")
+    max_short_lines_frac: float | None = None
+    max_char_dup_frac: float | None = None
+    max_newline_word_ratio: float | None = None
     # A user's own filters (stages.filters, docs/filters.md), judged after the rules above, in order.
     filters: tuple[CustomFilter, ...] = ()
 
@@ -239,6 +246,13 @@ class FilteredDocumentsParams(StageParams):
     @classmethod
     def _filter_classes(cls, data: Any) -> Any:
         return _with_filter_classes(data)
+
+    @model_validator(mode="after")
+    def _datatrove_only(self) -> FilteredDocumentsParams:
+        set_here = [f for f in self.datatrove_only if getattr(self, f) is not None]
+        if set_here and self.rules != "datatrove":
+            raise ValueError(f"{', '.join(set_here)}: FineWeb rules of the datatrove mode; set rules: datatrove")
+        return self
 
 
 class ExactDuplicatesParams(StageParams):

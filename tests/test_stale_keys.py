@@ -145,7 +145,9 @@ def test_a_changed_parameter_rekeys_its_program_and_everything_downstream(
         start = {(p, s) for p, prog in PROGRAMS.items() if prog.uses_keep_rule for s in base.partitions(p)}
     else:
         cls = PROGRAMS[program].params
-        changed = base_spec(tmp_path, params={program: {name: changed_value(cls, name, specials, {})}})
+        # A field that only applies in another mode is changed in that mode (rules: datatrove)
+        mode = {"rules": "datatrove"} if name in getattr(cls, "datatrove_only", ()) else {}
+        changed = base_spec(tmp_path, params={program: {**mode, name: changed_value(cls, name, specials, mode)}})
         start = {(program, s) for s in base.partitions(program)}
     want = affected(base, start)
     got = rekeyed(base, changed)

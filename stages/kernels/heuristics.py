@@ -56,7 +56,7 @@ import re
 import string
 from array import array
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import count
 from typing import Literal, NamedTuple
 
@@ -105,12 +105,18 @@ SCORE_NAMES: tuple[str, ...] = (
 
 
 class Rule(NamedTuple):
-    """One threshold rule: ``name`` is also the ``FilteredDocumentsParams`` field holding the
-    threshold; ``op`` "min" fails a document whose score is below it, "max" one above it."""
+    """One threshold rule: ``name`` (the ledger's reason) is also the ``FilteredDocumentsParams``
+    field holding the threshold unless ``field`` names another; ``op`` "min" fails a document
+    whose score is below it, "max" one above it."""
 
     name: str
     score: str
     op: Literal["min", "max"]
+    field: str = ""
+
+    @property
+    def threshold_field(self) -> str:
+        return self.field or self.name
 
 
 # The rules as data, in the order that picks a document's reason (its first failing rule).
@@ -179,40 +185,17 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
     out = {name: np.zeros(n, dtype=np.float64) for name in SCORE_NAMES}
     if n == 0:
         return out
-    n_chars = np.zeros(n, dtype=np.float64)
-    n_words = np.zeros(n, dtype=np.int64)
-    n_distinct = np.zeros(n, dtype=np.int64)
-    text_scores = np.zeros((n, len(_TEXT_SCORES)), dtype=np.float64)
-    # Typed arrays, not lists: 8 bytes per word instead of a pointer plus an int object.
-    local_ids = array("q")  # per word: index of the word among its document's distinct words
-    distinct_words: list[str] = []  # per document, its distinct words in first-seen order
-    distinct_counts = array("q")
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
-        words = text.split()
-        counts = Counter(words)
-        local = dict(zip(counts, count()))
-        local_ids.extend(map(local.__getitem__, words))
-        distinct_words.extend(counts)
-        distinct_counts.extend(counts.values())
-        n_chars[i] = len(text)
-        n_words[i] = len(words)
-        n_distinct[i] = len(counts)
-        text_scores[i] = _text_scores(text)
-    for column, name in enumerate(_TEXT_SCORES):
-        out[name] = np.ascontiguousarray(text_scores[:, column])
+    batch = batch_words(texts, str.split, _text_scores, _TEXT_SCORES)
+    n_chars, n_words, n_distinct, id_count = batch.n_chars, batch.n_words, batch.n_distinct, batch.id_count
+    out.update(batch.text_scores)
     out["symbol_word_ratio"] = _ratio(out["symbol_word_ratio"], n_words)
     out["word_count"] = n_words.astype(np.float64)
 
-    id_count = np.frombuffer(distinct_counts, dtype=np.int64)
-    attrs = _distinct_word_attrs(distinct_words)
+    attrs = _distinct_word_attrs(batch.distinct_words)
     out.update(_word_scores(attrs, id_count, n_distinct, n_words))
 
     # Word ids unique across the batch, so n-grams of different documents never compare equal.
-    word_id = np.frombuffer(local_ids, dtype=np.int64) + np.repeat(
-        np.cumsum(n_distinct) - n_distinct, n_words
-    )
+    word_id = batch.word_id
     word_len = attrs["length"][word_id]
     top, dup = _ngram_repetition(word_id, word_len, id_count[word_id] >= 2, n_words)
     for n_gram, chars in top.items():
@@ -222,24 +205,73 @@ def score_documents(texts: Sequence[str]) -> dict[str, FloatArray]:
     return out
 
 
+class BatchWords(NamedTuple):
+    """The words of a batch of documents, as ``batch_words`` collects them."""
+
+    n_chars: FloatArray  # (n,) len(text)
+    n_words: IntArray  # (n,)
+    n_distinct: IntArray  # (n,) distinct words per document
+    text_scores: dict[str, FloatArray]  # the per-document scores of ``text_scores``
+    distinct_words: list[str]  # (D,) each document's distinct words in first-seen order, grouped by document
+    id_count: IntArray  # (D,) occurrences of each
+    word_id: IntArray  # (T,) every word as an index into distinct_words (so distinct across documents)
+
+
+def batch_words(
+    texts: Sequence[str], split: Callable[[str], list[str]], text_scores: Callable[[str], tuple[float, ...]],
+    names: Sequence[str],
+) -> BatchWords:
+    """Split every text into words once (``split``) and compute its per-document ``text_scores``
+    (named ``names``): the per-word Python work is one split, one Counter and one id lookup."""
+    n = len(texts)
+    n_chars = np.zeros(n, dtype=np.float64)
+    n_words = np.zeros(n, dtype=np.int64)
+    n_distinct = np.zeros(n, dtype=np.int64)
+    scores = np.zeros((n, len(names)), dtype=np.float64)
+    # Typed arrays, not lists: 8 bytes per word instead of a pointer plus an int object.
+    local_ids = array("q")  # per word: index of the word among its document's distinct words
+    distinct_words: list[str] = []
+    distinct_counts = array("q")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
+        words = split(text)
+        counts = Counter(words)
+        local = dict(zip(counts, count()))
+        local_ids.extend(map(local.__getitem__, words))
+        distinct_words.extend(counts)
+        distinct_counts.extend(counts.values())
+        n_chars[i] = len(text)
+        n_words[i] = len(words)
+        n_distinct[i] = len(counts)
+        scores[i] = text_scores(text)
+    word_id = np.frombuffer(local_ids, dtype=np.int64) + np.repeat(np.cumsum(n_distinct) - n_distinct, n_words)
+    return BatchWords(
+        n_chars, n_words, n_distinct, {name: np.ascontiguousarray(scores[:, k]) for k, name in enumerate(names)},
+        distinct_words, np.frombuffer(distinct_counts, dtype=np.int64), word_id,
+    )
+
+
 def decide(
     scores: Mapping[str, npt.NDArray[np.floating]],
     params: FilteredDocumentsParams,
     exempt: Mapping[str, npt.NDArray[np.bool_]] | None = None,
+    rules: Sequence[Rule] = RULE_TABLE,
 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.object_], dict[str, int]]:
     """Apply the thresholds of ``params`` to stored scores.
 
     Returns ``keep`` bool (n,); ``reason`` object (n,), the name of the first failing rule in
     ``RULES`` order or None for a kept document; ``fails_per_rule`` {rule: documents failing it}
-    over every rule (a document may fail several). A rule whose threshold is None never fails;
+    over every rule of ``rules`` (``RULE_TABLE``, or another mode's table; a document may fail
+    several). A rule whose threshold is None never fails (nor does a NaN score);
     with ``params.enabled`` False no rule does. Only the scores of active rules are required.
     ``exempt`` maps a rule name to bool (n,): the documents that rule does not judge (see
     ``exemptions``).
     """
     active = [
         (rule, threshold)
-        for rule in RULE_TABLE
-        if params.enabled and (threshold := getattr(params, rule.name)) is not None
+        for rule in rules
+        if params.enabled and (threshold := getattr(params, rule.threshold_field)) is not None
     ]
     lengths = {len(values) for values in scores.values()}
     if len(lengths) > 1:
@@ -250,7 +282,7 @@ def decide(
     n = lengths.pop() if lengths else 0
     keep = np.ones(n, dtype=bool)
     reason = np.full(n, None, dtype=object)
-    fails_per_rule = dict.fromkeys(RULES, 0)
+    fails_per_rule = dict.fromkeys((rule.name for rule in rules), 0)
     for rule, threshold in active:
         values = np.asarray(scores[rule.score], dtype=np.float64)
         fails = values < threshold if rule.op == "min" else values > threshold

@@ -8,6 +8,9 @@ Scores and decisions are separate: scores depend only on the text and the scorer
 are cached under ``heuristic_scores/<scorer key>/<crawl>/<source>`` (keyed by the raw data's
 version), so changing a threshold re-keys this output but recomputes no score.
 
+``params.rules`` picks the rule set: the default one, or the same thresholds with datatrove's
+semantics (``stages.kernels.heuristics_datatrove``), whose scores are cached under their own key.
+
 Custom filters (``params.filters``, ``stages.filters``, docs/filters.md) judge, in order, the
 documents the built-in rules kept; each one's scores are cached the same way under its own key,
 ``filter:<name>`` is the reason of what it removes, and a filter that raises on a document fails the
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from functools import partial
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -37,13 +42,24 @@ from stages.removal import REMOVED, removal_table, survivors
 SCORES = "heuristic_scores"
 
 
-def _score_batch(batch: pa.RecordBatch) -> pa.Table:
-    return _score_table(batch.column(1).to_pylist())
+def _kernel(rules: str) -> ModuleType:
+    """The scoring module of a rule set (``FilteredDocumentsParams.rules``); the datatrove one is
+    imported only when used (its tokenizer rules take ~0.1 s to load)."""
+    if rules == "datatrove":
+        from stages.kernels import heuristics_datatrove
+
+        return heuristics_datatrove
+    return H
 
 
-def _score_table(texts: list[str]) -> pa.Table:
-    scores = H.score_documents(texts)
-    return pa.table({name: pa.array(scores[name], pa.float64()) for name in H.SCORE_NAMES})
+def _score_batch(batch: pa.RecordBatch, rules: str = "default") -> pa.Table:
+    return _score_table(batch.column(1).to_pylist(), rules)
+
+
+def _score_table(texts: list[str], rules: str = "default") -> pa.Table:
+    kernel = _kernel(rules)
+    scores = kernel.score_documents(texts)
+    return pa.table({name: pa.array(scores[name], pa.float64()) for name in kernel.SCORE_NAMES})
 
 
 CHUNK_CHARS = 4_000_000  # text per scoring task: long documents still spread over every worker
@@ -99,13 +115,17 @@ def _cached(
     return table.take(pc.index_in(wanted, value_set=table["doc_id"])), fresh
 
 
-def _scores(inputs: Inputs, partition: Partition, execution: ExecutionParams, wanted: pa.Array) -> pa.Table:
+def _scores(
+    inputs: Inputs, partition: Partition, execution: ExecutionParams, wanted: pa.Array, rules: str = "default"
+) -> pa.Table:
     """doc_id + one float64 column per built-in score of every ``wanted`` document, cached by the
-    scorer version and the raw data's version."""
+    scorer version, the raw data's version and the rule set (``params.rules``)."""
     assert partition.source is not None
     raw = inputs.manifest("raw_documents", partition.source)
-    table, _ = _cached(inputs, partition, execution, wanted, f"{H.SCORER_VERSION}/{raw.data_version}",
-                       _score_table([]), _score_batch, ["doc_id", "text"], partition.progress)
+    mode = "" if rules == "default" else f"/{rules}"  # the default key predates the modes
+    table, _ = _cached(inputs, partition, execution, wanted, f"{H.SCORER_VERSION}/{raw.data_version}{mode}",
+                       _score_table([], rules), partial(_score_batch, rules=rules), ["doc_id", "text"],
+                       partition.progress)
     return table
 
 
@@ -198,14 +218,16 @@ def run(
         }))
         output.write("removed", REMOVED.empty_table())
         return {"enabled": False, "input": n, "kept": n, "removed": 0, "removed_per_reason": {}}
+    kernel = _kernel(params.rules)
     wanted = _wanted(inputs, partition.source, execution)
-    table = _scores(inputs, partition, execution, wanted)
-    scores = {name: table[name].to_numpy() for name in H.SCORE_NAMES}
+    table = _scores(inputs, partition, execution, wanted, params.rules)
+    scores = {name: table[name].to_numpy() for name in kernel.SCORE_NAMES}
     language = _languages(inputs, partition.source, table["doc_id"].combine_chunks())
-    keep, reason, fails = H.decide(scores, params, H.exemptions(language))
+    exempt = kernel.exemptions(language)
+    keep, reason, fails = H.decide(scores, params, exempt, kernel.RULE_TABLE)
     # The value of the rule that removed the document, for the ledger's score column.
     score = np.full(len(keep), np.nan)
-    for rule in H.RULE_TABLE:
+    for rule in kernel.RULE_TABLE:
         rows = reason == rule.name
         if rows.any():
             score[rows] = scores[rule.score][rows]
@@ -227,9 +249,10 @@ def run(
         removed_per_reason[r] = removed_per_reason.get(r, 0) + 1
     per_language = {}
     if any(x is not None for x in language):
-        per_language = {"word_rules_off": int(H.exemptions(language)["min_words"].sum())}
+        per_language = {"word_rules_off": int(exempt[kernel.RULE_TABLE[0].name].sum())}
     return {
         "enabled": True,
+        "rules": params.rules,
         **per_language,
         "input": len(keep),
         "kept": int(keep.sum()),
