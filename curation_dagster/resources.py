@@ -22,6 +22,7 @@ from dagster import (
 from pydantic import Field
 
 from stages.dataroot import STORAGE_OPTIONS_ENV, DataRoot, UnknownCrawl, data_root_url, storage_options
+from stages.errors import StageError
 from stages.params import ExecutionParams, workdir_tuning
 from stages.paths import Store
 from stages.registry import CrawlSpec, execute, metadata
@@ -145,7 +146,7 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
             return materialize_in_pod(context, self, program, crawl, source)
         try:
             outcome = execute(self.store(), spec, program, source, self.execution(), emit=context.log.info)
-        except (FileNotFoundError, KeyError, ValueError) as exc:
+        except (FileNotFoundError, KeyError, ValueError, StageError) as exc:  # one line, not a trace
             raise Failure(f"{program}[{source or crawl}]: {exc}") from exc
         context.log.info(
             f"{program}[{source or crawl}] {'up to date' if outcome.skipped else 'materialized'} "

@@ -24,7 +24,7 @@ def requirements(pyproject: Path, extras: str = "") -> list[str]:
         return list(project["dependencies"])
     table = project["optional-dependencies"]
     out: list[str] = []
-    todo, seen = extras.split(","), set()
+    todo, seen = [e.strip() for e in extras.split(",")], set()
     while todo:
         extra = todo.pop(0)
         if extra in seen:
@@ -37,7 +37,7 @@ def requirements(pyproject: Path, extras: str = "") -> list[str]:
             # extras: pip would look for the project on the index instead.
             name, _, rest = req.partition("[")
             if name.strip().lower().replace("_", "-") == project["name"]:
-                todo += rest.rstrip("]").split(",")
+                todo += [e.strip() for e in rest.split("]", 1)[0].split(",")]
             elif req not in out:
                 out.append(req)
     return out

@@ -85,8 +85,10 @@ class RowCache:
         """Append computed rows (the ``schema``'s columns, keys missing from the content read at
         start); a key added before in this run (a text repeated in two batches) is kept once."""
         keys = rows[self.key_column].to_pylist()
-        new = [k not in self._added_keys for k in keys]
-        self._added_keys.update(keys)
+        new = []
+        for k in keys:  # also a key twice in this call: its first row
+            new.append(k not in self._added_keys)
+            self._added_keys.add(k)
         if any(new):
             self._added.append(rows.select(self.schema.names).cast(self.schema).filter(pa.array(new)))
 
@@ -114,6 +116,8 @@ class RowCache:
             for start in range(0, table.num_rows, batch_rows):
                 writer.write(self.table_name, table.slice(start, batch_rows))
             writer.commit(Manifest(self.kind, self.key, self.key, self.crawl, self.source, {"cache": self.ident}))
+        except PartitionBusy:  # on S3, the lease was taken over meanwhile: the taker saves it
+            return False
         finally:
             writer.close()
         self.table, self._added, self._added_keys, self.exists = table.combine_chunks(), [], set(), True

@@ -18,6 +18,7 @@ import os
 import sys
 
 from stages.dataroot import DataRoot, NoDataRoot, UnknownCrawl
+from stages.errors import StageError
 from stages.filters import FilterError
 from stages.params import ExecutionParams, ExecutionTuning, workdir_tuning
 from stages.registry import PROGRAMS, execute, metadata
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             outcome = execute(store, spec, args.program, args.source, execution, args.force, emit=_stderr)
-        except (FileNotFoundError, KeyError, ValueError, FilterError) as exc:
+        except (FileNotFoundError, KeyError, ValueError, StageError) as exc:  # FilterError too
             print(f"error: {args.program}: {exc}", file=sys.stderr)
             return 1
     print(json.dumps({"program": args.program, "skipped": outcome.skipped, "seconds": outcome.seconds,

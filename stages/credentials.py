@@ -22,13 +22,15 @@ _REPO_AT = {"github", "git"}
 # name containing a strong word, a weak word as the whole name (``key``, ``sig``; ``sort_key`` is
 # none), or an ``x-amz-``/``x-goog-`` parameter of a presigned URL. Covers S3/GCS presigned URLs,
 # Azure SAS, tokens, and the options of s3fs, gcsfs and adlfs.
-_STRONG = ("secret|password|passwd|token|credential|signature|"
-           r"(access|api|account|subscription)[-_]?key|connection[-_]?string")
+_STRONG = ("secret|password|passwd|passphrase|token|credential|signature|jwt|"
+           r"(access|api|account|subscription|private)[-_]?key|pkey|connection[-_]?string")
 _WEAK = "sig|key|pwd|auth|authorization|sas|awsaccesskeyid|googleaccessid"
 _SECRET_PARAM = re.compile(rf".*({_STRONG})|({_WEAK})$|x-(amz|goog)-.*", re.IGNORECASE)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
 # host[:port] then the path: an '@' after it is part of the path (hf://datasets/org/name@rev).
-_CLEAN_AUTHORITY = re.compile(r"^(\[[^\]]*\]|[^/:@?#]*)(:\d*)?([/?#]|$)")
+_CLEAN_AUTHORITY = re.compile(r"^(\[[^\]]*\]|[^/:@?#]*)(:\d+)?([/?#]|$)")
+# Bucket stores name a bucket, never host:port, first: a ':' before an '@' there is a password.
+_BUCKET = {"s3", "s3a", "gs", "gcs", "oss", "r2"}
 
 
 class CredentialInURL(ValueError):
@@ -61,7 +63,7 @@ def url_credential(url: str) -> str | None:
             continue
         # user:password@host, also when the password holds a '/' (AWS secrets do): unless the URL
         # starts with a plain host[:port] and the '@' is further down its path.
-        if ":" in userinfo and not _CLEAN_AUTHORITY.match(rest):
+        if ":" in userinfo and (protocol in _BUCKET or not _CLEAN_AUTHORITY.match(rest)):
             return "user:password@..."
         if ":" not in userinfo and "/" not in userinfo and userinfo and protocol not in _NAME_AT:
             return "a token or user name before @"

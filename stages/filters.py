@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
+from stages.errors import StageError
+
 ENTRY_POINT_GROUP = "curation_dagster.filters"
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 
@@ -52,7 +54,7 @@ class DocumentFilter(Protocol):
     def keep(self, score: float) -> bool: ...
 
 
-class FilterError(Exception):
+class FilterError(StageError):
     """A filter that cannot be imported, built or used: one line naming it. Not a ValueError, so
     that pydantic passes it through params validation unwrapped (the CLIs print it as it is)."""
 

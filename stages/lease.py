@@ -17,8 +17,9 @@ writers exactly one holds it: S3 (since 2024), MinIO and moto check both precond
   over) refuses to commit (``LeaseLost``): the taker's output wins, and no manifest ever names
   parts another attempt may delete.
 
-Stores other than s3fs have no lease (the operator keeps one writer per partition there:
-docs/operations.md).
+Stores other than s3fs have no lease, nor does an S3-compatible store that does not check the
+preconditions (probed once per bucket: ``checks_preconditions``); the operator keeps one writer
+per partition there (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -48,6 +49,30 @@ def supports_leases(fs: Any) -> bool:
     """s3fs: its writes pass ``IfNoneMatch`` / ``IfMatch`` to PutObject."""
     protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     return bool({"s3", "s3a"} & set(protocol))
+
+
+_CHECKED: dict[str, bool] = {}  # bucket -> whether its store refuses a failed precondition
+
+
+def checks_preconditions(fs: Any, root: str) -> bool:
+    """Whether the store behind ``root`` refuses a PUT whose precondition fails, probed once per
+    bucket and process: a store that ignored ``If-None-Match`` would grant every attempt the
+    lease, and each would then remove the other's parts as leftovers."""
+    bucket = root.split("/", 1)[0]
+    if bucket not in _CHECKED:
+        probe = f"{root}/.locks/.probe-{uuid.uuid4().hex}"
+        fs.pipe_file(probe, b"probe", IfNoneMatch="*")
+        try:
+            fs.pipe_file(probe, b"again", IfNoneMatch="*")
+            _CHECKED[bucket] = False
+        except Exception as exc:
+            _CHECKED[bucket] = _precondition_failed(exc)
+        finally:
+            try:
+                fs.rm_file(probe)
+            except Exception:  # a probe left behind is harmless
+                pass
+    return _CHECKED[bucket]
 
 
 def _precondition_failed(exc: BaseException) -> bool:
@@ -89,6 +114,15 @@ class Lease:
         etag = out.get("ETag") if isinstance(out, dict) else None
         return str(etag or self.fs.info(self.path)["ETag"])
 
+    def _mine(self) -> bool:
+        """After a failed precondition: is the lease this attempt's anyway? (a PUT that succeeded on
+        the server, then retried by the client after a timeout, fails its own precondition)."""
+        held = self._read()
+        if held is not None and held[1].get("owner") == self.owner:
+            self.etag = held[0]
+            return True
+        return False
+
     def _read(self) -> tuple[str, dict[str, Any]] | None:
         """(ETag, content) of the lease object, or None when there is none."""
         self.fs.invalidate_cache(self.path.rsplit("/", 1)[0])
@@ -111,6 +145,8 @@ class Lease:
             except Exception as exc:
                 if not _precondition_failed(exc):
                     raise
+                if self._mine():
+                    break
             held = self._read()
             if held is None:
                 continue  # released in between: try again
@@ -125,6 +161,8 @@ class Lease:
                 except Exception as exc:
                     if not _precondition_failed(exc):
                         raise
+                    if self._mine():
+                        break
                     raise LeaseBusy(self._busy(info)) from None
             if self.clock() > deadline:
                 raise LeaseBusy(self._busy(info))
@@ -147,7 +185,9 @@ class Lease:
             except Exception as exc:
                 if not _precondition_failed(exc):
                     raise
-                self.lost = f"{self.pdir}: this attempt's lease expired and another attempt took the partition over"
+                if not self._mine():
+                    self.lost = (f"{self.pdir}: this attempt's lease expired and another attempt took the "
+                                 "partition over")
 
     def _renew_forever(self) -> None:
         while not self._stop.wait(self.ttl_s / 4):

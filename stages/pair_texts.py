@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from numba import njit
 
 from stages.backend import Backend, pair_jaccard_on
+from stages.errors import StageError
 from stages.kernels.lsh import sorted_distinct, sorted_find
 from stages.params import SPILL_RESERVE
 from stages.registry import Inputs
@@ -108,7 +109,7 @@ def plan_blocks(
     return block, int(blocks)
 
 
-class SpillSpaceError(RuntimeError):
+class SpillSpaceError(StageError):
     """The spill folder has not the room a spill needs (a user setting to change, not a crash)."""
 
 

@@ -28,7 +28,8 @@ import fsspec.config
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages.lease import Lease, LeaseBusy, LeaseLost, supports_leases
+from stages.errors import StageError
+from stages.lease import Lease, LeaseBusy, LeaseLost, checks_preconditions, supports_leases
 
 MANIFEST = "_manifest.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -212,7 +213,7 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-class PartitionBusy(RuntimeError):
+class PartitionBusy(StageError):
     """Another attempt is writing the same partition right now."""
 
 
@@ -263,16 +264,20 @@ class PartitionWriter:
             self._lock = self._acquire()
             if self._lock is not None:
                 _HELD_LOCKS.add(self._lock)
-        elif supports_leases(store.fs):
+        elif supports_leases(store.fs) and checks_preconditions(store.fs, store.root):
             lease = Lease(store.fs, store.root, pdir)
             try:
                 lease.acquire()
             except LeaseBusy as exc:
                 raise PartitionBusy(str(exc)) from None
             self._lease = lease
-        store.fs.makedirs(pdir, exist_ok=True)
-        if self._lock is not None or self._lease is not None:
-            self.leftovers = self._remove_leftovers()
+        try:
+            store.fs.makedirs(pdir, exist_ok=True)
+            if self._lock is not None or self._lease is not None:
+                self.leftovers = self._remove_leftovers()
+        except BaseException:  # the partition is this attempt's: give it back at once, not at GC
+            self.close()
+            raise
 
     def _remove_leftovers(self) -> list[str]:
         """Remove what killed attempts left in the partition (parts, half-written parts, manifest
@@ -302,7 +307,10 @@ class PartitionWriter:
         for path in paths:
             name = path.rstrip("/").rsplit("/", 1)[-1]
             if name not in keep:
-                fs.rm(path, recursive=True)
+                try:
+                    retry(lambda p=path: fs.rm(p, recursive=True))  # type: ignore[misc]
+                except OSError:  # best effort: the commit's clean-up removes it too
+                    continue
                 removed.append(name)
         fs.invalidate_cache(self.pdir)
         return sorted(removed)
@@ -390,6 +398,12 @@ class PartitionWriter:
                 raise PartitionBusy(str(exc)) from None
         self.store.write_atomic(f"{self.pdir}/{MANIFEST}", manifest.to_json())
         keep = {name for names in self.tables.values() for name in names} | {MANIFEST}
+        if self._lease is not None:
+            try:  # stalled past the lease during the PUT: a taker's parts are not ours to remove
+                self._lease.check()
+            except LeaseLost:
+                self.close()
+                return manifest
         try:
             fs.invalidate_cache(self.pdir)
             for path in fs.ls(self.pdir, detail=False):

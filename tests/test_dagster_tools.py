@@ -108,7 +108,14 @@ def test_no_private_dagster_imports() -> None:
     # An import, or a module path Dagster would import (a YAML ``module:``); not the text of one
     # of Dagster's error messages that a test compares.
     private = re.compile(r"^\s*(from|import)\s+dagster\._|module:\s*dagster\._")
-    allowed = {"curation_dagster/instance.py"}  # the event-log storage above, in its YAML
+    allowed = {
+        # the event-log storage above, in its YAML (pinned and tested above)
+        "curation_dagster/instance.py",
+        # dagster_instance_config / InstanceRef validate the deployment's dagster.yaml, whose
+        # PostgreSQL storage cannot be built without a server; Dagster has no public validator
+        # (test_the_deployments_instance_config fails if they move)
+        "tests/test_deploy.py",
+    }
     found = sorted(
         f"{path.relative_to(ROOT)}:{n}"
         for folder in ("curation_dagster", "stages", "tests", "bench")

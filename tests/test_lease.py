@@ -168,3 +168,26 @@ def test_two_concurrent_attempts_of_one_partition_commit_once(
     m = store.read_manifest(task.output_dir)
     assert m is not None and m.report["documents"] == 2000
     assert store.read_table(task.output_dir, "documents").num_rows == 2000
+
+
+def test_a_store_that_ignores_preconditions_gets_no_lease(
+    s3: tuple[Store, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An S3-compatible store that ignored If-None-Match would grant every attempt the lease, and
+    each would remove the other's parts as leftovers: probed once per bucket, it gets none."""
+    store, _ = s3
+    real = store.fs.pipe_file
+
+    def ignoring(path: str, data: bytes, **kwargs: Any) -> Any:
+        kwargs.pop("IfNoneMatch", None)
+        kwargs.pop("IfMatch", None)
+        return real(path, data, **kwargs)
+
+    monkeypatch.setattr(store.fs, "pipe_file", ignoring)
+    pdir = store.partition_dir("p", "k", "c", "s")
+    first, second = store.writer(pdir), store.writer(pdir)
+    assert first._lease is None and second._lease is None and first.leftovers == second.leftovers == []
+    first.write("t", rows(1))
+    second.close()
+    first.commit(manifest("first"))
+    assert store.read_table(pdir, "t").num_rows == 1

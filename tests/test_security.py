@@ -247,6 +247,8 @@ CREDENTIAL_URLS = [
     f"https://example.org/a.jsonl?page=1&key={PLANTED}",
     f"gs://bucket/a.jsonl?GoogleAccessId=me&Signature={PLANTED}",
     f"simplecache::s3://AKIAPLANTED:{PLANTED}@bucket/x",
+    "s3://AKIAPLANTED:/Planted9Secret+xyz@bucket/p",  # a secret that starts with '/': no host:port
+    "s3://AKIAPLANTED:1234/Planted9Secret@bucket/p",  # ... or with digits, then '/'
 ]
 PLAIN_URLS = [
     "s3://bucket/crawl/*.jsonl.gz", "abfs://container@account.dfs.core.windows.net/crawl/",

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import zstandard
 
+from stages.errors import StageError
 from stages.paths import is_transient
 
 T = TypeVar("T")
@@ -35,7 +36,7 @@ READ_ATTEMPTS = 5  # tries of one read before the partition fails
 RETRY_DELAY = 0.5  # seconds before the second try; doubled before each next one
 
 
-class InputReadError(RuntimeError):
+class InputReadError(StageError):
     """The store kept failing to deliver an input file: the partition fails (one line)."""
 
 

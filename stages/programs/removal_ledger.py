@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages import filters
+from stages.errors import StageError
 from stages.keep import ID_BYTES, fixed_ids
 from stages.params import ExecutionParams, RemovalLedgerParams
 from stages.paths import PartitionWriter
@@ -40,7 +41,7 @@ HEURISTIC = "heuristic"
 HEURISTIC_PROGRAM = STAGES[HEURISTIC]
 
 
-class LedgerMismatch(RuntimeError):
+class LedgerMismatch(StageError):
     """Counts that do not add up: a removal was lost or counted twice."""
 
 
