@@ -230,9 +230,10 @@ def test_ray_executor_outputs_identical_to_local(
     real = parallel._ray_map
 
     def counting(fn: Any, items: Any, *args: Any) -> Any:
+        module = getattr(fn, "func", fn).__module__  # a functools.partial's function
         def count(items: Any) -> Any:
             for item in items:
-                sent[fn.__module__] = sent.get(fn.__module__, 0) + 1
+                sent[module] = sent.get(module, 0) + 1
                 yield item
 
         return real(fn, count(items), *args)
