@@ -21,7 +21,8 @@ from dagster import (
 )
 from pydantic import Field
 
-from stages.dataroot import STORAGE_OPTIONS_ENV, DataRoot, UnknownCrawl, data_root_url, storage_options
+from stages.credentials import STORAGE_OPTIONS_ENV, storage_options
+from stages.dataroot import DataRoot, UnknownCrawl, data_root_url
 from stages.errors import StageError
 from stages.params import ExecutionParams, workdir_tuning
 from stages.paths import Store

@@ -9,10 +9,17 @@ chain, ``$CURATE_STORAGE_OPTIONS``, a Kubernetes Secret), which nothing writes d
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl
+
+# The data root's fsspec options as JSON: for processes started by another (stage subprocesses,
+# pods, Ray workers), in the environment, never on a command line (those show in logs and
+# process lists), never in a spec, manifest or metadata.
+STORAGE_OPTIONS_ENV = "CURATE_STORAGE_OPTIONS"
 
 # Protocols whose ``name@`` part is no credential: adlfs's ``container@account``, an ssh user,
 # github's ``org:repo@ref`` and git's ``repo:ref@path`` (their credentials are options).
@@ -93,3 +100,11 @@ def without_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
             continue
         out[name] = without_secrets(value) if isinstance(value, Mapping) else value
     return out
+
+
+def storage_options(explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``explicit`` fsspec options of the data root, else ``$CURATE_STORAGE_OPTIONS`` (JSON), else none."""
+    if explicit:
+        return dict(explicit)
+    blob = os.environ.get(STORAGE_OPTIONS_ENV, "")
+    return dict(json.loads(blob)) if blob.strip() else {}

@@ -29,15 +29,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from stages.credentials import check_url
+from stages.credentials import check_url, storage_options
 from stages.paths import Store, check_name, retry, use_storage_options
 from stages.registry import CrawlSpec, plan_task, prior_outputs
 
 CRAWLS_DIR = "_crawls"
 DATA_ROOT_ENV = "CURATE_DATA_ROOT"
-# The data root's fsspec options as JSON: for processes started by another (stage subprocesses
-# and pods), in the environment, never on a command line (those show in logs and process lists).
-STORAGE_OPTIONS_ENV = "CURATE_STORAGE_OPTIONS"
 DATA_ROOT_FILE = "data_root"  # <workdir>/data_root: where `curate run --data-root` put the outputs
 LEGACY_SPECS = "crawls"  # <workdir>/crawls/<crawl>.json: where specs lived before the registry
 
@@ -52,14 +49,6 @@ class UnknownCrawl(LookupError):
 
 class StalePrior(ValueError):
     """A crawl is deduplicated against outputs of an earlier crawl that cannot be refreshed."""
-
-
-def storage_options(explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``explicit`` fsspec options of the data root, else ``$CURATE_STORAGE_OPTIONS`` (JSON), else none."""
-    if explicit:
-        return dict(explicit)
-    blob = os.environ.get(STORAGE_OPTIONS_ENV, "")
-    return dict(json.loads(blob)) if blob.strip() else {}
 
 
 def data_root_url(data_root: str | None = None, workdir: str | os.PathLike[str] | None = None) -> str:

@@ -256,7 +256,7 @@ def _worker_setup(threads: int, conf: dict[str, dict[str, Any]] | None) -> None:
     if conf:
         import fsspec.config
 
-        from stages.dataroot import storage_options
+        from stages.credentials import storage_options
 
         own = storage_options()
         for protocol, options in conf.items():

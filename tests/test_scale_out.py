@@ -28,7 +28,8 @@ from tiny_corpus import TINY, config, fast_tmp
 from curation_dagster import cli
 from curation_dagster.resources import CurationResource
 from stages import parallel
-from stages.dataroot import DATA_ROOT_FILE, STORAGE_OPTIONS_ENV
+from stages.credentials import STORAGE_OPTIONS_ENV
+from stages.dataroot import DATA_ROOT_FILE
 from stages.parallel import map_actors, map_ordered, ray_init
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import MANIFEST, Manifest, Store, is_transient, retry

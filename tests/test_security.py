@@ -335,7 +335,7 @@ def test_storage_options_reach_ray_tasks_without_their_secrets(monkeypatch: pyte
     inherits the driver's environment; a cluster's workers have the Secret)."""
     import fsspec.config
 
-    from stages.dataroot import STORAGE_OPTIONS_ENV
+    from stages.credentials import STORAGE_OPTIONS_ENV
     from stages.parallel import _worker_setup, shared_storage_conf
     from stages.paths import use_storage_options
 
