@@ -114,6 +114,17 @@ class Lease:
         etag = out.get("ETag") if isinstance(out, dict) else None
         return str(etag or self.fs.info(self.path)["ETag"])
 
+    def _take(self, **condition: str) -> bool:
+        """PUT the lease under ``condition``: True when it is this attempt's afterwards, False when
+        the precondition failed because another attempt holds it; other errors propagate."""
+        try:
+            self.etag = self._put(**condition)
+            return True
+        except Exception as exc:
+            if not _precondition_failed(exc):
+                raise
+            return self._mine()
+
     def _mine(self) -> bool:
         """After a failed precondition: is the lease this attempt's anyway? (a PUT that succeeded on
         the server, then retried by the client after a timeout, fails its own precondition)."""
@@ -139,14 +150,8 @@ class Lease:
         seen: str | None = None  # the holder's ETag when first seen
         deadline = self.clock() + self.ttl_s * 1.5
         while True:
-            try:
-                self.etag = self._put(IfNoneMatch="*")
+            if self._take(IfNoneMatch="*"):
                 break
-            except Exception as exc:
-                if not _precondition_failed(exc):
-                    raise
-                if self._mine():
-                    break
             held = self._read()
             if held is None:
                 continue  # released in between: try again
@@ -155,15 +160,9 @@ class Lease:
                 raise LeaseBusy(self._busy(info))
             seen = seen or etag
             if self.clock() > float(info.get("expires", 0)):
-                try:
-                    self.etag = self._put(IfMatch=etag)  # exactly one taker wins
+                if self._take(IfMatch=etag):  # exactly one taker wins
                     break
-                except Exception as exc:
-                    if not _precondition_failed(exc):
-                        raise
-                    if self._mine():
-                        break
-                    raise LeaseBusy(self._busy(info)) from None
+                raise LeaseBusy(self._busy(info))
             if self.clock() > deadline:
                 raise LeaseBusy(self._busy(info))
             # Look again after one renewal period: a live holder will have renewed by then.
@@ -180,14 +179,8 @@ class Lease:
         with self._mutex:
             if self.lost is not None or self.etag is None:
                 return
-            try:
-                self.etag = self._put(IfMatch=self.etag)
-            except Exception as exc:
-                if not _precondition_failed(exc):
-                    raise
-                if not self._mine():
-                    self.lost = (f"{self.pdir}: this attempt's lease expired and another attempt took the "
-                                 "partition over")
+            if not self._take(IfMatch=self.etag):
+                self.lost = f"{self.pdir}: this attempt's lease expired and another attempt took the partition over"
 
     def _renew_forever(self) -> None:
         while not self._stop.wait(self.ttl_s / 4):
