@@ -451,3 +451,16 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         assert cli.main(["semantic-audit", "--workdir", str(work), "--crawl", "c1", "--out", str(md)]) == 0
     assert "| kept / earlier | document |" in md.read_text()
+
+
+@given(st.floats(-1.0001, 1.0, allow_nan=False))
+def test_every_similarity_has_a_band(sim: float) -> None:
+    """Nearest-neighbour cosines can be negative in a small cluster: each falls into a band whose
+    lower edge it reaches (the sample crawl once failed with StopIteration on one)."""
+    from stages.programs.semantic_duplicates import BANDS, band
+
+    label = band(sim)
+    lo = float(label[2:])
+    assert lo in BANDS and (sim >= lo or lo == BANDS[-1])
+    assert all(sim < b for b in BANDS if b > lo)
+    assert band(-0.25) == ">=-1.00" and band(0.96) == ">=0.95"

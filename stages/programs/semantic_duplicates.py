@@ -41,7 +41,9 @@ NEIGHBORS = pa.schema([
     ("neighbor", pa.string()), ("neighbor_source", pa.string()), ("similarity", pa.float32()),
 ])
 # Similarity bands of the report (lower edges), highest first.
-BANDS = (0.99, 0.97, 0.95, 0.93, 0.90, 0.85, 0.80, 0.70, 0.0)
+# Cosine similarity of normalized embeddings is in [-1, 1]: the lowest band takes every value,
+# negative ones included (a small cluster's nearest neighbour can point away).
+BANDS = (0.99, 0.97, 0.95, 0.93, 0.90, 0.85, 0.80, 0.70, -1.0)
 
 
 def clusters(inputs: Inputs, batch_rows: int) -> Iterator[pa.Table]:
@@ -70,7 +72,8 @@ def _runs(t: pa.Table) -> Iterator[pa.Table]:
 
 
 def band(similarity: float) -> str:
-    lo = next(b for b in BANDS if similarity >= b)
+    """The report's band label of one nearest-neighbour similarity (``>=0.95``, ..., ``>=-1.00``)."""
+    lo = next((b for b in BANDS if similarity >= b), BANDS[-1])  # float32 rounding below -1
     return f">={lo:.2f}"
 
 
