@@ -12,7 +12,7 @@ another model's values, and a decision parameter (a threshold, a survivor set) i
 it.
 
 A cache is written like any output (``PartitionWriter``: attempt-unique parts, the manifest
-last, the partition lock of ``stages.paths``), so a reader sees its old content or its new one,
+last, the partition lock of ``stages.store``), so a reader sees its old content or its new one,
 never half of it; a cache whose lock another attempt holds is not saved this time (it is only
 a cache: the output is the same).
 """
@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from stages.paths import Manifest, PartitionBusy, Store
+from stages.store import Manifest, PartitionBusy, Store
 
 
 def text_keys(texts: list[str]) -> pa.Array:

@@ -17,9 +17,12 @@ import pytest
 from tiny_models import train_fasttext
 
 from stages.cache import RowCache, text_keys
+from stages.catalog import PROGRAMS
+from stages.execute import execute
 from stages.params import ExecutionParams
-from stages.paths import Store
-from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 pytest.importorskip("sentence_transformers")
 
