@@ -33,6 +33,8 @@ class Resources:
 
 @dataclass(frozen=True)
 class Program:
+    """One stage program: its asset key, partition level, params model, inputs and resources."""
+
     name: str
     level: Level
     params: type[P.ProgramParams]

@@ -17,6 +17,8 @@ from stages.task import ProgramModule, Task
 
 
 def plan_task(store: Store, spec: CrawlSpec, program: str, source: str | None) -> Task:
+    """The ``Task`` of one partition: its params and key, its output folder, its inputs' folders
+    (and, for a program that reads them, the folders of earlier crawls' outputs)."""
     if program not in PROGRAMS:
         raise KeyError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
     if PROGRAMS[program].level == "source" and source not in spec.sources:
@@ -46,6 +48,7 @@ def plan_task(store: Store, spec: CrawlSpec, program: str, source: str | None) -
 
 
 def load_program(name: str) -> ProgramModule:
+    """The module ``stages.programs.<name>`` (imported now: this is where kernels load)."""
     return importlib.import_module(f"stages.programs.{name}")  # type: ignore[return-value]
 
 
