@@ -6,7 +6,6 @@ Every program module has ``run(params, inputs, output, partition, execution) -> 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,13 +45,6 @@ class Inputs:
     ) -> pa.Table:
         """All rows of ``table`` of one committed input partition (``columns`` only, if given)."""
         return self.store.read_table(self.dir(program, source), table, columns)
-
-    def iter_batches(
-        self, program: str, table: str, source: str | None = None, columns: list[str] | None = None,
-        batch_rows: int = 20_000,
-    ) -> Iterator[pa.RecordBatch]:
-        """Stream ``table`` of one committed input partition, ``batch_rows`` rows at a time."""
-        return self.store.iter_batches(self.dir(program, source), table, columns, batch_rows)
 
 
 @dataclass(frozen=True)
