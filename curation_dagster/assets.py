@@ -23,7 +23,8 @@ from dagster import (
 
 from curation_dagster.partitions import by_crawl, partitions_for, split_key
 from curation_dagster.resources import CurationResource
-from stages.registry import PROGRAMS, Program, plan_task
+from stages.catalog import PROGRAMS, Program
+from stages.plan import plan_task
 
 OWNERS = ["team:curation"]
 

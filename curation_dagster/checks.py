@@ -45,9 +45,11 @@ from dagster import (
 from curation_dagster.config import ChecksConfig, load_config
 from curation_dagster.partitions import CRAWL, partitions_for, split_key
 from curation_dagster.resources import CurationResource
+from stages.catalog import PROGRAMS, QUARANTINE, STAGES, Program
 from stages.dataroot import DataRoot
-from stages.paths import Manifest, Store
-from stages.registry import PROGRAMS, QUARANTINE, STAGES, CrawlSpec, Program, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Manifest, Store
 
 # The table whose doc_ids must be unique, per program that carries one document per row.
 UNIQUE_TABLES = {"raw_documents": "documents", "curated_documents": "documents", "removal_ledger": "ledger"}

@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from curation_dagster.instance import ensure_instance_config
+from stages.catalog import QUARANTINE, STAGES
 from stages.credentials import CredentialInURL
 from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
 from stages.filters import FilterError
 from stages.params import LSH_PRESETS
-from stages.paths import Store
-from stages.registry import QUARANTINE, STAGES, CrawlSpec
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 # Where `make run` trains the sample's quality classifier (under the sample folder), and the
 # threshold its config keeps documents at: P(hq) >= 0.5, the training threshold.
@@ -271,14 +272,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from stages.sample import build_sample
+    from curation_dagster.sample import build_sample
 
     out = Path(args.out)
     folders = build_sample(out, max_docs_per_source=args.max_docs, copies=args.copies)
     config: dict[str, Any] = {"sources": {name: {"url": str(path.resolve()), "text_field": "text", "id_field": "id",
                                  "url_field": "url"} for name, path in folders.items()}}
     # A small benchmark made of lightly edited docstring passages, so the sample run shows decontam.
-    from stages.benchmarks import SAMPLE_BENCHMARK, sample_benchmark
+    from stages.decontam_sets import SAMPLE_BENCHMARK, sample_benchmark
 
     bench = sample_benchmark(folders["docstrings"], out / "benchmarks" / f"{SAMPLE_BENCHMARK}.jsonl")
     config["params"] = {"contaminated_documents": {"benchmarks": [

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from stages.paths import Store
-from stages.registry import CrawlSpec, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 PROGRAM = "contaminated_documents"
 

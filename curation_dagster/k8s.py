@@ -5,7 +5,7 @@ In production each asset partition runs in its own pod, submitted by dagster-k8s
 image runs ``python -m stages PROGRAM --crawl ... --data-root ... [--source ...]`` and reports its
 materialization back over Dagster Pipes (the pod's log stream). Asset code is the same as local.
 
-One function, :func:`pod_spec`, turns ``stages.registry.Resources`` into the pod spec:
+One function, :func:`pod_spec`, turns ``stages.catalog.Resources`` into the pod spec:
 
 - requests ``cpu`` and ``memory`` (memory also as the limit; no CPU limit, so a stage is not
   throttled below what the node has spare); ``gpu > 0`` adds the ``nvidia.com/gpu`` limit, the GPU
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stages.registry import PROGRAMS, Resources, partition_name
+from stages.catalog import PROGRAMS, Resources, partition_name
 
 if TYPE_CHECKING:
     from dagster import AssetExecutionContext, Definitions, MaterializeResult

@@ -15,7 +15,7 @@ import base64
 import io
 from typing import Any
 
-from stages.registry import QUARANTINE, STAGES
+from stages.catalog import QUARANTINE, STAGES
 
 KEPT_COLOR = "#2e7d32"
 QUARANTINE_COLOR = "#9e9e9e"

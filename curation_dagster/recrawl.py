@@ -34,9 +34,10 @@ from dagster import (
 from curation_dagster.config import RecrawlConfig, load_config
 from curation_dagster.partitions import CRAWL, SOURCE, crawl_partitions, source_partitions
 from curation_dagster.resources import CurationResource
+from stages.catalog import waves
 from stages.dataroot import DataRoot
-from stages.paths import UnsafeNameError, check_name
-from stages.registry import CrawlSpec, waves
+from stages.spec import CrawlSpec
+from stages.store import UnsafeNameError, check_name
 
 # The per-source head of the graph (the first wave: per-source programs that need nothing but
 # other per-source programs): one run per source materializes all of them, in dependency order.

@@ -24,9 +24,10 @@ from pydantic import Field
 from stages.credentials import STORAGE_OPTIONS_ENV, storage_options
 from stages.dataroot import DataRoot, UnknownCrawl, data_root_url
 from stages.errors import StageError
+from stages.execute import execute, metadata
 from stages.params import ExecutionParams, workdir_tuning
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute, metadata
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 
 def load_spec(workdir: str | Path, crawl: str) -> CrawlSpec:

@@ -1,7 +1,7 @@
 """Drive one crawl through the asset graph on a real Dagster instance, with a progress display.
 
 Per-source and crawl-level assets have different partitions, so a crawl is materialized as a
-sequence of Dagster runs in dependency order: one per wave (``stages.registry.waves``: the assets
+sequence of Dagster runs in dependency order: one per wave (``stages.catalog.waves``: the assets
 of one level, per source or per crawl, whose inputs are materialized by then; the recrawl sensor's
 first runs are the first wave) and partition. Each run shows in the UI like a run launched there,
 with one step per asset. A partition whose committed output is already up to date (same
@@ -34,7 +34,9 @@ from curation_dagster.checks import CHECKS, blocking_failures, report_stale_depe
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource
-from stages.registry import CrawlSpec, data_version, plan_task, waves
+from stages.catalog import waves
+from stages.plan import data_version, plan_task
+from stages.spec import CrawlSpec
 
 # CRITICAL: a failed step is reported once, as RunFailed's one line, not as Dagster's ERROR
 # log with a stack trace on stderr (the instance's event log still records it for the UI).

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.dataroot import DataRoot
-from stages.paths import Store
-from stages.registry import CrawlSpec
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 # Lower edges of the similarity bands, highest first; the last band holds everything below.
 BANDS = (0.99, 0.97, 0.95, 0.93, 0.90, 0.87, 0.85, 0.80, 0.75, 0.70, -1.0)

@@ -24,9 +24,11 @@ from curation_dagster.checks import (
 )
 from curation_dagster.config import ChecksConfig, load_config
 from curation_dagster.resources import CurationResource, save_spec
+from stages.catalog import PROGRAMS
 from stages.dataroot import CRAWLS_DIR
-from stages.paths import Manifest, Store
-from stages.registry import PROGRAMS, CrawlSpec, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Manifest, Store
 
 KIND = {k.name: k for k in CHECK_KINDS}
 

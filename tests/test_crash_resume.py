@@ -24,9 +24,12 @@ import pytest
 from crash_points import install
 from tiny_corpus import SOURCES, fast_tmp, read, spec
 
+from stages.catalog import PROGRAMS
+from stages.execute import execute_crawl
 from stages.params import ExecutionParams
-from stages.paths import MANIFEST, Manifest, Store
-from stages.registry import PROGRAMS, CrawlSpec, execute_crawl, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import MANIFEST, Manifest, Store
 
 HERE = Path(__file__).resolve().parent
 STAGES = ("heuristic", "exact", "fuzzy")

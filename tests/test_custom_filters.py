@@ -21,10 +21,12 @@ from tiny_corpus import TINY, fast_tmp
 
 from curation_dagster import cli
 from stages import filters
+from stages.execute import execute, execute_crawl
 from stages.filters import FilterError, FilterFailed
 from stages.params import FilteredDocumentsParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute, execute_crawl, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 PLUGIN = Path(__file__).resolve().parent / "data" / "plugin_pkg"
 ENTRY_POINTS = """\
@@ -189,8 +191,10 @@ import json, sys
 from pathlib import Path
 from stages.filters import FilterFailed
 from stages.params import ExecutionParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute_crawl, plan_task
+from stages.store import Store
+from stages.execute import execute_crawl
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
 tmp, web = Path(sys.argv[1]), sys.argv[2]
 out = {}
 for name, flt in (("ok", {"filter": "curate_plugin_filters:MentionsWord", "kwargs": {"word": "zyzzyva"}}),

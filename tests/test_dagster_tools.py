@@ -18,7 +18,7 @@ import yaml
 from curation_dagster.checks import CHECKS
 from curation_dagster.definitions import default_workdir
 from curation_dagster.instance import DAGSTER_YAML, ensure_instance_config, workdir_of
-from stages.registry import PROGRAMS
+from stages.catalog import PROGRAMS
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

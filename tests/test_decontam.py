@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.benchmarks import load_examples
+from curation_dagster.sample import build_sample
+from stages.decontam_sets import load_examples
 from stages.kernels import decontam as D
 from stages.params import Benchmark, ContaminatedDocumentsParams, params_key
-from stages.paths import Store
-from stages.sample import build_sample
+from stages.store import Store
 
 # Benchmark passages (invented, encyclopedic): none occurs in Python's docstrings. Two common
 # phrases ("it is important to note that", "for more information see the") are shared with
@@ -191,7 +191,7 @@ def test_min_matches_and_fingerprint_in_key(tmp_path: Path) -> None:
 def test_program_ledger_and_report(tmp_path: Path) -> None:
     from tiny_corpus import read, run_all
 
-    from stages.registry import CrawlSpec
+    from stages.spec import CrawlSpec
 
     docs = _docstrings(60, tmp_path / "sample")
     rows: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
@@ -236,6 +236,6 @@ def test_program_ledger_and_report(tmp_path: Path) -> None:
 
 
 def read_dir(store: Store, spec: Any) -> str:
-    from stages.registry import plan_task
+    from stages.plan import plan_task
 
     return plan_task(store, spec, "contaminated_documents", None).output_dir

@@ -44,7 +44,7 @@ from curation_dagster.deploy import (
     postgres_bindir,
 )
 from curation_dagster.resources import CurationResource
-from stages.registry import PROGRAMS
+from stages.catalog import PROGRAMS
 
 BUCKET = "curation-deploy"
 KEY_ID = "AKIADEPLOYTEST"

@@ -48,8 +48,9 @@ from curation_dagster import k8s
 from curation_dagster.partitions import CRAWL, SOURCE
 from stages import params as P
 from stages.dataroot import DataRoot
-from stages.paths import Store
-from stages.registry import CrawlSpec, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 # A cold build (base, wheelhouse, two images) takes minutes on 2 cores: above make test's 900 s
 # per test only on a loaded machine, but then it is the build, not a hang.

@@ -16,10 +16,11 @@ import pytest
 import zstandard
 from tiny_corpus import EXPECTED, SOURCES, TINY, config, read, reshard, run_all, spec
 
+from stages.execute import execute, execute_crawl
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import Store, UnsafeNameError
 from stages.programs.raw_documents import NoInputError, list_files
-from stages.registry import CrawlSpec, execute, execute_crawl
+from stages.spec import CrawlSpec
+from stages.store import Store, UnsafeNameError
 
 
 class Ingested:

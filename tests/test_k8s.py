@@ -22,8 +22,7 @@ from packaging.requirements import Requirement
 
 from curation_dagster import cli, k8s
 from curation_dagster.resources import CurationResource
-from stages import registry
-from stages.registry import PROGRAMS, Resources
+from stages.catalog import PROGRAMS, Resources
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_VERSION = "1.32"
@@ -202,10 +201,10 @@ def test_settings_from_environment() -> None:
         k8s.K8sSettings.from_env({"CURATE_K8S_IMAGE_PULL_POLICY": "Sometimes"})
 
 
-def test_registry_resources_render() -> None:
+def test_catalog_resources_render() -> None:
     """Every program as registered today: valid resources, CPU or GPU consistently declared."""
     settings = k8s.K8sSettings()
-    for name, program in registry.PROGRAMS.items():
+    for name, program in PROGRAMS.items():
         res = program.resources
         assert res.cpu > 0 and res.memory_gib > 0 and res.gpu >= 0, name
         assert (res.gpu > 0) <= (res.image == "gpu"), name

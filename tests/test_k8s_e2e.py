@@ -40,9 +40,11 @@ from curation_dagster import k8s
 from curation_dagster.assets import ASSETS
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource, save_spec
+from stages import catalog
 from stages import params as P
-from stages import registry
-from stages.registry import CrawlSpec, Resources
+from stages.catalog import Resources
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
 
 NAMESPACE = "curation"
 CPU_IMAGE = "registry.test/curation/stage-cpu:e2e"
@@ -508,7 +510,7 @@ def test_cpu_and_gpu_partitions_run_as_pods(
 ) -> None:
     workdir, spec = crawl
     # Test-only: no program needs a GPU yet, so exact_duplicates is declared a GPU stage here.
-    monkeypatch.setitem(registry.PROGRAMS, "exact_duplicates", replace(registry.PROGRAMS["exact_duplicates"],
+    monkeypatch.setitem(catalog.PROGRAMS, "exact_duplicates", replace(catalog.PROGRAMS["exact_duplicates"],
                                                                         resources=GPU))
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(CRAWL, ["c1"])
@@ -549,7 +551,7 @@ def test_cpu_and_gpu_partitions_run_as_pods(
     assert recorded("exact_duplicates", "removed") == 2
     assert recorded("exact_duplicates", "removed_per_source") == {"web": 2}
     store = CurationResource(workdir=str(workdir)).store()
-    task = registry.plan_task(store, spec, "exact_duplicates", None)
+    task = plan_task(store, spec, "exact_duplicates", None)
     manifest = store.read_manifest(task.output_dir)
     assert manifest is not None and recorded("exact_duplicates", "data_version") == manifest.data_version
     assert recorded("exact_duplicates", "params_key") == task.key
@@ -602,7 +604,7 @@ def test_a_gpu_pod_that_never_schedules_fails_after_the_pending_bound(
     """No GPU node: the pod stays Pending with no container status, which dagster-k8s alone waits
     out for 24 h. CURATE_K8S_PENDING_TIMEOUT_S bounds it: one line naming the partition and why."""
     workdir, spec = crawl
-    monkeypatch.setitem(registry.PROGRAMS, "exact_duplicates", replace(registry.PROGRAMS["exact_duplicates"],
+    monkeypatch.setitem(catalog.PROGRAMS, "exact_duplicates", replace(catalog.PROGRAMS["exact_duplicates"],
                                                                         resources=GPU))
     fake = FakeCluster({"cpu-node": replace(CPU_NODE)}, {CPU_IMAGE: IMAGE_ENV, GPU_IMAGE: IMAGE_ENV})
     with running(fake, tmp_path, monkeypatch, PENDING_TIMEOUT_S="1.5"):

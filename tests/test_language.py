@@ -1,5 +1,5 @@
 """Language identification (``document_languages``, stage ``language``): the kernel on real
-multilingual pages with the packaged lid.176 model, the program through ``stages.registry`` (counts,
+multilingual pages with the packaged lid.176 model, the program through ``stages.execute`` (counts,
 ledger reasons, the score cache, the heuristics following the language) and ``curate run``."""
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ from language_texts import CODE_ONLY, EN_CODE, PAGES, ZH
 from tiny_corpus import fast_tmp
 
 from curation_dagster import cli
+from stages.catalog import PROGRAMS, STAGES
+from stages.execute import execute
 from stages.kernels import heuristics as H
 from stages.kernels import language as L
 from stages.params import DocumentLanguagesParams, language_model_path
-from stages.paths import Store
+from stages.plan import plan_task
 from stages.programs import document_languages as program
-from stages.registry import PROGRAMS, STAGES, CrawlSpec, execute, plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,14 @@ pytest.importorskip("transformers")
 from tiny_models import hq_text, lq_text, make_hf_classifier, reference_scores, train_fasttext
 
 from stages.backend import cuda_available
+from stages.catalog import PROGRAMS
+from stages.execute import execute
 from stages.kernels import quality as Q
 from stages.params import QualityClassifier, QualityScoresParams, params_key
-from stages.paths import Store
+from stages.plan import plan_task
 from stages.programs.quality_scores import NO_MODEL, load_scorer
-from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from curation_dagster.definitions import build_definitions
 from curation_dagster.partitions import partition_key
 from curation_dagster.recrawl import ROOT_PROGRAMS, discover, spec_for
 from curation_dagster.resources import CurationResource, load_spec, save_spec
+from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot
-from stages.registry import PROGRAMS
 
 
 @pytest.fixture(scope="module")

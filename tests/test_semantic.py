@@ -338,7 +338,7 @@ def test_paraphrases_are_found_and_templated_documents_are_not(planted: np.ndarr
 
 
 def stdlib_docstrings(tmp: Path, n: int) -> list[str]:
-    from stages.sample import build_sample
+    from curation_dagster.sample import build_sample
 
     folder = build_sample(tmp, max_docs_per_source=n)["docstrings"]
     texts: list[str] = []
@@ -391,8 +391,10 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     from curation_dagster import cli
     from curation_dagster.resources import save_spec
     from stages.dataroot import DATA_ROOT_FILE
-    from stages.paths import Store
-    from stages.registry import CrawlSpec, execute, plan_task
+    from stages.execute import execute
+    from stages.plan import plan_task
+    from stages.spec import CrawlSpec
+    from stages.store import Store
 
     wire = {"vaccine": PARAPHRASES["vaccine"][0], "bridge": PARAPHRASES["bridge"][0], "boots": TEMPLATED[0]}
     blog = {"vaccine2": PARAPHRASES["vaccine"][1], "bridge2": PARAPHRASES["bridge"][1],

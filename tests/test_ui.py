@@ -31,7 +31,7 @@ import yaml
 from browser import CHROMIUM, Browser
 
 from curation_dagster.checks import CHECK_KINDS
-from stages.registry import PROGRAMS
+from stages.catalog import PROGRAMS
 
 pytestmark = pytest.mark.slow
 

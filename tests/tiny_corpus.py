@@ -16,9 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from stages.catalog import PROGRAMS
+from stages.execute import execute
 from stages.params import ExecutionParams
-from stages.paths import Store
-from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 TINY = Path(__file__).resolve().parent / "data" / "tiny"
 EXPECTED: dict[str, Any] = json.loads((TINY / "expected.json").read_text())

@@ -2,7 +2,7 @@
 
 Runs after every other remover and before the curated output, so nothing contaminated is
 mixed or upsampled (the "late decontamination" failure mode). The benchmark sets
-(``stages.benchmarks``) become one ``NgramIndex`` of 64-bit n-gram hashes, 12 bytes per
+(``stages.decontam_sets``) become one ``NgramIndex`` of 64-bit n-gram hashes, 12 bytes per
 distinct (n-gram, example): memory grows with the benchmarks, never with the crawl, which is
 streamed in batches.
 
@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from stages.benchmarks import Example, load_examples
+from stages.decontam_sets import Example, load_examples
 from stages.kernels import decontam as D
 from stages.params import ContaminatedDocumentsParams, ExecutionParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 NO_BENCHMARK = "no benchmark configured"
 

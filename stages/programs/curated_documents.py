@@ -7,11 +7,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.catalog import PROGRAMS
 from stages.params import CuratedDocumentsParams, ExecutionParams
-from stages.paths import PartitionWriter
 from stages.programs.raw_documents import DOCUMENTS
-from stages.registry import PROGRAMS, Inputs, Partition
 from stages.removal import applied_programs, removed_ids, survivors
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def removed_per_stage(inputs: Inputs, source: str) -> dict[str, int]:

@@ -35,9 +35,9 @@ from stages import versions
 from stages.backend import resolve
 from stages.cache import RowCache, text_keys
 from stages.params import DocumentEmbeddingsParams, ExecutionParams, embedding_model_path
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import survivors
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 if TYPE_CHECKING:
     import torch

@@ -28,9 +28,9 @@ from stages.cache import RowCache
 from stages.kernels import language as L
 from stages.parallel import map_ordered
 from stages.params import DocumentLanguagesParams, ExecutionParams, language_model_path
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 SCORES = "language_scores"
 LANGUAGES = pa.schema([("doc_id", pa.string()), ("language", pa.string()), ("score", pa.float64()),

@@ -21,8 +21,8 @@ from stages.backend import CPU, connected_components_on, resolve
 from stages.kernels.lsh import BandEdges, distinct_pairs, verify_stream
 from stages.pair_texts import PairTexts
 from stages.params import DuplicateComponentsParams, ExecutionParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 COMPONENTS = pa.schema([
     ("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string()),

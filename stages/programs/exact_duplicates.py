@@ -15,9 +15,9 @@ import numpy as np
 from stages.keep import fixed_ids, pick_survivors
 from stages.kernels.exact import duplicate_groups, text_hashes
 from stages.params import ExactDuplicatesParams, ExecutionParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def run(

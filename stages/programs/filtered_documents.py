@@ -34,10 +34,10 @@ from stages.cache import RowCache
 from stages.kernels import heuristics as H
 from stages.parallel import zip_results
 from stages.params import CustomFilter, ExecutionParams, FilteredDocumentsParams
-from stages.paths import PartitionWriter
 from stages.progress import Progress
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 SCORES = "heuristic_scores"
 
@@ -169,7 +169,7 @@ def _languages(inputs: Inputs, source: str, doc_id: pa.Array) -> np.ndarray:
     """object (n,): the language of each document (None where the language stage did not run)."""
     if "document_languages" not in inputs.dirs:
         return np.full(len(doc_id), None, dtype=object)
-    t = inputs.store.read_table(inputs.dir("document_languages", source), "languages", ["doc_id", "language"])
+    t = inputs.read("document_languages", "languages", source, ["doc_id", "language"])
     pos = pc.index_in(doc_id, value_set=t["doc_id"].combine_chunks())
     return np.asarray(t["language"].combine_chunks().take(pos).to_pylist(), dtype=object)
 

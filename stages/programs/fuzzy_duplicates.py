@@ -19,15 +19,15 @@ import pyarrow.compute as pc
 from stages.keep import fixed_ids, pick_survivors, source_priorities
 from stages.kernels.lsh import sorted_find
 from stages.params import ExecutionParams, FuzzyDuplicatesParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def _verified_jaccard(inputs: Inputs, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """float32 (e,): the stored Jaccard of the verified edge between nodes a[j] and b[j], NaN where
     there is none (or the edges were not verified)."""
-    edges = inputs.store.read_table(inputs.dir("duplicate_components"), "edges")
+    edges = inputs.read("duplicate_components", "edges")
     src, dst = edges["src"].to_numpy(), edges["dst"].to_numpy()
     jac = edges["jaccard"].to_numpy()
     key = (np.maximum(src, dst) << 31) | np.minimum(src, dst)
@@ -46,7 +46,7 @@ def run(
     execution: ExecutionParams,
 ) -> dict[str, Any]:
     """Report: documents in components, removed, removed per source."""
-    comps = inputs.store.read_table(inputs.dir("duplicate_components"), "components")
+    comps = inputs.read("duplicate_components", "components")
     if not params.enabled or comps.num_rows == 0:
         output.write("removed", REMOVED.empty_table())
         return {"enabled": params.enabled, "input": comps.num_rows, "removed": 0, "removed_per_source": {}}

@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 from stages.backend import CPU, Backend, band_edges_on, band_keys_on, fanout, resolve
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, LshBucketsParams, lsh_curve, lsh_threshold
-from stages.paths import PartitionWriter, Store
-from stages.registry import Inputs, Partition
+from stages.store import PartitionWriter, Store
+from stages.task import Inputs, Partition
 
 NODES = pa.schema([("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string())])
 EDGES = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("band", pa.int32())])
@@ -50,7 +50,7 @@ class _BandGroup:
 
     def __call__(self, bands: list[int]) -> list[tuple[np.ndarray, np.ndarray, Any]]:
         """(src int64, dst int64, BucketStats) per band of ``bands``, in that order."""
-        t = self.store._read_files(self.pdir, list(self.parts), ["node", *map(band_column, bands)])
+        t = self.store.read_parts(self.pdir, list(self.parts), ["node", *map(band_column, bands)])
         ids = t.column(0).to_numpy()
         return [band_edges_on(self.backend, t.column(1 + i).to_numpy(), ids) for i in range(len(bands))]
 
@@ -87,7 +87,7 @@ def _canonical_nodes(inputs: Inputs, crawl: str, prior: list[pa.Table]) -> pa.Ta
     anchor of every bucket) never depend on source order, sharding or arrival order."""
     parts = []
     for source in inputs.sources("minhash_signatures"):
-        ids = inputs.store.read_table(inputs.dir("minhash_signatures", source), "signatures", ["doc_id"])["doc_id"]
+        ids = inputs.read("minhash_signatures", "signatures", source, ["doc_id"])["doc_id"]
         n = len(ids)
         parts.append(pa.table({"doc_id": ids, "source": pa.array([source] * n, pa.string()),
                                "crawl": pa.array([crawl] * n, pa.string())}))

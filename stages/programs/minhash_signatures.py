@@ -19,9 +19,9 @@ import pyarrow as pa
 from stages.backend import CPU, Backend, fanout, resolve, signatures_on
 from stages.parallel import kernel_cpus, zip_results
 from stages.params import ExecutionParams, MinhashSignaturesParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import survivors
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def signature_table(doc_id: pa.Array, sigs: np.ndarray) -> pa.Table:

@@ -33,9 +33,9 @@ from stages.backend import resolve
 from stages.cache import RowCache, text_keys
 from stages.kernels import quality as Q
 from stages.params import ExecutionParams, QualityClassifier, QualityScoresParams
-from stages.paths import PartitionWriter, Store
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.store import PartitionWriter, Store
+from stages.task import Inputs, Partition
 
 SCORES = "quality_model_scores"
 SCORER_VERSION = versions.QUALITY_SCORER  # bumped in stages/versions.py when scores change for one model

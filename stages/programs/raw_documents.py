@@ -25,8 +25,8 @@ from stages.ingest.tasks import RangeTask, Task, plan
 from stages.ingest.writer import DOCUMENTS, QUARANTINE, Output
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 __all__ = ["DOCUMENTS", "QUARANTINE", "InputReadError", "NoInputError", "UnsupportedFileError", "fingerprint",
            "list_files", "run"]

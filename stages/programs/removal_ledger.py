@@ -16,12 +16,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages import filters
+from stages.catalog import PROGRAMS, QUARANTINE, STAGES
 from stages.errors import StageError
 from stages.keep import ID_BYTES, fixed_ids
 from stages.params import ExecutionParams, RemovalLedgerParams
-from stages.paths import PartitionWriter
-from stages.registry import PROGRAMS, QUARANTINE, STAGES, Inputs, Partition
 from stages.removal import applied_programs, removed_table
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 LEDGER = pa.schema([
     ("doc_id", pa.string()),
@@ -109,7 +110,7 @@ def _removed(inputs: Inputs, program: str, sources: list[str], columns: list[str
     table is read once and ordered by source, stably)."""
     if PROGRAMS[program].level == "source":
         return pa.concat_tables([removed_table(inputs, program, s, columns).select(columns) for s in sources])
-    t = inputs.store.read_table(inputs.dir(program, None), "removed", columns)
+    t = inputs.read(program, "removed", columns=columns)
     rank = pc.index_in(t["source"], value_set=pa.array(sources, pa.string()))
     t = t.filter(pc.is_valid(rank))
     order = np.argsort(pc.drop_null(rank).to_numpy(zero_copy_only=False), kind="stable")

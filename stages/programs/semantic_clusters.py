@@ -25,9 +25,9 @@ import pyarrow.compute as pc
 
 from stages.backend import resolve
 from stages.params import ExecutionParams, SemanticClustersParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import applied_programs, removed_ids
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def clusters_schema(embedding: pa.DataType) -> pa.Schema:
@@ -48,7 +48,7 @@ def surviving_embeddings(inputs: Inputs) -> tuple[pa.Table, int]:
     tables = []
     dropped = 0
     for source in inputs.sources("document_embeddings"):
-        t = inputs.store.read_table(inputs.dir("document_embeddings", source), "embeddings", ["doc_id", "embedding"])
+        t = inputs.read("document_embeddings", "embeddings", source, ["doc_id", "embedding"])
         gone = removed_before(inputs, source)
         if len(gone) and t.num_rows:
             keep = pc.invert(pc.is_in(t["doc_id"], value_set=gone))

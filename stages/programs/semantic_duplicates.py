@@ -30,10 +30,10 @@ import pyarrow.compute as pc
 
 from stages.backend import resolve
 from stages.params import ExecutionParams, SemanticDuplicatesParams
-from stages.paths import PartitionWriter
 from stages.programs.semantic_clusters import removed_before
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 REASON = "semantic_duplicate"
 NEIGHBORS = pa.schema([

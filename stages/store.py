@@ -178,7 +178,7 @@ class Store:
         manifest = self.read_manifest(pdir)
         if manifest is None:
             raise FileNotFoundError(f"no committed output at {pdir} (its upstream has not run)")
-        return self._read_files(pdir, manifest.tables.get(table, []), columns)
+        return self.read_parts(pdir, manifest.tables.get(table, []), columns)
 
     def iter_batches(
         self, pdir: str, table: str, columns: list[str] | None = None, batch_rows: int = 20_000
@@ -191,7 +191,10 @@ class Store:
             with self.fs.open(f"{pdir}/{name}", "rb") as fh:
                 yield from pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns)
 
-    def _read_files(self, pdir: str, names: list[str], columns: list[str] | None) -> pa.Table:
+    def read_parts(self, pdir: str, names: list[str], columns: list[str] | None = None) -> pa.Table:
+        """The rows of the part files ``names`` of ``pdir``, committed or not: for a writer's own
+        parts (``PartitionWriter.read``, a task reading some of its attempt's parts); committed
+        tables are read by name with ``read_table``."""
         tables = []
         for name in names:
             with self.fs.open(f"{pdir}/{name}", "rb") as fh:
@@ -375,7 +378,7 @@ class PartitionWriter:
 
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
         """Rows this attempt has written to ``table`` so far (for multi-pass programs)."""
-        return self.store._read_files(self.pdir, self.tables.get(table, []), columns)
+        return self.store.read_parts(self.pdir, self.tables.get(table, []), columns)
 
     def iter_batches(self, table: str, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
         """Stream the rows this attempt has written to ``table`` so far, ``batch_rows`` at a time."""
