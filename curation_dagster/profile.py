@@ -11,7 +11,7 @@ partition with no step in that event log (run by ``python -m stages``, or in a d
 event log is elsewhere) has ``overhead_s`` null.
 
 ``documents`` is the partition's input documents as its report counts them (``input``,
-``documents`` or ``nodes``); ``bytes`` the Arrow bytes it read from the data root (its source
+``documents`` or ``nodes``; the ledger's sources' inputs); ``bytes`` the Arrow bytes it read from the data root (its source
 files' bytes for ``raw_documents``, which reads outside the data root).
 """
 
@@ -42,6 +42,9 @@ def _documents(report: dict[str, Any]) -> int:
         value = report.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+    sources = report.get("sources")  # the ledger: every source's input
+    if isinstance(sources, dict):
+        return sum(int(row.get("input", 0)) for row in sources.values() if isinstance(row, dict))
     return 0
 
 

@@ -18,7 +18,7 @@ from curation_dagster.profile import measured_sizing, partition_profile, profile
 from stages import cli as stages_cli
 from stages.dataroot import DataRoot
 from stages.paths import Manifest, Store
-from stages.registry import PROGRAMS, metadata
+from stages.registry import PROGRAMS, Outcome, metadata
 from stages.sizing import Crawl, Setting, plan
 from stages.timing import measure, timed, timed_iter
 
@@ -123,6 +123,14 @@ def test_profile_json_has_every_partition_with_its_overhead(workdir: Path) -> No
             assert row["read_s"] + row["compute_s"] + row["write_s"] == pytest.approx(row["wall_s"], abs=2e-3)
     docs = result["programs"]["raw_documents"]
     assert all(row["documents"] > 0 for row in docs.values())
+    assert result["programs"]["removal_ledger"][CRAWL]["documents"] == sum(r["documents"] for r in docs.values())
+    # A data root alone has no event log: the same figures, the overhead unknown.
+    code, out, err = curate("profile", "--data-root", str(workdir / "data"), "--crawl", CRAWL, "--json")
+    assert code == 0, err
+    alone = json.loads(out)["programs"]
+    assert all(row["overhead_s"] is None for parts in alone.values() for row in parts.values())
+    assert alone["minhash_signatures"] == {p: {**row, "overhead_s": None}
+                                           for p, row in result["programs"]["minhash_signatures"].items()}
 
 
 def test_materializations_carry_the_figures_as_floats(workdir: Path) -> None:
@@ -140,9 +148,7 @@ def test_materializations_carry_the_figures_as_floats(workdir: Path) -> None:
         assert words in out
 
 
-def test_a_cached_step_records_no_figures(tmp_path: Path) -> None:
-    from stages.registry import Outcome
-
+def test_a_cached_step_records_no_figures() -> None:
     m = Manifest("p", "k", "v", "c", None, {}, report={"timing": {"wall_s": 1.0, "read_s": 0.1}})
     assert metadata(Outcome(m, skipped=False, seconds=1.0))["wall_s"] == 1.0
     assert "wall_s" not in metadata(Outcome(m, skipped=True, seconds=0.01))
