@@ -11,8 +11,8 @@ partition with no step in that event log (run by ``python -m stages``, or in a d
 event log is elsewhere) has ``overhead_s`` null.
 
 ``documents`` is the partition's input documents as its report counts them (``input``,
-``documents`` or ``nodes``; the ledger's sources' inputs); ``bytes`` the Arrow bytes it read from the data root (its source
-files' bytes for ``raw_documents``, which reads outside the data root).
+``documents`` or ``nodes``; the ledger's sources' inputs); ``bytes`` the Arrow bytes it read from
+the data root (its source files' bytes for ``raw_documents``, which reads outside the data root).
 """
 
 from __future__ import annotations
