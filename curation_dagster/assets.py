@@ -22,6 +22,7 @@ from dagster import (
 )
 
 from curation_dagster.partitions import by_crawl, partitions_for, split_key
+from curation_dagster.profile import materialization_overhead
 from curation_dagster.resources import CurationResource
 from stages.catalog import PROGRAMS, Program
 from stages.plan import plan_task
@@ -116,8 +117,10 @@ def build_asset(program: Program) -> AssetsDefinition:
         if (result.metadata or {}).get("in_crawl") is False:
             return result
         extra = _lineage(curation, program.name, crawl, source)
+        overhead = materialization_overhead(context, result.metadata or {})  # beside wall_s, for the Plots tab
         # The waterfall first: it is what the materialization's page shows at the top.
-        return result._replace(metadata={**extra, **(result.metadata or {})}) if extra else result
+        meta = {**extra, **(result.metadata or {}), **overhead}
+        return result._replace(metadata=meta) if extra or overhead else result
 
     return _asset
 

@@ -12,6 +12,8 @@
                [--threads N] [fastText options]
     curate sample --out DIR
     curate lsh-curve --bands B --rows R
+    curate profile (--workdir DIR | --data-root URL) --crawl NAME [--json]
+    curate plan --docs N --mean-chars C [--config FILE] [--dup-rate F] [--model NAME=PARAMS[:TOKENS]] [--json]
     curate decontam-report (--workdir DIR | --data-root URL) --crawl NAME [--json]
     curate semantic-audit (--workdir DIR | --data-root URL) --crawl NAME [--out FILE.html|FILE.md] [--per-band N]
     curate ui --workdir DIR [--port 3000]
@@ -38,6 +40,7 @@ from stages.credentials import CredentialInURL
 from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
 from stages.filters import FilterError
 from stages.params import LSH_PRESETS
+from stages.sizing import Assumptions
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -377,6 +380,37 @@ def cmd_lsh_curve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from curation_dagster.profile import print_profile, profile
+
+    instance = None
+    if args.workdir:  # the workdir's Dagster instance has the steps' event log (the overhead)
+        from dagster import DagsterInstance
+
+        instance = DagsterInstance.from_config(str(_workdir_paths(args.workdir)[1]))
+    result = profile(_dataroot(args), args.crawl, instance)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print_profile(result)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from curation_dagster.plan import as_json, parse_model, print_plan, sizing
+
+    assumptions = Assumptions(dup_rate=args.dup_rate, dup_similarity=args.dup_similarity,
+                              tokens_per_char=args.tokens_per_char, gpu_tflops=args.gpu_tflops,
+                              utilisation=args.utilisation)
+    plan = sizing(args.docs, args.mean_chars, _read_config(args.config), assumptions,
+                  tuple(parse_model(m) for m in args.model))
+    if args.json:
+        print(json.dumps(as_json(plan), indent=1))
+    else:
+        print_plan(plan)
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     workdir, home = _workdir_paths(args.workdir)
     env = {**os.environ, "DAGSTER_HOME": str(home), "CURATE_WORKDIR": str(workdir)}
@@ -579,6 +613,33 @@ def parser() -> argparse.ArgumentParser:
     lc.add_argument("--preset", choices=sorted(LSH_PRESETS), help="a named (bands, rows) setting")
     lc.add_argument("--points", type=int, default=21)
     lc.set_defaults(fn=cmd_lsh_curve)
+
+    pf = sub.add_parser("profile", help="per program and partition: documents, bytes, wall time split into read, "
+                                        "compute, write and orchestration overhead")
+    _where(pf)
+    pf.add_argument("--crawl", required=True)
+    pf.add_argument("--json", action="store_true")
+    pf.set_defaults(fn=cmd_profile)
+
+    pl = sub.add_parser("plan", help="size a crawl before reserving hardware: signatures, band keys, candidates, "
+                                     "verification text, embedding FLOPs and GPU-hours, memory per stage pod")
+    pl.add_argument("--docs", type=int, required=True, help="documents reaching fuzzy dedup")
+    pl.add_argument("--mean-chars", type=float, required=True, help="their mean length in characters")
+    pl.add_argument("--config", help="a `curate run --config` file: its MinHash, LSH and embedding parameters")
+    pl.add_argument("--dup-rate", type=float, default=Assumptions.dup_rate,
+                    help="assumed fraction of documents that near-duplicate another (default %(default)s)")
+    pl.add_argument("--dup-similarity", type=float, default=Assumptions.dup_similarity,
+                    help="assumed Jaccard of a near-duplicate to its original (default %(default)s)")
+    pl.add_argument("--tokens-per-char", type=float, default=Assumptions.tokens_per_char,
+                    help="assumed tokens per character (default %(default)s)")
+    pl.add_argument("--gpu-tflops", type=float, default=Assumptions.gpu_tflops,
+                    help="assumed sustained TFLOP/s of one GPU (default %(default)s)")
+    pl.add_argument("--utilisation", type=float, default=Assumptions.utilisation,
+                    help="assumed fraction of it reached (default 1/3)")
+    pl.add_argument("--model", action="append", default=[], metavar="NAME=PARAMS[:TOKENS]",
+                    help="another model to size (a classifier: 140M:512), repeatable")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(fn=cmd_plan)
 
     ui = sub.add_parser("ui", help="open the Dagster UI on the workdir's instance")
     ui.add_argument("--workdir", required=True)

@@ -18,6 +18,7 @@ from stages.progress import Progress
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
 from stages.task import Inputs, Partition
+from stages.timing import clocked, figures, timing_report
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Outcome:
     seconds: float
 
 
+@clocked  # the partition's read/compute/write split (stages.timing), into report["timing"]
 def execute(
     store: Store, spec: CrawlSpec, program: str, source: str | None,
     execution: P.ExecutionParams | None = None, force: bool = False, emit: Callable[[str], None] | None = None,
@@ -51,6 +53,7 @@ def execute(
         )
         report["seconds"] = round(time.perf_counter() - t0, 3)
         report.setdefault("backend", reported_backend(report))  # cpu | gpu | gpu-twin-on-cpu
+        report["timing"] = timing_report()
         manifest = Manifest(
             program=program, params_key=task.key, data_version=version, crawl=spec.crawl,
             source=task.source, params=task.params.canonical(), report=report,
@@ -82,6 +85,8 @@ def metadata(outcome: Outcome) -> dict[str, Any]:
             meta[name] = m.report[name]
     if isinstance(m.report.get("removed"), dict):
         meta["removed_per_stage"] = m.report["removed"]
+    if not outcome.skipped:  # a cached step's figures are its original run's, not this one's
+        meta.update(figures(m.report))
     meta["report"] = m.report
     return meta
 

@@ -229,7 +229,7 @@ def test_disabled_stage_writes_empty_tables_and_loads_nothing(tmp_path: Path) ->
     spec = _spec(sources, ("heuristic",), model="/nonexistent/model.ftz")  # never touched when off
     report = _run(store, spec, upto="document_languages")[("document_languages", "web")].manifest.report
     assert report == {"enabled": False, "input": 16, "kept": 16, "removed": 0, "removed_per_reason": {},
-                      "seconds": report["seconds"], "backend": report["backend"]}
+                      "seconds": report["seconds"], "backend": report["backend"], "timing": report["timing"]}
 
 
 # --------------------------------------------------------------------------- through Dagster

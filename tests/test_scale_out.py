@@ -49,7 +49,7 @@ SECRET = "s3cr3t-curate-never-written-anywhere"
 # Small batches, so every source's raw documents, scores and signatures are several Ray tasks.
 LOCAL = ExecutionParams(workers=2, batch_rows=8)
 RAY = ExecutionParams(workers=2, batch_rows=8, executor="ray")
-TIMING = {"seconds", "kernel_seconds", "kernel_mb_per_s"}
+TIMING = {"seconds", "kernel_seconds", "kernel_mb_per_s", "timing"}
 
 
 def tiny_spec(root: str = str(TINY)) -> CrawlSpec:

@@ -87,6 +87,7 @@ def run(
         "quarantined": quarantined,
         "quarantine_reasons": dict(sorted(out.reasons.items())),
         "files": len(files),
+        "bytes": sum(f.size for f in files),  # of the input files: the throughput `curate profile` shows
         "damaged_files": out.damaged,
         "unread_bytes": sum(d["unread_bytes"] + d["partial_bytes"] for d in out.damaged),
         "ignored_files": len(ignored),
