@@ -25,6 +25,7 @@ from stages import params as P
 from stages.backend import reported as reported_backend
 from stages.paths import Manifest, PartitionWriter, Store, check_name
 from stages.progress import Progress
+from stages.reports import Report, read
 
 Level = Literal["source", "crawl"]
 QUARANTINE = "quarantine"
@@ -318,7 +319,7 @@ class ProgramModule(Protocol):
         output: PartitionWriter,
         partition: Partition,
         execution: P.ExecutionParams,
-    ) -> dict[str, Any]: ...
+    ) -> Report: ...
 
 
 @dataclass(frozen=True)
@@ -423,11 +424,11 @@ def execute(
             task.params, Inputs(store, task.input_dirs, task.prior_dirs), writer,
             Partition(spec.crawl, task.source, spec, progress), execution,
         )
-        report["seconds"] = round(time.perf_counter() - t0, 3)
-        report.setdefault("backend", reported_backend(report))  # cpu | gpu | gpu-twin-on-cpu
+        report = report.model_copy(update={  # backend: cpu | gpu | gpu-twin-on-cpu
+            "seconds": round(time.perf_counter() - t0, 3), "backend": reported_backend(report.dump())})
         manifest = Manifest(
             program=program, params_key=task.key, data_version=version, crawl=spec.crawl,
-            source=task.source, params=task.params.canonical(), report=report,
+            source=task.source, params=task.params.canonical(), report=report.dump(),
         )
         writer.commit(manifest)
     finally:
@@ -448,15 +449,9 @@ def metadata(outcome: Outcome) -> dict[str, Any]:
         "cached": outcome.skipped,
         "seconds": round(outcome.seconds, 3),
     }
-    for name in ("input", "embedded", "kept", "documents", "quarantined", "removed", "enabled", "backend"):
-        if name in m.report and not isinstance(m.report[name], dict):
-            meta[name] = m.report[name]
-    for name in ("removed_per_reason", "removed_per_source", "quarantine_reasons", "fails_per_rule"):
-        if name in m.report:
-            meta[name] = m.report[name]
-    if isinstance(m.report.get("removed"), dict):
-        meta["removed_per_stage"] = m.report["removed"]
-    meta["report"] = m.report
+    report = read(m)
+    meta.update(report.metadata())
+    meta["report"] = report.dump()
     return meta
 
 
