@@ -55,7 +55,6 @@ from stages.reports import (
     RawDocumentsReport,
     RemovalLedgerReport,
     RemovalReport,
-    Report,
     SourceCounts,
     read,
     read_as,
@@ -170,7 +169,7 @@ def evaluate_empty_result(
 def evaluate_giant_groups(
     store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
 ) -> Verdict:
-    report: Report = read(_manifest(store, spec, program, source))
+    report = read(_manifest(store, spec, program, source))
     groups = {kind: sizes for kind, sizes in sorted(report.largest_groups().items()) if sizes}
     if not groups:
         return Verdict(True, f"{program} reports no bucket or cluster sizes (no largest_* in its report)",
