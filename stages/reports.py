@@ -2,15 +2,16 @@
 -> ``ExactDuplicatesReport``), stored as JSON in the partition's manifest.
 
 A program's ``run`` returns its model; the executor adds ``seconds`` and ``backend`` and the
-manifest stores ``dump()``: only the fields the program set, so a
-disabled program's short report stays short and the JSON keeps the names it always had. Readers
-(checks, lineage, the CLI, Dagster metadata, downstream programs) get the model back with
-``read(manifest)`` or, typed for one program, ``read_as(manifest, FuzzyDuplicatesReport)``.
+manifest stores ``dump()``: only the fields the program set, so a disabled program's short report
+stays short and the JSON keeps the names it always had. Readers (checks, lineage, the CLI, Dagster
+metadata, downstream programs) get the model back with ``read(manifest)`` or, typed for one
+program, ``read_as(manifest, FuzzyDuplicatesReport)``.
 
 One meaning per name: ``removed`` is always a number of documents; its breakdowns are
 ``removed_per_reason``, ``removed_per_source`` and ``removed_per_stage``. The last one is what
 ``curated_documents`` and the ledger's source rows stored under ``removed`` before (a dict);
-``SourceCounts`` still reads manifests written that way.
+``SourceCounts`` still reads manifests written that way. (``curate report --json`` keeps its
+documented shape, ``removed`` per stage: it is the CLI's contract, not a manifest.)
 
 Every field has a default: a disabled program reports a few of them, and manifests written by
 earlier versions (or planted by tests) lack newer ones. Unknown keys are kept, untyped
