@@ -26,6 +26,7 @@ from curation_dagster.profile import materialization_overhead
 from curation_dagster.resources import CurationResource
 from stages.catalog import PROGRAMS, Program
 from stages.plan import plan_task
+from stages.reports import CuratedDocumentsReport, RemovalLedgerReport, read_as
 
 OWNERS = ["team:curation"]
 
@@ -80,12 +81,12 @@ def _lineage(curation: CurationResource, program: str, crawl: str, source: str |
     manifest = store.read_manifest(plan_task(store, curation.spec(crawl), program, source).output_dir)
     if manifest is None:
         return {}
-    report = manifest.report
     if program == "curated_documents":
-        return {"kept_fraction": round(report["kept"] / report["input"], 6) if report["input"] else 0.0}
+        cur = read_as(manifest, CuratedDocumentsReport)
+        return {"kept_fraction": round(cur.kept / cur.input, 6) if cur.input else 0.0}
     from curation_dagster.lineage import ledger_metadata
 
-    return ledger_metadata(report)
+    return ledger_metadata(read_as(manifest, RemovalLedgerReport))
 
 
 def build_asset(program: Program) -> AssetsDefinition:

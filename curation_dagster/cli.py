@@ -40,6 +40,7 @@ from stages.credentials import CredentialInURL
 from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
 from stages.filters import FilterError
 from stages.params import LSH_PRESETS
+from stages.reports import RemovalLedgerReport, read_as
 from stages.sizing import Assumptions
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -197,14 +198,14 @@ def _ledger_dir(root: DataRoot, crawl: str) -> tuple[Store, str, CrawlSpec]:
     return store, pdir, spec
 
 
-def load_report(root: DataRoot, crawl: str) -> dict[str, Any]:
+def load_report(root: DataRoot, crawl: str) -> RemovalLedgerReport:
     store, pdir, _ = _ledger_dir(root, crawl)
     manifest = store.read_manifest(pdir)
     assert manifest is not None
-    return manifest.report
+    return read_as(manifest, RemovalLedgerReport)
 
 
-def print_report(report: dict[str, Any]) -> None:
+def print_report(report: RemovalLedgerReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -214,22 +215,22 @@ def print_report(report: dict[str, Any]) -> None:
     # Custom filters (docs/filters.md): their share of the heuristic removals, after its column.
     custom = [f"heuristic:{name}" for name in custom_filters(report)]
     columns = [*stages[: stages.index("heuristic") + 1], *custom, *stages[stages.index("heuristic") + 1:]]
-    table = Table(title=f"crawl {report['crawl']}: what each source lost at each stage")
+    table = Table(title=f"crawl {report.crawl}: what each source lost at each stage")
     for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *[c if c in custom else c.upper() for c in columns], "KEPT",
                 "KEPT %"]:
         label = "↳ " + col.partition(":")[2] if col in custom else col  # part of the HEURISTIC column
         table.add_column(label, justify="left" if col == "SOURCE" else "right", min_width=len(label))
     totals = {"input": 0, "kept": 0, "quarantined": 0, **{c: 0 for c in columns}}
-    for source, row in sorted(report["sources"].items()):
-        removed = [row.get("filters", {}).get(c.partition(":")[2], 0) if c in custom else row["removed"].get(c, 0)
+    for source, row in sorted(report.sources.items()):
+        removed = [row.filters.get(c.partition(":")[2], 0) if c in custom else row.removed_per_stage.get(c, 0)
                    for c in columns]
         for c, n in zip(columns, removed, strict=True):
             totals[c] += n
-        for k in ("input", "kept", "quarantined"):
-            totals[k] += row[k]
-        pct = 100.0 * row["kept"] / row["input"] if row["input"] else 0.0
-        table.add_row(source, str(row["input"]), str(row["quarantined"]), *map(str, removed), str(row["kept"]),
-                      f"{pct:.1f}")
+        totals["input"] += row.input
+        totals["kept"] += row.kept
+        totals["quarantined"] += row.quarantined
+        pct = 100.0 * row.kept / row.input if row.input else 0.0
+        table.add_row(source, str(row.input), str(row.quarantined), *map(str, removed), str(row.kept), f"{pct:.1f}")
     pct = 100.0 * totals["kept"] / totals["input"] if totals["input"] else 0.0
     table.add_row("TOTAL", str(totals["input"]), str(totals["quarantined"]), *[str(totals[c]) for c in columns],
                   str(totals["kept"]), f"{pct:.1f}", style="bold")
@@ -240,10 +241,11 @@ def print_report(report: dict[str, Any]) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     report = load_report(_dataroot(args), args.crawl)
     if args.json:
-        out = {"crawl": report["crawl"], "sources": {
-            s: {"input": r["input"], "kept": r["kept"], "quarantined": r["quarantined"], "removed": r["removed"],
-                **({"filters": r["filters"]} if "filters" in r else {})}
-            for s, r in sorted(report["sources"].items())
+        # The documented shape (README): ``removed`` here is the per-stage dict, as it always was.
+        out = {"crawl": report.crawl, "sources": {
+            s: {"input": r.input, "kept": r.kept, "quarantined": r.quarantined, "removed": r.removed_per_stage,
+                **({"filters": r.filters} if r.filters else {})}
+            for s, r in sorted(report.sources.items())
         }}
         print(json.dumps(out, indent=1))
     else:
@@ -347,7 +349,7 @@ def cmd_decontam_report(args: argparse.Namespace) -> int:
     if report is None:
         raise CliError(f"crawl {args.crawl!r} has no decontam output for its current parameters; run `curate run`")
     if args.json:
-        print(json.dumps(report, indent=1))
+        print(json.dumps(report.dump(), indent=1))
     else:
         print_decontam_report(args.crawl, report)
     return 0

@@ -15,6 +15,7 @@ from stages.backend import reported as reported_backend
 from stages.catalog import PROGRAMS, partition_name
 from stages.plan import data_version, load_program, plan_task
 from stages.progress import Progress
+from stages.reports import read
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
 from stages.task import Inputs, Partition
@@ -51,12 +52,14 @@ def execute(
             task.params, Inputs(store, task.input_dirs, task.prior_dirs), writer,
             Partition(spec.crawl, task.source, spec, progress), execution,
         )
-        report["seconds"] = round(time.perf_counter() - t0, 3)
-        report.setdefault("backend", reported_backend(report))  # cpu | gpu | gpu-twin-on-cpu
-        report["timing"] = timing_report()
+        report = report.model_copy(update={
+            "seconds": round(time.perf_counter() - t0, 3),
+            "backend": report.backend or reported_backend(report.dump()),  # cpu | gpu | gpu-twin-on-cpu
+            "timing": timing_report(),
+        })
         manifest = Manifest(
             program=program, params_key=task.key, data_version=version, crawl=spec.crawl,
-            source=task.source, params=task.params.canonical(), report=report,
+            source=task.source, params=task.params.canonical(), report=report.dump(),
         )
         writer.commit(manifest)
     finally:
@@ -77,17 +80,11 @@ def metadata(outcome: Outcome) -> dict[str, Any]:
         "cached": outcome.skipped,
         "seconds": round(outcome.seconds, 3),
     }
-    for name in ("input", "embedded", "kept", "documents", "quarantined", "removed", "enabled", "backend"):
-        if name in m.report and not isinstance(m.report[name], dict):
-            meta[name] = m.report[name]
-    for name in ("removed_per_reason", "removed_per_source", "quarantine_reasons", "fails_per_rule"):
-        if name in m.report:
-            meta[name] = m.report[name]
-    if isinstance(m.report.get("removed"), dict):
-        meta["removed_per_stage"] = m.report["removed"]
+    report = read(m)
+    meta.update(report.metadata())
     if not outcome.skipped:  # a cached step's figures are its original run's, not this one's
         meta.update(figures(m.report))
-    meta["report"] = m.report
+    meta["report"] = report.dump()
     return meta
 
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from stages import params as P
 from stages.progress import Progress
+from stages.reports import Report
 from stages.spec import CrawlSpec
 from stages.store import Manifest, PartitionWriter, Store
 
@@ -68,7 +69,7 @@ class ProgramModule(Protocol):
         output: PartitionWriter,
         partition: Partition,
         execution: P.ExecutionParams,
-    ) -> dict[str, Any]: ...
+    ) -> Report: ...
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ def test_entry_point_filters_run_in_the_heuristic_stage(tmp_path: Path, web: Pat
     }
     assert _reasons(store, crawl) == EXPECTED_REASONS
     ledger = _report(store, crawl, "removal_ledger")["sources"]["web"]
-    assert ledger["removed"]["heuristic"] == 7 and ledger["kept"] == 10
+    assert ledger["removed_per_stage"]["heuristic"] == 7 and ledger["kept"] == 10
     assert ledger["filters"] == {"mentions_word": 4, "digit_share": 2}
     # The ledger's score is the filter's score: how many times the word occurs, the digit share.
     t = store.read_table(plan_task(store, crawl, "removal_ledger", None).output_dir, "ledger").to_pylist()

@@ -226,7 +226,8 @@ def test_program_ledger_and_report(tmp_path: Path) -> None:
         ("b", "d13", "benchmark:hist", "hist:hist-1", 1.0),
         ("a", "d6", "benchmark:geo", "geo:geo-1", float(n1 - 13)),  # the changed word breaks 13 n-grams
     ]
-    assert report["sources"]["a"]["removed"]["decontam"] == 1 and report["sources"]["b"]["removed"]["decontam"] == 2
+    assert report["sources"]["a"]["removed_per_stage"]["decontam"] == 1
+    assert report["sources"]["b"]["removed_per_stage"]["decontam"] == 2
     assert rep["benchmarks"]["hist"]["removed_per_source"] == {"b": 2}
     assert rep["benchmarks"]["geo"] == {**rep["benchmarks"]["geo"], "removed": 1, "examples": 3,
                                         "examples_found": 1, "removed_per_source": {"a": 1}}

@@ -162,8 +162,8 @@ def test_program_counts_ledger_and_cache(tmp_path: Path, monkeypatch: pytest.Mon
     heur = outcomes[("filtered_documents", "web")].manifest.report
     assert heur["input"] == 4
     curated = outcomes[("curated_documents", "web")].manifest.report
-    assert curated["removed"]["language"] == 12
-    assert curated["input"] == curated["kept"] + curated["quarantined"] + sum(curated["removed"].values())
+    assert curated["removed_per_stage"]["language"] == 12
+    assert curated["input"] == curated["kept"] + curated["quarantined"] + curated["removed"]
     ledger = store.read_table(plan_task(store, spec, "removal_ledger", None).output_dir, "ledger").to_pylist()
     rows = [r for r in ledger if r["stage"] == "language"]
     assert len(rows) == 12

@@ -150,7 +150,7 @@ def test_materializations_carry_the_figures_as_floats(workdir: Path) -> None:
 
 
 def test_a_cached_step_records_no_figures() -> None:
-    m = Manifest("p", "k", "v", "c", None, {}, report={"timing": {"wall_s": 1.0, "read_s": 0.1}})
+    m = Manifest("exact_duplicates", "k", "v", "c", None, {}, report={"timing": {"wall_s": 1.0, "read_s": 0.1}})
     assert metadata(Outcome(m, skipped=False, seconds=1.0))["wall_s"] == 1.0
     assert "wall_s" not in metadata(Outcome(m, skipped=True, seconds=0.01))
 

@@ -240,7 +240,7 @@ def test_cascade_thresholds_cache_and_ledger(tmp_path: Path, models: dict[str, A
     q = ledger.filter(pc.equal(ledger["stage"], "quality"))
     assert q.num_rows == sum(len(_removed(store, spec, s)) for s in sources)
     report = outcomes[("removal_ledger", None)].manifest.report
-    assert sum(r["removed"]["quality"] for r in report["sources"].values()) == q.num_rows
+    assert sum(r["removed_per_stage"]["quality"] for r in report["sources"].values()) == q.num_rows
 
     # A stricter transformer threshold re-keys the output but reuses every cached score.
     edu2 = {**edu, "min_score": cut + 10.0}

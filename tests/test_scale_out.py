@@ -216,7 +216,7 @@ def test_ray_executor_outputs_identical_to_local(
     assert sent["stages.programs.lsh_buckets"] == -(-bands // BANDS_PER_TASK)
     assert_same(outputs(store, spec), want)
     assert ledger_report(store, spec) == ledger_report(ref_store, spec)
-    assert ledger_report(store, spec)["sources"]["news"]["removed"]["fuzzy"] == 1
+    assert ledger_report(store, spec)["sources"]["news"]["removed_per_stage"]["fuzzy"] == 1
 
 
 # --- object storage -------------------------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -11,6 +9,7 @@ from stages.catalog import PROGRAMS
 from stages.params import CuratedDocumentsParams, ExecutionParams
 from stages.programs.raw_documents import DOCUMENTS
 from stages.removal import applied_programs, removed_ids, survivors
+from stages.reports import CuratedDocumentsReport, RawDocumentsReport, read_as
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
 
@@ -36,8 +35,8 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
-    """Report: input, kept, quarantined, removed per stage (input = kept + quarantined + removed)."""
+) -> CuratedDocumentsReport:
+    """Report: input, kept, quarantined, removed and removed per stage (input = kept + quarantined + removed)."""
     assert partition.source is not None
     kept = 0
     for table in survivors(inputs, partition.source, None, execution.batch_rows, progress=partition.progress):
@@ -45,10 +44,7 @@ def run(
         kept += table.num_rows
     if kept == 0:
         output.write("documents", DOCUMENTS.empty_table())
-    raw = inputs.manifest("raw_documents", partition.source).report
-    return {
-        "input": raw["input"],
-        "kept": kept,
-        "quarantined": raw["quarantined"],
-        "removed": removed_per_stage(inputs, partition.source),
-    }
+    raw = read_as(inputs.manifest("raw_documents", partition.source), RawDocumentsReport)
+    per_stage = removed_per_stage(inputs, partition.source)
+    return CuratedDocumentsReport(input=raw.input, kept=kept, quarantined=raw.quarantined,
+                                  removed=sum(per_stage.values()), removed_per_stage=per_stage)

@@ -32,6 +32,7 @@ from stages.backend import resolve
 from stages.params import ExecutionParams, SemanticDuplicatesParams
 from stages.programs.semantic_clusters import removed_before
 from stages.removal import REMOVED, removal_table
+from stages.reports import SemanticDuplicatesReport
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
 
@@ -83,12 +84,12 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> SemanticDuplicatesReport:
     """Report: input, clusters, removed, removed per source, pairs compared, pairs/s, similarity bands."""
     if not params.enabled:
         output.write("removed", REMOVED.empty_table())
         output.write("neighbors", NEIGHBORS.empty_table())
-        return {"enabled": False, "input": 0, "removed": 0, "removed_per_source": {}}
+        return SemanticDuplicatesReport(enabled=False, input=0, removed=0, removed_per_source={})
     import torch
 
     from stages.kernels.semantic import (
@@ -163,18 +164,18 @@ def run(
     bands = Counter(band(float(v)) for v in col["sim"][has])
     n = len(col["doc"])
     removed_rows = int(dup.sum())
-    return {
-        "enabled": True,
-        "input": n,
-        "clusters": n_clusters,
-        "appearances": sum(len(v) for v in parts["doc"]),
-        "removed": removed_rows,
-        "removed_per_source": dict(sorted(removed_per_source.items())),
-        "eps": params.eps,
-        "which_to_keep": params.which_to_keep,
-        "pairs": pairs,
-        "device": device,
-        "pairwise_seconds": round(seconds, 3),
-        "pairs_per_second": round(pairs / seconds) if seconds > 0 else None,
-        "similarity_bands": {b: bands[b] for b in (f">={lo:.2f}" for lo in BANDS) if bands[b]},
-    }
+    return SemanticDuplicatesReport(
+        enabled=True,
+        input=n,
+        clusters=n_clusters,
+        appearances=sum(len(v) for v in parts["doc"]),
+        removed=removed_rows,
+        removed_per_source=dict(sorted(removed_per_source.items())),
+        eps=params.eps,
+        which_to_keep=params.which_to_keep,
+        pairs=pairs,
+        device=device,
+        pairwise_seconds=round(seconds, 3),
+        pairs_per_second=round(pairs / seconds) if seconds > 0 else None,
+        similarity_bands={b: bands[b] for b in (f">={lo:.2f}" for lo in BANDS) if bands[b]},
+    )
