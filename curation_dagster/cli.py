@@ -34,7 +34,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from curation_dagster.instance import ensure_instance_config
+from curation_dagster.crawls import crawl_spec
+from curation_dagster.location import workdir_paths
 from stages.catalog import QUARANTINE, STAGES
 from stages.credentials import CredentialInURL
 from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
@@ -55,11 +56,6 @@ class CliError(Exception):
     """An error reported as one line, with exit code 1."""
 
 
-def _workdir_paths(workdir: str) -> tuple[Path, Path]:
-    root = Path(workdir).resolve()
-    return root, ensure_instance_config(root / "dagster")
-
-
 def _read_config(path: str | None) -> dict[str, Any]:
     if not path:
         return {}
@@ -76,23 +72,22 @@ def _read_config(path: str | None) -> dict[str, Any]:
     return json.loads(text)
 
 
-def build_spec(
+def _spec(
     root: DataRoot, crawl: str, sources: list[str], stages: str | None, config: dict[str, Any],
     against: str | None = None, fields: dict[str, str] | None = None,
 ) -> CrawlSpec:
-    """The crawl spec from the command line and config file (``DataRoot.build_spec`` makes it).
+    """The crawl spec from the command line and config file (``crawls.crawl_spec`` makes it).
     With neither sources nor a config, the registered spec of the crawl is reused as it is
     (``--stages`` and ``--against`` may still change it). ``fields`` (``text_field``,
     ``id_field``, ``url_field``) apply to the ``--source`` sources."""
     saved = root.record(crawl)
-    stage_list = tuple(s.strip() for s in stages.split(",") if s.strip()) if stages else None
+    stage_list = (tuple(s.strip() for s in stages.split(",") if s.strip()) or None) if stages else None
     names = None if against is None else \
         [] if against.strip() in ("", "none") else [a.strip() for a in against.split(",") if a.strip()]
     if saved is not None and not sources and not config:
         old = saved.spec
-        return root.build_spec(crawl, {k: v.model_dump() for k, v in old.sources.items()},
-                               stages=stage_list or old.stages, params=old.params, keep=old.keep.model_dump(),
-                               against=names, allow_damaged_files=old.allow_damaged_files)
+        return crawl_spec(root, crawl, {k: v.model_dump() for k, v in old.sources.items()}, base=old,
+                          stages=stage_list, against=names, allow_damaged_files=old.allow_damaged_files)
     cfg_sources: dict[str, dict[str, Any]] = dict(config.get("sources", {}))
     for item in sources:
         name, sep, url = item.partition("=")
@@ -106,9 +101,9 @@ def build_spec(
     missing = [name for name, s in cfg_sources.items() if "url" not in s]
     if missing:
         raise CliError(f"source(s) {', '.join(missing)} have no url")
-    return root.build_spec(crawl, cfg_sources, stages=stage_list or config.get("stages"),
-                           params=config.get("params"), keep=config.get("keep"), against=names,
-                           allow_damaged_files=config.get("allow_damaged_files"))
+    return crawl_spec(root, crawl, cfg_sources, stages=stage_list or config.get("stages"),
+                      params=config.get("params"), keep=config.get("keep"), against=names,
+                      allow_damaged_files=config.get("allow_damaged_files"))
 
 
 def _spec_from_args(root: DataRoot, args: argparse.Namespace) -> CrawlSpec:
@@ -117,7 +112,7 @@ def _spec_from_args(root: DataRoot, args: argparse.Namespace) -> CrawlSpec:
     fields = {f: getattr(args, f) for f in ("text_field", "id_field", "url_field") if getattr(args, f) is not None}
     if fields and not args.source:
         raise CliError(f"--{next(iter(fields)).replace('_', '-')} applies to the sources given with --source")
-    spec = build_spec(root, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against,
+    spec = _spec(root, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against,
                       fields)
     if getattr(args, "allow_damaged_files", False) and not spec.allow_damaged_files:
         spec = spec.model_copy(update={"allow_damaged_files": True})
@@ -144,17 +139,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from curation_dagster.resources import CurationResource
     from curation_dagster.runner import RunFailed, run_crawl
 
-    workdir, home = _workdir_paths(args.workdir)
+    workdir, home = workdir_paths(args.workdir)
     try:  # a bad curate.yaml fails here in one line, not inside the first Dagster run
         load_config(workdir)
     except (ValueError, OSError, yaml.YAMLError) as exc:  # pydantic's ValidationError is a ValueError
         raise CliError(f"{workdir / 'curate.yaml'}: {' '.join(str(exc).split())}") from exc
-    root = DataRoot.open(args.data_root, workdir)
+    executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
+        else "local"
+    resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
+                                ray_address=args.ray_address, backend=args.backend)
+    root = resource.dataroot()
     spec = _spec_from_args(root, args)
     if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
         (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")
-    executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
-        else "local"
     if args.backend == "gpu":  # stages run in this process: fail now, not at the first GPU program
         from stages.backend import BackendUnavailable, resolve
 
@@ -162,8 +159,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             resolve("gpu")
         except BackendUnavailable as exc:
             raise CliError(str(exc)) from exc
-    resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
-                                ray_address=args.ray_address, backend=args.backend)
     try:
         report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force, resource=resource)
     except RunFailed as exc:  # one line, no traceback: the step's error is in the Dagster event log
@@ -389,7 +384,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.workdir:  # the workdir's Dagster instance has the steps' event log (the overhead)
         from dagster import DagsterInstance
 
-        instance = DagsterInstance.from_config(str(_workdir_paths(args.workdir)[1]))
+        instance = DagsterInstance.from_config(str(workdir_paths(args.workdir)[1]))
     result = profile(_dataroot(args), args.crawl, instance)
     if args.json:
         print(json.dumps(result, indent=1))
@@ -414,7 +409,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    workdir, home = _workdir_paths(args.workdir)
+    workdir, home = workdir_paths(args.workdir)
     env = {**os.environ, "DAGSTER_HOME": str(home), "CURATE_WORKDIR": str(workdir)}
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "curation_dagster.definitions",
            "-h", args.host, "-p", str(args.port)]
@@ -485,13 +480,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s_render(args: argparse.Namespace) -> int:
-    from curation_dagster import k8s
+    from curation_dagster.k8s_spec import write_templates
+    from curation_dagster.launchers.k8s import render
+    from curation_dagster.resources import resource_for
 
     if args.templates:
-        for path in k8s.write_templates(args.templates):
+        for path in write_templates(args.templates):
             print(path)
         return 0
-    print(k8s.render_cli(args.workdir, args.data_root, args.asset, args.crawl, args.source), end="")
+    # The Kubernetes code location's resource (definitions.k8s_definitions), from this environment.
+    given = {"workdir": args.workdir, "data_root": args.data_root}
+    curation = resource_for(os.environ, mode="k8s", **{k: v for k, v in given.items() if v})
+    print(render(curation, args.asset, args.crawl, args.source), end="")
     return 0
 
 
@@ -678,8 +678,8 @@ def parser() -> argparse.ArgumentParser:
     k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True)
     kr = k8s_sub.add_parser("render", help="print the exact pod manifests that would be submitted, as YAML")
     kr.add_argument("--asset", help="one asset (default: every asset)")
-    kr.add_argument("--workdir", default=os.environ.get("CURATE_WORKDIR", "/workdir"))
-    kr.add_argument("--data-root", default=os.environ.get("CURATE_DATA_ROOT"))
+    kr.add_argument("--workdir", help="default: $CURATE_WORKDIR, else /workdir")
+    kr.add_argument("--data-root", metavar="URL", help="default: $CURATE_DATA_ROOT")
     kr.add_argument("--crawl", default="example")
     kr.add_argument("--source", default="example")
     kr.add_argument("--templates", metavar="DIR", help="write the generated k8s/ files (pod templates, RayCluster)")

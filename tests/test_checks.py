@@ -213,10 +213,10 @@ def test_the_recrawled_tiny_crawl_passes_every_check(tmp_path_factory: pytest.Te
 
 
 def test_curate_run_stops_at_a_failed_blocking_check(tmp_path: Path) -> None:
-    from curation_dagster.cli import _workdir_paths
+    from curation_dagster.location import workdir_paths
     from curation_dagster.runner import RunFailed, run_crawl
 
-    workdir, home = _workdir_paths(str(tmp_path / "w"))
+    workdir, home = workdir_paths(str(tmp_path / "w"))
     (workdir / "curate.yaml").write_text(yaml.safe_dump(
         {"checks": {"over_deletion": {"per_stage": {"heuristic": 0.2}, "min_documents": 0}}}))
     assert load_config(workdir).checks.over_deletion.bound("heuristic") == 0.2

@@ -36,8 +36,9 @@ import kubernetes_validate
 import pytest
 from dagster import AssetKey, DagsterInstance, Failure, materialize
 
-from curation_dagster import k8s
+from curation_dagster import k8s_spec
 from curation_dagster.assets import ASSETS
+from curation_dagster.launchers import k8s
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource, save_spec
 from stages import catalog
@@ -480,7 +481,7 @@ def running(fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
             **settings,
         }
         for k, v in settings.items():
-            monkeypatch.setenv(k8s.ENV_PREFIX + k, v)
+            monkeypatch.setenv(k8s_spec.ENV_PREFIX + k, v)
         yield fake
     kubernetes.client.Configuration.set_default(default)
 
@@ -562,7 +563,7 @@ def test_cpu_and_gpu_partitions_run_as_pods(
         assert SECRET_VALUE not in json.dumps(pod)
 
     # What was submitted is exactly what `curate k8s render` prints, up to the per-run values.
-    settings = k8s.K8sSettings.from_env()
+    settings = k8s_spec.K8sSettings.from_env()
     resource = CurationResource(workdir=str(workdir), mode="k8s", workers=1)
     for pod, (program, source) in zip(cluster.posted, [("filtered_documents", "web"), ("exact_duplicates", None)],
                                       strict=True):
