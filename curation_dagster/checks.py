@@ -412,6 +412,27 @@ def blocking_failures(
     return out
 
 
+def record_checks(
+    instance: DagsterInstance, curation: CurationResource, program: str, crawl: str, source: str | None,
+    partition: str,
+) -> list[tuple[str, Verdict]]:
+    """Evaluate every check of one partition and record each on ``instance`` without a run (for a
+    partition ``curate run`` recorded without one); return the blocking ones that fail."""
+    failed = []
+    for kind in CHECK_KINDS:
+        if not kind.applies(PROGRAMS[program]):
+            continue
+        verdict = evaluate(curation, kind, program, crawl, source)
+        instance.report_runless_asset_event(AssetCheckEvaluation(
+            asset_key=AssetKey(program), check_name=kind.name, passed=verdict.passed,
+            severity=_severity(verdict), description=verdict.description, metadata=_metadata(verdict),
+            blocking=kind.blocking, partition=partition,
+        ))
+        if kind.blocking and not verdict.passed and verdict.severity == "ERROR":
+            failed.append((kind.name, verdict))
+    return failed
+
+
 def report_stale_dependents(instance: DagsterInstance, curation: CurationResource, crawl: str) -> list[str]:
     """After ``crawl`` was rerun with new parameters: the later crawls deduplicated against its
     old outputs, whose ``prior_crawls_current`` evaluations (failed) are recorded on ``instance``

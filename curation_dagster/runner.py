@@ -11,7 +11,11 @@ step finds the output up to date and records it without recomputing.
 
 Why waves: a Dagster run costs ~0.4 s of its own (events written to the SQLite instance), which a
 small crawl paid 6 x sources + 8 times with one run per asset partition; with waves it is
-4 x (sources + 1).
+4 x (sources + 1). A wave whose programs all belong to switched-off stages (``--stages``) only
+writes empty outputs: ``curate run`` writes them itself and records their materializations and
+check evaluations on the instance without a run (``AssetMaterialization`` and
+``AssetCheckEvaluation`` events, visible in the UI like any other), so a fuzzy-only crawl of N
+sources makes 3 x N + 2 runs, not 5 x N + 5.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ from dagster import (
 )
 
 from curation_dagster.assets import ASSETS
-from curation_dagster.checks import CHECKS, blocking_failures, report_stale_dependents
+from curation_dagster.checks import CHECKS, blocking_failures, record_checks, report_stale_dependents
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource
 from stages.catalog import waves
+from stages.execute import Outcome, execute, metadata
 from stages.plan import data_version, plan_task
 from stages.reports import RemovalLedgerReport, Report, SourceCounts, read, read_as
 from stages.spec import CrawlSpec
@@ -141,6 +146,14 @@ def run_crawl(
                 progress.advance(bar)
             if not todo:
                 continue
+            if not any(_enabled(spec, program, source) for program in todo):
+                # A wave of switched-off stages only writes empty outputs: recorded without a run.
+                for program in todo:
+                    label = escape(_name(spec, program, source))
+                    outcome = _record_without_run(instance, resource, spec, program, source)
+                    progress.console.print(f"  + {label} {_summary(read(outcome.manifest))} (stage off: no run)")
+                    progress.advance(bar)
+                continue
             t0 = time.perf_counter()
             result = materialize(
                 [*ASSETS, *CHECKS], selection=todo, partition_key=partition_key(spec.crawl, source),
@@ -173,6 +186,31 @@ def run_crawl(
     # Later crawls deduplicated against this crawl's old outputs: their check fails in the UI now.
     report_stale_dependents(instance, resource, spec.crawl)
     return read_as(_manifest(resource, spec, "removal_ledger", None), RemovalLedgerReport)
+
+
+def _enabled(spec: CrawlSpec, program: str, source: str | None) -> bool:
+    """Whether the program's stage is on in this crawl (programs of no stage always are)."""
+    return bool(getattr(spec.program_params(program, source), "enabled", True))
+
+
+def _record_without_run(
+    instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, program: str, source: str | None,
+) -> Outcome:
+    """Write a switched-off program's (empty) output in this process and record its
+    materialization and check evaluations on ``instance`` without a run: it stays one visible,
+    checked partition in the UI, for ~30 ms instead of a run's ~0.4 s."""
+    from dagster import AssetMaterialization
+    from dagster._core.definitions.data_version import DATA_VERSION_TAG
+
+    outcome = execute(resource.store(), spec, program, source, resource.execution())
+    key = str(partition_key(spec.crawl, source))
+    instance.report_runless_asset_event(AssetMaterialization(
+        asset_key=program, partition=key, metadata=metadata(outcome),
+        tags={DATA_VERSION_TAG: outcome.manifest.data_version},
+    ))
+    for check, verdict in record_checks(instance, resource, program, spec.crawl, source, key):
+        raise RunFailed(f"{_name(spec, program, source)}: check {check} failed: {verdict.description}")
+    return outcome
 
 
 def _name(spec: CrawlSpec, program: str, source: str | None) -> str:
