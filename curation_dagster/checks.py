@@ -412,6 +412,29 @@ def blocking_failures(
     return out
 
 
+def report_runless_check(
+    instance: DagsterInstance, program: str, kind: CheckKind, verdict: Verdict, partition: str
+) -> None:
+    """Record one check evaluation of a partition on ``instance`` without a run.
+
+    Dagster 1.13 indexes a partitioned check's runless evaluations by (asset, check, run id "",
+    partition) with a unique constraint, so a second runless evaluation of the same partition is
+    stored in the event log but cannot replace the first in the index (IntegrityError). The first
+    stays the partition's shown evaluation then; callers act on ``verdict`` itself, never on the
+    index, so a blocking failure still stops ``curate run``.
+    """
+    from sqlalchemy.exc import IntegrityError  # a dagster dependency, used by its storages
+
+    try:
+        instance.report_runless_asset_event(AssetCheckEvaluation(
+            asset_key=AssetKey(program), check_name=kind.name, passed=verdict.passed,
+            severity=_severity(verdict), description=verdict.description, metadata=_metadata(verdict),
+            blocking=kind.blocking, partition=partition,
+        ))
+    except IntegrityError:
+        pass
+
+
 def record_checks(
     instance: DagsterInstance, curation: CurationResource, program: str, crawl: str, source: str | None,
     partition: str,
@@ -423,11 +446,7 @@ def record_checks(
         if not kind.applies(PROGRAMS[program]):
             continue
         verdict = evaluate(curation, kind, program, crawl, source)
-        instance.report_runless_asset_event(AssetCheckEvaluation(
-            asset_key=AssetKey(program), check_name=kind.name, passed=verdict.passed,
-            severity=_severity(verdict), description=verdict.description, metadata=_metadata(verdict),
-            blocking=kind.blocking, partition=partition,
-        ))
+        report_runless_check(instance, program, kind, verdict, partition)
         if kind.blocking and not verdict.passed and verdict.severity == "ERROR":
             failed.append((kind.name, verdict))
     return failed
@@ -443,10 +462,5 @@ def report_stale_dependents(instance: DagsterInstance, curation: CurationResourc
         if not instance.has_dynamic_partition(CRAWL, name):  # a crawl this instance never ran
             continue
         for program in (p.name for p in PROGRAMS.values() if kind.applies(p)):
-            verdict = evaluate(curation, kind, program, name, None)
-            instance.report_runless_asset_event(AssetCheckEvaluation(
-                asset_key=AssetKey(program), check_name=kind.name, passed=verdict.passed,
-                severity=_severity(verdict), description=verdict.description, metadata=_metadata(verdict),
-                blocking=kind.blocking, partition=name,
-            ))
+            report_runless_check(instance, program, kind, evaluate(curation, kind, program, name, None), name)
     return later

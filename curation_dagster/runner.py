@@ -146,7 +146,7 @@ def run_crawl(
                 progress.advance(bar)
             if not todo:
                 continue
-            if not any(_enabled(spec, program, source) for program in todo):
+            if switched_off(spec, todo, source):
                 # A wave of switched-off stages only writes empty outputs: recorded without a run.
                 for program in todo:
                     label = escape(_name(spec, program, source))
@@ -188,9 +188,10 @@ def run_crawl(
     return read_as(_manifest(resource, spec, "removal_ledger", None), RemovalLedgerReport)
 
 
-def _enabled(spec: CrawlSpec, program: str, source: str | None) -> bool:
-    """Whether the program's stage is on in this crawl (programs of no stage always are)."""
-    return bool(getattr(spec.program_params(program, source), "enabled", True))
+def switched_off(spec: CrawlSpec, programs: list[str], source: str | None) -> bool:
+    """Whether every one of ``programs`` belongs to a stage this crawl switched off (their
+    partitions are recorded without a run); programs of no stage are always on."""
+    return not any(getattr(spec.program_params(p, source), "enabled", True) for p in programs)
 
 
 def _record_without_run(
