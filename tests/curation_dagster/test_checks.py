@@ -7,10 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import ops_workdir
 import pyarrow as pa
 import pytest
-import tiny_corpus as T
 import yaml
 
 from curation_dagster.checks import (
@@ -27,6 +25,8 @@ from curation_dagster.resources import CurationResource, save_spec
 from stages.dataroot import CRAWLS_DIR
 from stages.paths import Manifest, Store
 from stages.registry import PROGRAMS, CrawlSpec, plan_task
+from tests.support import ops_workdir
+from tests.support import tiny_corpus as T
 
 KIND = {k.name: k for k in CHECK_KINDS}
 
@@ -184,10 +184,9 @@ def test_partitions_outside_the_crawl_and_unmaterialized(tmp_path: Path, spec: C
     assert (v.passed, v.severity, v.metadata) == (False, "WARN", {"materialized": False})
 
 
-def test_the_recrawled_tiny_crawl_passes_every_check(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_recrawled_tiny_crawl_passes_every_check(prepared: ops_workdir.Prepared) -> None:
     import dagster as dg
 
-    prepared = ops_workdir.prepared_workdir(tmp_path_factory)
     curation = CurationResource(workdir=str(prepared.workdir))
     spec = curation.spec(T.CRAWL)
     verdicts = {}

@@ -20,7 +20,7 @@ from curation_dagster.definitions import default_workdir
 from curation_dagster.instance import DAGSTER_YAML, ensure_instance_config, workdir_of
 from stages.registry import PROGRAMS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
@@ -114,7 +114,7 @@ def test_no_private_dagster_imports() -> None:
         # dagster_instance_config / InstanceRef validate the deployment's dagster.yaml, whose
         # PostgreSQL storage cannot be built without a server; Dagster has no public validator
         # (test_the_deployments_instance_config fails if they move)
-        "tests/test_deploy.py",
+        "tests/curation_dagster/test_deploy.py",
     }
     found = sorted(
         f"{path.relative_to(ROOT)}:{n}"

@@ -30,8 +30,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-import tiny_corpus as T
-from moto_s3 import moto_s3
 
 from curation_dagster import cli, k8s
 from curation_dagster.deploy import (
@@ -45,6 +43,7 @@ from curation_dagster.deploy import (
 )
 from curation_dagster.resources import CurationResource
 from stages.registry import PROGRAMS
+from tests.support import tiny_corpus as T
 
 BUCKET = "curation-deploy"
 KEY_ID = "AKIADEPLOYTEST"
@@ -244,12 +243,6 @@ def alive(p: Proc) -> bool:
 
 
 # --- the deployment --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, Any]]:
-    with moto_s3(BUCKET, KEY_ID, SECRET) as (options, _):
-        yield options
 
 
 @pytest.fixture

@@ -39,10 +39,8 @@ from typing import Any
 
 import fsspec
 import fsspec.config
-import image_contents
 import pytest
 from dagster import AssetKey, DagsterInstance
-from test_k8s_e2e import CPU_NODE, LONG, NAMESPACE, SHORT, FakeCluster, _relaxed_filters, _run, running
 
 from curation_dagster import k8s
 from curation_dagster.partitions import CRAWL, SOURCE
@@ -50,12 +48,23 @@ from stages import params as P
 from stages.dataroot import DataRoot
 from stages.paths import Store
 from stages.registry import CrawlSpec, plan_task
+from tests.curation_dagster.test_k8s_e2e import (
+    CPU_NODE,
+    LONG,
+    NAMESPACE,
+    SHORT,
+    FakeCluster,
+    _relaxed_filters,
+    _run,
+    running,
+)
+from tests.support import image_contents
 
 # A cold build (base, wheelhouse, two images) takes minutes on 2 cores: above make test's 900 s
 # per test only on a loaded machine, but then it is the build, not a hang.
 pytestmark = [pytest.mark.images, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 # What `make images` builds, under the names K8sSettings and k8s/values.yaml use by default.
 IMAGES = {"cpu": f"curation-dagster/stage-cpu:{VERSION}", "dagster": f"curation-dagster/code-location:{VERSION}"}

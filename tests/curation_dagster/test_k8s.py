@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import image_contents
 import kubernetes_validate
 import pytest
 import yaml
@@ -24,8 +23,9 @@ from curation_dagster import cli, k8s
 from curation_dagster.resources import CurationResource
 from stages import registry
 from stages.registry import PROGRAMS, Resources
+from tests.support import image_contents
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.32"
 # A Kubernetes quantity (the schema only says "string"): 500m, 2048Mi, 1, 1.5, 8Gi.
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")

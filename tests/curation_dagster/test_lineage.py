@@ -7,11 +7,11 @@ import base64
 import re
 
 import dagster as dg
-import ops_workdir
 import pytest
-import tiny_corpus as T
 
 from curation_dagster.lineage import ledger_metadata, stages_of, waterfall_markdown, waterfall_png, waterfall_rows
+from tests.support import ops_workdir
+from tests.support import tiny_corpus as T
 
 REPORT = {"crawl": "c1", "sources": {
     "news": {"input": 100, "kept": 50, "quarantined": 10, "removed": {"heuristic": 30, "exact": 10, "custom": 0}},
@@ -86,8 +86,7 @@ def test_custom_filters_have_their_columns_beside_heuristic() -> None:
 
 
 @pytest.mark.slow
-def test_materializations_carry_the_counts(tmp_path_factory: pytest.TempPathFactory) -> None:
-    prepared = ops_workdir.prepared_workdir(tmp_path_factory)
+def test_materializations_carry_the_counts(prepared: ops_workdir.Prepared) -> None:
     expected = T.EXPECTED["default"]["counts"]
     with dg.DagsterInstance.from_config(str(prepared.home)) as instance:
         def latest(asset: str, partition: str) -> dict[str, dg.MetadataValue]:

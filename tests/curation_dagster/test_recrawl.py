@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import ops_workdir
 import pytest
-import tiny_corpus as T
 import yaml
 
 from curation_dagster.assets import ASSETS
@@ -25,11 +23,8 @@ from curation_dagster.recrawl import ROOT_PROGRAMS, discover, spec_for
 from curation_dagster.resources import CurationResource, load_spec, save_spec
 from stages.dataroot import DataRoot
 from stages.registry import PROGRAMS
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> ops_workdir.Prepared:
-    return ops_workdir.prepared_workdir(tmp_path_factory)
+from tests.support import ops_workdir
+from tests.support import tiny_corpus as T
 
 
 def test_root_programs_are_the_per_source_head_of_the_graph() -> None:

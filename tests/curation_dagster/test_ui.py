@@ -25,17 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ops_workdir
 import pytest
 import yaml
-from browser import CHROMIUM, Browser
 
 from curation_dagster.checks import CHECK_KINDS
 from stages.registry import PROGRAMS
+from tests.support import ops_workdir
+from tests.support.browser import CHROMIUM, Browser
 
 pytestmark = pytest.mark.slow
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 LOCATION = "curation_dagster.definitions"
 REPOSITORY = "__repository__"
 
@@ -121,8 +121,7 @@ ADD_PARTITION = """mutation($r: RepositorySelector!, $d: String!, $k: String!) {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    prepared = ops_workdir.prepared_workdir(tmp_path_factory)
+def server(prepared: ops_workdir.Prepared, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("ui")
     workdir = root / "workdir"
     shutil.copytree(prepared.workdir, workdir)

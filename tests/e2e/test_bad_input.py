@@ -27,8 +27,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from peak_rss import PEAK
-from tiny_corpus import TINY, fast_tmp
 
 from curation_dagster import cli
 from curation_dagster.resources import load_spec
@@ -36,6 +34,8 @@ from stages.dataroot import CRAWLS_DIR
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import MANIFEST, Store
 from stages.registry import CrawlSpec, execute, plan_task
+from tests.support.peak_rss import PEAK
+from tests.support.tiny_corpus import TINY, fast_tmp
 
 FAKE_KEY_ID = "AKIAFAKEFAKE7Q3ZEXAMPLE"
 FAKE_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzzFAKESECRET"  # planted; must never be written anywhere

@@ -1,7 +1,7 @@
 """Crash and resume: a crawl SIGKILLed at random points, mid-write included, reruns to the output
 of an uninterrupted run; no reader ever sees a partial part; Dagster re-executes from failure.
 
-The crashing runs are subprocesses (``tests/crash_points.py``) that kill themselves at a chosen
+The crashing runs are subprocesses (``tests/support/crash_points.py``) that kill themselves at a chosen
 point of the write protocol (a part opened, half a part on disk, a manifest not yet published, a
 manifest published before cleanup) or that the test kills after a random delay.
 """
@@ -21,12 +21,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from crash_points import install
-from tiny_corpus import SOURCES, fast_tmp, read, spec
 
 from stages.params import ExecutionParams
 from stages.paths import MANIFEST, Manifest, Store
 from stages.registry import PROGRAMS, CrawlSpec, execute_crawl, plan_task
+from tests.support.crash_points import install
+from tests.support.tiny_corpus import SOURCES, fast_tmp, read, spec
 
 HERE = Path(__file__).resolve().parent
 STAGES = ("heuristic", "exact", "fuzzy")
@@ -113,7 +113,7 @@ def crash(data: Path, kill_at: int | None, delay: float | None = None) -> subpro
     """Run the crawl in a subprocess that dies at point ``kill_at`` or is SIGKILLed after
     ``delay`` seconds. Its process-pool workers outlive a SIGKILLed parent (blocked on their
     task queue, as on any machine), so the run gets its own session and the test ends them."""
-    cmd = [sys.executable, str(HERE / "crash_points.py"), str(kill_at or 0), str(data)]
+    cmd = [sys.executable, str(HERE.parent / "support" / "crash_points.py"), str(kill_at or 0), str(data)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         if delay is not None:

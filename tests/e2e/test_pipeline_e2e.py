@@ -21,7 +21,16 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
-from tiny_corpus import (
+
+from curation_dagster import cli
+from curation_dagster.partitions import partition_key
+from curation_dagster.resources import CurationResource, load_spec
+from curation_dagster.runner import plan, run_crawl
+from stages.kernels.exact import normalize
+from stages.kernels.heuristics import RULE_TABLE, score_text
+from stages.paths import MANIFEST, Store
+from stages.registry import PROGRAMS, QUARANTINE, CrawlSpec, waves
+from tests.support.tiny_corpus import (
     CRAWL,
     EXPECTED,
     SOURCES,
@@ -34,15 +43,6 @@ from tiny_corpus import (
     read,
     write_config,
 )
-
-from curation_dagster import cli
-from curation_dagster.partitions import partition_key
-from curation_dagster.resources import CurationResource, load_spec
-from curation_dagster.runner import plan, run_crawl
-from stages.kernels.exact import normalize
-from stages.kernels.heuristics import RULE_TABLE, score_text
-from stages.paths import MANIFEST, Store
-from stages.registry import PROGRAMS, QUARANTINE, CrawlSpec, waves
 
 DEFAULT = EXPECTED["default"]
 RULE_SCORE = {rule.name: rule.score for rule in RULE_TABLE}

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("fasttext")
 
-from tiny_corpus import curate, fast_tmp
-from tiny_models import HQ_WORDS, LQ_WORDS, prose, train_fasttext
+from tests.support.tiny_corpus import curate, fast_tmp
+from tests.support.tiny_models import HQ_WORDS, LQ_WORDS, prose, train_fasttext
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,6 @@ from typing import Any
 import dagster as dg
 import pyarrow.parquet as pq
 import pytest
-from tiny_corpus import TINY, fast_tmp
 
 from curation_dagster import cli
 from stages import filters
@@ -25,8 +24,9 @@ from stages.filters import FilterError, FilterFailed
 from stages.params import FilteredDocumentsParams
 from stages.paths import Store
 from stages.registry import CrawlSpec, execute, execute_crawl, plan_task
+from tests.support.tiny_corpus import TINY, fast_tmp
 
-PLUGIN = Path(__file__).resolve().parent / "data" / "plugin_pkg"
+PLUGIN = Path(__file__).resolve().parents[1] / "data" / "plugin_pkg"
 ENTRY_POINTS = """\
 [curation_dagster.filters]
 mentions_word = curate_plugin_filters:MentionsWord

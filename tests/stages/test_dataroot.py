@@ -13,7 +13,6 @@ import random
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,6 @@ import dagster as dg
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-import tiny_corpus as T
-from moto_s3 import moto_s3
 
 from curation_dagster import cli
 from curation_dagster.assets import ASSETS
@@ -32,6 +29,7 @@ from stages.dataroot import CRAWLS_DIR, DATA_ROOT_FILE, DataRoot, NoDataRoot, Un
 from stages.params import ExecutionParams
 from stages.paths import Store, UnsafeNameError
 from stages.registry import PROGRAMS, STAGES, execute_crawl, plan_task, prior_outputs
+from tests.support import tiny_corpus as T
 
 STOP_WORDS = ["the", "and", "of", "to", "with"]
 WORDS = ("river stone garden window letter market winter summer engine bridge pocket silver "
@@ -96,13 +94,6 @@ def test_second_crawl_on_a_non_default_data_root_is_deduplicated_against_the_fir
 BUCKET = "curation-dataroot"
 KEY_ID = "AKIADATAROOTTEST"
 SECRET = "dataroot-secret-never-written"
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, Any]]:
-    """Storage options of a moto S3 server on 127.0.0.1 (keys in the AWS environment)."""
-    with moto_s3(BUCKET, KEY_ID, SECRET) as (options, _):
-        yield options
 
 
 @pytest.fixture(params=["local", "s3"])

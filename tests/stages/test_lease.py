@@ -15,7 +15,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from moto_s3 import moto_s3
 
 import stages.paths as paths
 from stages import params as P
@@ -23,6 +22,7 @@ from stages import registry
 from stages.dataroot import DataRoot
 from stages.paths import Manifest, PartitionBusy, Store
 from stages.registry import CrawlSpec, execute, plan_task
+from tests.support.moto_s3 import moto_s3
 
 TTL = 2.0  # seconds: a live writer renews every 0.5 s
 

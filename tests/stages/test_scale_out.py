@@ -22,8 +22,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from moto_s3 import moto_s3
-from tiny_corpus import TINY, config, fast_tmp
 
 from curation_dagster import cli
 from curation_dagster.resources import CurationResource
@@ -35,6 +33,8 @@ from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import MANIFEST, Manifest, Store, is_transient, retry
 from stages.programs.lsh_buckets import BANDS_PER_TASK
 from stages.registry import PROGRAMS, CrawlSpec, execute_crawl, plan_task
+from tests.support.moto_s3 import moto_s3
+from tests.support.tiny_corpus import TINY, config, fast_tmp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
-from tiny_corpus import SOURCES, read, spec
 
 from stages import params as P
 from stages import versions
 from stages.params import ExecutionParams, KeepParams, RawDocumentsParams
 from stages.paths import Store
 from stages.registry import PROGRAMS, STAGES, CrawlSpec, execute_crawl, plan_task
+from tests.support.tiny_corpus import SOURCES, read, spec
 
 Part = tuple[str, str | None]
 DERIVED = {"fingerprint"}  # computed from file contents (tests/test_quality.py, test_semantic.py), never set
@@ -35,7 +35,7 @@ def special_values(tmp: Path) -> dict[tuple[str, str], Any]:
     (tmp / "q.bin").write_bytes(b"a stand-in model file")
     (tmp / "bench.jsonl").write_text('{"id": 1, "question": "q"}\n')
     (tmp / "other").mkdir(exist_ok=True)
-    plugin = str(Path(__file__).resolve().parent / "data" / "plugin_pkg")  # tests/test_custom_filters.py's
+    plugin = str(Path(__file__).resolve().parents[1] / "data" / "plugin_pkg")  # tests/test_custom_filters.py's
     if plugin not in sys.path:
         sys.path.append(plugin)
     return {
@@ -184,7 +184,7 @@ def test_a_code_version_bump_rekeys_its_programs_and_everything_downstream(
 def test_kernels_take_their_versions_from_stages_versions() -> None:
     """A version constant written as a number anywhere but stages/versions.py would not key
     anything: bumping it would leave stale outputs looking current."""
-    root = Path(__file__).resolve().parents[1] / "stages"
+    root = Path(__file__).resolve().parents[2] / "stages"
     literal = re.compile(r"^\s*[A-Z_]*VERSION\w*\s*(:\s*int\s*)?=\s*\d", re.MULTILINE)
     offenders = [str(path.relative_to(root)) for path in root.rglob("*.py")
                  if path.name != "versions.py" and literal.search(path.read_text())]

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tiny_corpus import downstream
 
 import stages.paths as paths
 from stages.params import (
@@ -27,6 +26,7 @@ from stages.params import (
 )
 from stages.paths import MANIFEST, Manifest, Store
 from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from tests.support.tiny_corpus import downstream
 
 
 def manifest(**report: Any) -> Manifest:

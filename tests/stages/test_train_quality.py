@@ -16,11 +16,10 @@ import pytest
 
 pytest.importorskip("fasttext")
 
-from tiny_corpus import curate, fast_tmp
-from tiny_models import HQ_WORDS, LQ_WORDS, prose
-
 from stages.dataroot import DataRoot
 from stages.train_quality import heldout_metrics, provenance_path
+from tests.support.tiny_corpus import curate, fast_tmp
+from tests.support.tiny_models import HQ_WORDS, LQ_WORDS, prose
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +165,7 @@ def test_sample_flow_of_make_run(tmp_path: Path) -> None:
     """`make run`'s steps on a small sample: a first pass, `train-quality` docstrings vs package
     descriptions into the model path `curate-quality.json` names, a second pass with it that
     removes documents by reason quality:sample-quality."""
-    make = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    make = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     train_args: list[str] = []
     for line in make[make.index("curate train-quality"):].splitlines():  # the command and its continuations
         train_args += line.rstrip("\\").split()

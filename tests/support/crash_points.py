@@ -62,14 +62,13 @@ def install(kill_at: int | None, log: list[tuple[str, str]]) -> None:
 
 
 if __name__ == "__main__":
-    # python tests/crash_points.py KILL_AT DATA_ROOT: the tiny corpus crawl (heuristic, exact,
+    # python tests/support/crash_points.py KILL_AT DATA_ROOT: the tiny corpus crawl (heuristic, exact,
     # fuzzy), killed at point KILL_AT (0: never; it then prints the number of points).
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from tiny_corpus import spec
-
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # tests.support
     from stages.params import ExecutionParams
     from stages.paths import Store
     from stages.registry import execute_crawl
+    from tests.support.tiny_corpus import spec
 
     kill_at = int(sys.argv[1]) or None
     points: list[tuple[str, str]] = []

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 
 from stages.registry import PROGRAMS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("stages", "curation_dagster")
 IMAGES = ("cpu", "gpu", "dagster")
 

@@ -1,4 +1,5 @@
-"""A workdir whose crawl arrived the way a production recrawl does, built once per test session.
+"""A workdir whose crawl arrived the way a production recrawl does, built once per test session
+(the ``prepared`` fixture of ``tests/conftest.py``).
 
 The tiny corpus is laid out as a crawl snapshot ``<prefix>/tiny/<source>/``; the recrawl sensor
 (evaluated with ``build_sensor_context`` on a real SQLite instance in ``<workdir>/dagster``)
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tiny_corpus as T
 import yaml
+
+from tests.support import tiny_corpus as T
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 STAGES = ["heuristic", "exact"]
@@ -144,12 +146,3 @@ def prepare(root: Path) -> Prepared:
     prepared.seconds = time.perf_counter() - t0
     return prepared
 
-
-_CACHE: dict[str, Prepared] = {}
-
-
-def prepared_workdir(tmp_path_factory: Any) -> Prepared:
-    """The session's one recrawled workdir (built on first use; read-only for tests)."""
-    if "p" not in _CACHE:
-        _CACHE["p"] = prepare(tmp_path_factory.mktemp("recrawled"))
-    return _CACHE["p"]

@@ -20,7 +20,7 @@ from stages.params import ExecutionParams
 from stages.paths import Store
 from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
 
-TINY = Path(__file__).resolve().parent / "data" / "tiny"
+TINY = Path(__file__).resolve().parents[1] / "data" / "tiny"
 EXPECTED: dict[str, Any] = json.loads((TINY / "expected.json").read_text())
 CRAWL: str = EXPECTED["crawl"]
 SOURCES: tuple[str, ...] = tuple(sorted(EXPECTED["sources"]))

@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from tiny_corpus import EXPECTED, SOURCES, TINY, config, read, reshard, run_all, spec
 
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import Store, UnsafeNameError
 from stages.programs.raw_documents import NoInputError, list_files
 from stages.registry import CrawlSpec, execute, execute_crawl
+from tests.support.tiny_corpus import EXPECTED, SOURCES, TINY, config, read, reshard, run_all, spec
 
 
 class Ingested:

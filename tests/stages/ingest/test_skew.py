@@ -15,12 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from peak_rss import PEAK
 
 from stages.ingest.ids import Counts as _Counts
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.paths import Store
 from stages.registry import CrawlSpec, execute, plan_task
+from tests.support.peak_rss import PEAK
 
 INGEST = PEAK + """
 import json, sys, time

@@ -19,8 +19,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from test_heuristics import repetitive_text
-from tiny_corpus import read, run_all, spec
 
 from stages.kernels import datatrove_rules
 from stages.kernels import heuristics as H
@@ -28,8 +26,10 @@ from stages.kernels import heuristics_datatrove as D
 from stages.kernels.spacy_words import _INFIX, _SUFFIX, _SUFFIX_RE, words
 from stages.params import FilteredDocumentsParams, params_key
 from stages.paths import Store
+from tests.stages.kernels.test_heuristics import repetitive_text
+from tests.support.tiny_corpus import read, run_all, spec
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "datatrove_decisions.json"
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "datatrove_decisions.json"
 DT = FilteredDocumentsParams(rules="datatrove")
 
 

