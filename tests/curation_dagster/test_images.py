@@ -6,7 +6,7 @@ wheelhouse. Then, against an S3 server on 127.0.0.1 (moto's, reached with ``--ne
 
 - one stage partition runs inside the stage image the way Kubernetes runs it: a Dagster
   materialization drives the real dagster-k8s path (``PipesK8sClient``) against the Kubernetes-API
-  emulator of tests/test_k8s_e2e.py, whose pod runner here starts the pod's container with podman:
+  emulator of tests/curation_dagster/test_k8s_e2e.py, whose pod runner here starts the pod's container with podman:
   the pod's command, environment and Secret, user 10001, read-only root filesystem, no
   capabilities, no privilege escalation, the ``emptyDir`` volumes as tmpfs; the crawl spec comes
   from the S3 data root, as in a deployment with no shared volume. The committed manifest and
@@ -15,7 +15,7 @@ wheelhouse. Then, against an S3 server on 127.0.0.1 (moto's, reached with ``--ne
 - the code-location image loads the definitions as the chart's gRPC server does (``dagster
   definitions validate -m curation_dagster.k8s -a definitions``) and reads the S3 data root: the
   ``doc_id_unique`` asset check's verdict on that partition, evaluated inside the image;
-- both images import every module tests/image_contents.py says they need, at one Python, and
+- both images import every module tests/support/image_contents.py says they need, at one Python, and
   the stage image at the pinned Ray.
 
 Skipped, with the reason, where podman cannot run (not Linux, not root, podman, runc or

@@ -235,7 +235,7 @@ def test_kubernetes_code_location(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CURATE_WORKDIR", "/workdir")
     monkeypatch.setenv("CURATE_DATA_ROOT", "s3://bucket/curation")
     # What `dagster api grpc -m curation_dagster.k8s -a definitions` (k8s/values.yaml) calls; that
-    # Dagster's loader accepts it is tests/test_dagster_tools.py's (`dagster definitions validate`).
+    # Dagster's loader accepts it is tests/curation_dagster/test_dagster_tools.py's (`dagster definitions validate`).
     defs: Any = k8s.definitions()
     resource = defs.resources["curation"]
     assert resource.mode == "k8s" and resource.data_root == "s3://bucket/curation"

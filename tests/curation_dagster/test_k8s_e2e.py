@@ -241,7 +241,7 @@ class FakeCluster:
 
     def _launch(self, spec: dict[str, Any], c: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Start the container's process: here a local subprocess with the pod's environment
-        (tests/test_images.py runs it in the image instead)."""
+        (tests/curation_dagster/test_images.py runs it in the image instead)."""
         return subprocess.Popen([*c.get("command", []), *c.get("args", [])], env=env, cwd=env.get("HOME", "/"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

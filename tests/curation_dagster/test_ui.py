@@ -126,7 +126,7 @@ def server(prepared: ops_workdir.Prepared, tmp_path_factory: pytest.TempPathFact
     workdir = root / "workdir"
     shutil.copytree(prepared.workdir, workdir)
     # No eager automation here: a re-materialized partition would otherwise set off the whole
-    # downstream graph as background runs (tests/test_recrawl.py covers the automation).
+    # downstream graph as background runs (tests/curation_dagster/test_recrawl.py covers the automation).
     cfg = yaml.safe_load((workdir / "curate.yaml").read_text())
     cfg["automation"] = {"enabled": False}
     (workdir / "curate.yaml").write_text(yaml.safe_dump(cfg))

@@ -24,7 +24,7 @@ from stages.registry import PROGRAMS, STAGES, CrawlSpec, execute_crawl, plan_tas
 from tests.support.tiny_corpus import SOURCES, read, spec
 
 Part = tuple[str, str | None]
-DERIVED = {"fingerprint"}  # computed from file contents (tests/test_quality.py, test_semantic.py), never set
+DERIVED = {"fingerprint"}  # from file contents (tests/stages/programs/test_quality.py, test_semantic.py), never set
 
 
 def special_values(tmp: Path) -> dict[tuple[str, str], Any]:
@@ -35,7 +35,7 @@ def special_values(tmp: Path) -> dict[tuple[str, str], Any]:
     (tmp / "q.bin").write_bytes(b"a stand-in model file")
     (tmp / "bench.jsonl").write_text('{"id": 1, "question": "q"}\n')
     (tmp / "other").mkdir(exist_ok=True)
-    plugin = str(Path(__file__).resolve().parents[1] / "data" / "plugin_pkg")  # tests/test_custom_filters.py's
+    plugin = str(Path(__file__).resolve().parents[1] / "data" / "plugin_pkg")  # tests/stages/test_custom_filters.py's
     if plugin not in sys.path:
         sys.path.append(plugin)
     return {

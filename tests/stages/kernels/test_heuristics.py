@@ -156,8 +156,8 @@ def test_score_documents_shapes_and_dtypes() -> None:
 
 
 def test_rule_table_matches_params_and_scores() -> None:
-    # every field but the switches, the custom filters (tests/test_custom_filters.py) and the datatrove
-    # mode's own rules (tests/test_heuristics_datatrove.py) is a threshold
+    # every field but the switches, the custom filters (tests/stages/test_custom_filters.py) and the datatrove
+    # mode's own rules (tests/stages/kernels/test_heuristics_datatrove.py) is a threshold
     thresholds = [name for name in FilteredDocumentsParams.model_fields
                   if name not in ("enabled", "rules", "filters", *FilteredDocumentsParams.datatrove_only)]
     assert list(RULES) == thresholds  # params order is the reason order
