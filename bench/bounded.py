@@ -25,7 +25,8 @@ SETUP = """
 import sys, time
 from stages.dataroot import DataRoot
 from stages.params import ExecutionParams
-from stages.registry import execute, plan_task
+from stages.execute import execute
+from stages.plan import plan_task
 root = DataRoot.open(sys.argv[1])
 spec = root.spec("big")
 store = root.store
@@ -67,8 +68,9 @@ JOBS = {
 
 def prepare(folder: Path, docs: int) -> None:
     from stages.dataroot import DataRoot
+    from stages.execute import execute_crawl
     from stages.params import ExecutionParams, RawDocumentsParams
-    from stages.registry import CrawlSpec, execute_crawl
+    from stages.spec import CrawlSpec
 
     if (folder / "ready").exists():
         return

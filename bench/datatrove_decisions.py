@@ -25,8 +25,8 @@ from heuristics import DT_MODE_RULE, run_datatrove
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from curation_dagster.sample import build_sample
 from stages.params import FilteredDocumentsParams
-from stages.sample import build_sample
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "datatrove_decisions.json"
 SETTINGS: dict[str, dict[str, float]] = {

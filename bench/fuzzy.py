@@ -5,7 +5,7 @@ with ``--copies`` lightly varied copies of every document (near-duplicates by co
 Each contender runs in its own subprocess so its peak RSS is its own:
 
 - ``ours``: the real stage programs (ingest JSONL -> Parquet, MinHash, LSH band by band, exact
-  Jaccard verification, components, removal list) via ``stages.registry.execute_crawl`` with
+  Jaccard verification, components, removal list) via ``stages.execute.execute_crawl`` with
   only stage ``fuzzy`` enabled; the signature kernel's own MB/s comes from its report.
 - ``ours+dagster``: the same through ``curate run`` on a SQLite Dagster instance.
 - ``rensa``: RMinHash (char-24 shingles, 260 perms) + RMinHashLSH (threshold 0.8, 20 bands).
@@ -140,9 +140,10 @@ def _reap_forkserver() -> None:
 
 
 def run_ours(folder: Path, work: Path) -> dict[str, Any]:
+    from stages.execute import execute_crawl
     from stages.params import ExecutionParams
-    from stages.paths import Store
-    from stages.registry import CrawlSpec, execute_crawl
+    from stages.spec import CrawlSpec
+    from stages.store import Store
 
     sources = {p.name: {"url": str(p), "id_field": "id"} for p in sorted(folder.iterdir())
                if p.is_dir() and p.name not in ("scraps", "benchmarks")}
@@ -225,7 +226,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        from stages.sample import build_sample
+        from curation_dagster.sample import build_sample
 
         build_sample(root / "corpus", max_docs_per_source=args.max_docs, copies=args.copies)
         (root / "corpus" / "curate.json").write_text(json.dumps({"sources": {

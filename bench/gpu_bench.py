@@ -147,9 +147,11 @@ def bench_fuzzy(args: argparse.Namespace, pool: Any, out: dict[str, Any]) -> Non
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from stages.execute import execute
     from stages.params import ExecutionParams
-    from stages.paths import Store
-    from stages.registry import CrawlSpec, execute, plan_task
+    from stages.plan import plan_task
+    from stages.spec import CrawlSpec
+    from stages.store import Store
 
     root = Path(tempfile.mkdtemp(prefix="gpu_bench_"))
     src = root / "corpus"

@@ -9,7 +9,7 @@ Contenders, on the default ``FilteredDocumentsParams`` thresholds:
 - ``ours kernel``: ``stages.kernels.heuristics.score_documents`` on chunks of about
   ``CHUNK_CHARS`` characters (as the program cuts them) + ``decide``, in this process, one core.
 - ``ours program``: the real ``filtered_documents`` stage program through
-  ``stages.registry.execute_crawl`` (stage ``heuristic`` only), timed like bench/fuzzy.py times
+  ``stages.execute.execute_crawl`` (stage ``heuristic`` only), timed like bench/fuzzy.py times
   ours: the seconds of its partitions (read raw Parquet, score on 2 worker processes, write the
   score cache and the decisions); ingestion is timed separately and not counted. Its removed
   count must equal the kernel's.
@@ -88,11 +88,11 @@ from common import SKIPPED_SOURCES, sample_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from curation_dagster.sample import build_sample
 from stages.kernels import heuristics as H
 from stages.kernels import heuristics_datatrove as D
 from stages.params import ExecutionParams, FilteredDocumentsParams
 from stages.programs.filtered_documents import CHUNK_CHARS
-from stages.sample import build_sample
 
 # datatrove's rejection reasons -> our rule names (the same rule where both have it).
 DT_RULE: dict[str, str] = {
@@ -152,8 +152,9 @@ def run_ours_kernel(texts: list[str], params: FilteredDocumentsParams) -> dict[s
 
 
 def run_ours_program(corpus: Path, work: Path, params: FilteredDocumentsParams) -> dict[str, Any]:
-    from stages.paths import Store
-    from stages.registry import CrawlSpec, execute_crawl
+    from stages.execute import execute_crawl
+    from stages.spec import CrawlSpec
+    from stages.store import Store
 
     sources = {p.name: {"url": str(p), "id_field": "id"} for p in sorted(corpus.iterdir())
                if p.is_dir() and p.name not in SKIPPED_SOURCES}

@@ -24,9 +24,9 @@ from common import source_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from curation_dagster.sample import build_sample
 from stages.kernels import decontam as D
 from stages.kernels import quality as Q
-from stages.sample import build_sample
 
 
 def bench_fasttext(texts: list[str], other: list[str], tmp: Path) -> dict[str, Any]:

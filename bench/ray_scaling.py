@@ -35,9 +35,10 @@ STAGES = ("heuristic", "exact", "fuzzy")
 
 def crawl(corpus: Path, data: Path, executor: str, workers: int, batch_rows: int) -> dict[str, Any]:
     """One crawl of ``corpus`` into a fresh ``data`` root: wall seconds, seconds per program."""
+    from stages.execute import execute_crawl
     from stages.params import ExecutionParams
-    from stages.paths import Store
-    from stages.registry import CrawlSpec, execute_crawl
+    from stages.spec import CrawlSpec
+    from stages.store import Store
 
     config = json.loads((corpus / "curate.json").read_text())
     spec = CrawlSpec(crawl="bench", sources=config["sources"], stages=STAGES)
@@ -94,7 +95,7 @@ def run_child(
 
 
 def sample(out: Path, max_docs: int, copies: int) -> Path:
-    from stages.sample import build_sample
+    from curation_dagster.sample import build_sample
 
     folders = build_sample(out, max_docs_per_source=max_docs, copies=copies)
     sources = {name: {"url": str(path), "id_field": "id", "url_field": "url"} for name, path in folders.items()}

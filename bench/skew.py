@@ -43,8 +43,9 @@ def peak_kib():
                 return int(line.split()[1])
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute
+from stages.store import Store
+from stages.execute import execute
+from stages.spec import CrawlSpec
 import stages.programs.raw_documents, stages.programs.filtered_documents
 
 src, data, execution, programs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4].split(",")
@@ -65,7 +66,7 @@ out["peak_kib"] = out["programs"][programs[0]]["peak_kib"]
 out["workers_peak_kib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 if programs == ["raw_documents"]:
     import xxhash
-    from stages.registry import plan_task
+    from stages.plan import plan_task
     h = xxhash.xxh3_128()
     for batch in store.iter_batches(plan_task(store, spec, "raw_documents", "s").output_dir, "documents", ["doc_id"]):
         h.update("".join(batch.column(0).to_pylist()).encode())

@@ -22,8 +22,11 @@ from dagster import (
 )
 
 from curation_dagster.partitions import by_crawl, partitions_for, split_key
+from curation_dagster.profile import materialization_overhead
 from curation_dagster.resources import CurationResource
-from stages.registry import PROGRAMS, Program, plan_task
+from stages.catalog import PROGRAMS, Program
+from stages.plan import plan_task
+from stages.reports import CuratedDocumentsReport, RemovalLedgerReport, read_as
 
 OWNERS = ["team:curation"]
 
@@ -78,12 +81,12 @@ def _lineage(curation: CurationResource, program: str, crawl: str, source: str |
     manifest = store.read_manifest(plan_task(store, curation.spec(crawl), program, source).output_dir)
     if manifest is None:
         return {}
-    report = manifest.report
     if program == "curated_documents":
-        return {"kept_fraction": round(report["kept"] / report["input"], 6) if report["input"] else 0.0}
+        cur = read_as(manifest, CuratedDocumentsReport)
+        return {"kept_fraction": round(cur.kept / cur.input, 6) if cur.input else 0.0}
     from curation_dagster.lineage import ledger_metadata
 
-    return ledger_metadata(report)
+    return ledger_metadata(read_as(manifest, RemovalLedgerReport))
 
 
 def build_asset(program: Program) -> AssetsDefinition:
@@ -115,8 +118,10 @@ def build_asset(program: Program) -> AssetsDefinition:
         if (result.metadata or {}).get("in_crawl") is False:
             return result
         extra = _lineage(curation, program.name, crawl, source)
+        overhead = materialization_overhead(context, result.metadata or {})  # beside wall_s, for the Plots tab
         # The waterfall first: it is what the materialization's page shows at the top.
-        return result._replace(metadata={**extra, **(result.metadata or {})}) if extra else result
+        meta = {**extra, **(result.metadata or {}), **overhead}
+        return result._replace(metadata=meta) if extra or overhead else result
 
     return _asset
 

@@ -4,8 +4,9 @@
   than the bound of the documents of a source that reached it.
 - ``empty_result`` (every dedup remover, ``uses_keep_rule``; WARN): no removal at all in a crawl
   of at least ``min_documents``.
-- ``giant_groups`` (every crawl-level program but the output; WARN): a ``largest_*`` size in the
-  report (LSH buckets, duplicate clusters) above the bound; passes when there is none.
+- ``giant_groups`` (every crawl-level program but the output; WARN): a size among the largest
+  groups the report names (``Report.largest_groups``: LSH buckets, duplicate clusters) above the
+  bound; passes when there is none.
 - ``input_complete`` (raw_documents; ERROR, blocking): a file of the source is damaged (truncated
   or corrupt), so records after the damage were never read; passes with a warning when the crawl
   allows damaged files (``allow_damaged_files``).
@@ -17,7 +18,8 @@
   rerun with new parameters since), so a removed document's kept copy may be gone from both.
 
 The verdicts are plain functions of the store and the crawl spec (``evaluate_*``): they read
-manifests (and, for doc_id uniqueness and the ledger, one or two columns), never a kernel.
+manifests as typed reports (``stages.reports``) and, for doc_id uniqueness and the ledger, one or
+two columns; never a kernel.
 Bounds come from ``<workdir>/curate.yaml`` (``checks:``), read at every evaluation; specs from the
 data root's crawl registry (``stages.dataroot``). A partition
 ``(crawl, source)`` whose source is not part of the crawl passes with ``in_crawl: false``.
@@ -45,9 +47,20 @@ from dagster import (
 from curation_dagster.config import ChecksConfig, load_config
 from curation_dagster.partitions import CRAWL, partitions_for, split_key
 from curation_dagster.resources import CurationResource
+from stages.catalog import PROGRAMS, QUARANTINE, STAGES, Program
 from stages.dataroot import DataRoot
-from stages.paths import Manifest, Store
-from stages.registry import PROGRAMS, QUARANTINE, STAGES, CrawlSpec, Program, plan_task
+from stages.plan import plan_task
+from stages.reports import (
+    CuratedDocumentsReport,
+    RawDocumentsReport,
+    RemovalLedgerReport,
+    RemovalReport,
+    SourceCounts,
+    read,
+    read_as,
+)
+from stages.spec import CrawlSpec
+from stages.store import Manifest, Store
 
 # The table whose doc_ids must be unique, per program that carries one document per row.
 UNIQUE_TABLES = {"raw_documents": "documents", "curated_documents": "documents", "removal_ledger": "ledger"}
@@ -80,20 +93,16 @@ def _manifest(store: Store, spec: CrawlSpec, program: str, source: str | None) -
 def documents_by_source(store: Store, spec: CrawlSpec, sources: list[str] | None = None) -> dict[str, int]:
     """Ingested (not quarantined) documents per source."""
     names = sorted(spec.sources) if sources is None else sources
-    return {s: int(_manifest(store, spec, "raw_documents", s).report["documents"]) for s in names}
+    return {s: read_as(_manifest(store, spec, "raw_documents", s), RawDocumentsReport).documents for s in names}
 
 
 def removed_by_source(store: Store, spec: CrawlSpec, program: str, sources: list[str] | None = None) -> dict[str, int]:
     """Documents each source lost to one removing program, from its manifests."""
     names = sorted(spec.sources) if sources is None else sources
     if PROGRAMS[program].level == "source":
-        out = {}
-        for s in names:
-            removed = _manifest(store, spec, program, s).report.get("removed", 0)
-            out[s] = int(sum(removed.values()) if isinstance(removed, dict) else removed)
-        return out
-    per_source = _manifest(store, spec, program, None).report.get("removed_per_source", {})
-    return {s: int(per_source.get(s, 0)) for s in names}
+        return {s: read_as(_manifest(store, spec, program, s), RemovalReport).removed for s in names}
+    per_source = read_as(_manifest(store, spec, program, None), RemovalReport).removed_per_source
+    return {s: per_source.get(s, 0) for s in names}
 
 
 def entering_by_source(store: Store, spec: CrawlSpec, program: str, sources: list[str] | None = None) -> dict[str, int]:
@@ -146,12 +155,12 @@ def evaluate_empty_result(
     store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
 ) -> Verdict:
     stage = PROGRAMS[program].stage
-    report = _manifest(store, spec, program, source).report
+    report = read(_manifest(store, spec, program, source))
     sources = [source] if source is not None else sorted(spec.sources)
     seen = sum(entering_by_source(store, spec, program, sources).values())
     removed = sum(removed_by_source(store, spec, program, sources).values())
     meta = {"stage": stage, "documents": seen, "removed": removed, "min_documents": cfg.empty_result.min_documents}
-    if report.get("enabled") is False:
+    if not report.enabled:
         return Verdict(True, f"stage {stage} is disabled for this crawl", metadata=meta)
     if removed == 0 and seen >= cfg.empty_result.min_documents:
         return Verdict(False, f"stage {stage} found no duplicate among {seen:,} documents: check its parameters "
@@ -159,35 +168,22 @@ def evaluate_empty_result(
     return Verdict(True, f"stage {stage} removed {removed:,} of {seen:,} documents", metadata=meta)
 
 
-def _sizes(value: Any) -> list[int]:
-    """Group sizes of a ``largest_*`` report entry: ints, or dicts with a ``size``."""
-    if not isinstance(value, list):
-        return []
-    out = []
-    for item in value:
-        if isinstance(item, dict) and isinstance(item.get("size"), int):
-            out.append(item["size"])
-        elif isinstance(item, int) and not isinstance(item, bool):
-            out.append(item)
-    return out
-
-
 def evaluate_giant_groups(
     store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
 ) -> Verdict:
-    report = _manifest(store, spec, program, source).report
-    stats = {k: _sizes(v) for k, v in sorted(report.items()) if k.startswith("largest_")}
-    stats = {k: v for k, v in stats.items() if v}
-    if not stats:
+    report = read(_manifest(store, spec, program, source))
+    groups = {kind: sizes for kind, sizes in sorted(report.largest_groups().items()) if sizes}
+    if not groups:
         return Verdict(True, f"{program} reports no bucket or cluster sizes (no largest_* in its report)",
                        metadata={"stats": "none"})
-    documents = report.get("nodes")
-    if not isinstance(documents, int):
+    documents = report.grouped_documents()
+    if documents is None:
         documents = sum(documents_by_source(store, spec).values())
     bound = cfg.giant_groups.bound(documents)
-    largest = {k: max(v) for k, v in stats.items()}
-    meta: dict[str, Any] = {"documents": documents, "bound": bound, **largest}
-    bad = [f"{k.removeprefix('largest_')} of {n:,}" for k, n in largest.items() if n > bound]
+    largest = {kind: max(sizes) for kind, sizes in groups.items()}
+    meta: dict[str, Any] = {"documents": documents, "bound": bound,
+                            **{f"largest_{kind}": n for kind, n in largest.items()}}
+    bad = [f"{kind} of {n:,}" for kind, n in largest.items() if n > bound]
     if bad:
         return Verdict(False, f"giant group(s) in {program}: {', '.join(bad)} documents (bound {bound:,} of "
                               f"{documents:,}): boilerplate or a false-positive chain", "WARN", meta)
@@ -222,29 +218,22 @@ def evaluate_input_complete(
     store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
 ) -> Verdict:
     """Every byte of the source's files was read: no file is damaged (or the crawl accepts it)."""
-    report = _manifest(store, spec, program, source).report
-    damaged: list[dict[str, Any]] = list(report.get("damaged_files", []))
-    unread = int(report.get("unread_bytes", 0))
-    meta = {"files": report.get("files", 0), "damaged_files": len(damaged), "unread_bytes": unread,
-            "ignored_files": report.get("ignored_files", 0)}
+    report = read_as(_manifest(store, spec, program, source), RawDocumentsReport)
+    damaged = report.damaged_files
+    unread = report.unread_bytes
+    meta = {"files": report.files, "damaged_files": len(damaged), "unread_bytes": unread,
+            "ignored_files": report.ignored_files}
     if not damaged:
-        return Verdict(True, f"every byte of {report.get('files', 0)} file(s) read", metadata=meta)
-    rows = [f"| {d['file']} | {d['size']:,} | {d['unread_bytes']:,} | {d['partial_bytes']:,} | {d['error']} |"
-            for d in damaged]
+        return Verdict(True, f"every byte of {report.files} file(s) read", metadata=meta)
+    rows = [f"| {d.file} | {d.size:,} | {d.unread_bytes:,} | {d.partial_bytes:,} | {d.error} |" for d in damaged]
     table = "\n".join(["| file | bytes | unread bytes | dropped partial record bytes | error |",
                        "|---|---:|---:|---:|---|", *rows])
-    first = damaged[0]
-    what = (f"{len(damaged)} damaged file(s), {unread:,} bytes unread; first: {first['error']}")
+    what = (f"{len(damaged)} damaged file(s), {unread:,} bytes unread; first: {damaged[0].error}")
     if spec.allow_damaged_files:
         return Verdict(True, f"{what} (accepted: allow_damaged_files)", metadata=meta, table=table)
     return Verdict(False, f"{what}; the records after the damage are missing. Replace the file(s), or accept "
                           "them with allow_damaged_files: true in the crawl config (curate run "
                           "--allow-damaged-files)", "ERROR", meta, table)
-
-
-def _adds_up(entry: dict[str, Any]) -> tuple[bool, int]:
-    total = int(entry["kept"]) + int(entry["quarantined"]) + sum(int(v) for v in entry["removed"].values())
-    return total == int(entry["input"]), total
 
 
 def evaluate_ledger_consistency(
@@ -256,14 +245,16 @@ def evaluate_ledger_consistency(
     if program == "curated_documents":
         assert source is not None
         m = _manifest(store, spec, program, source)
-        ok, total = _adds_up(m.report)
+        cur = read_as(m, CuratedDocumentsReport)
+        ok, total = cur.adds_up()
         if not ok:
-            problems.append(f"input {m.report['input']} != kept + quarantined + removed = {total}")
-        if m.rows.get("documents", 0) != m.report["kept"]:
-            problems.append(f"{m.rows.get('documents', 0)} curated rows but kept = {m.report['kept']}")
-        meta = {k: m.report[k] for k in ("input", "kept", "quarantined")} | {"removed": m.report["removed"]}
+            problems.append(f"input {cur.input} != kept + quarantined + removed = {total}")
+        if m.rows.get("documents", 0) != cur.kept:
+            problems.append(f"{m.rows.get('documents', 0)} curated rows but kept = {cur.kept}")
+        meta = cur.model_dump(include=set(SourceCounts.model_fields))
     else:
         m = _manifest(store, spec, program, None)
+        ledger = read_as(m, RemovalLedgerReport)
         pdir = plan_task(store, spec, program, None).output_dir
         t = store.read_table(pdir, "ledger", ["source", "stage"])
         counted: dict[tuple[str, str], int] = {}
@@ -271,20 +262,20 @@ def evaluate_ledger_consistency(
             for row in t.group_by(["source", "stage"]).aggregate([([], "count_all")]).to_pylist():
                 counted[(row["source"], row["stage"])] = row["count_all"]
         for s in sorted(spec.sources):
-            entry = m.report["sources"].get(s)
+            entry = ledger.sources.get(s)
             if entry is None:
                 problems.append(f"source {s} missing from the ledger report")
                 continue
-            ok, total = _adds_up(entry)
+            ok, total = entry.adds_up()
             if not ok:
-                problems.append(f"{s}: input {entry['input']} != kept + quarantined + removed = {total}")
-            for stage, n in [(QUARANTINE, entry["quarantined"]), *entry["removed"].items()]:
+                problems.append(f"{s}: input {entry.input} != kept + quarantined + removed = {total}")
+            for stage, n in [(QUARANTINE, entry.quarantined), *entry.removed_per_stage.items()]:
                 if counted.get((s, stage), 0) != n:
                     problems.append(f"{s}/{stage}: {counted.get((s, stage), 0)} ledger rows, report says {n}")
-            cur = _manifest(store, spec, "curated_documents", s).report
-            if cur["kept"] != entry["kept"]:
-                problems.append(f"{s}: ledger built from a stale curated_documents (kept {entry['kept']} "
-                                f"vs {cur['kept']} now)")
+            now = read_as(_manifest(store, spec, "curated_documents", s), CuratedDocumentsReport)
+            if now.kept != entry.kept:
+                problems.append(f"{s}: ledger built from a stale curated_documents (kept {entry.kept} "
+                                f"vs {now.kept} now)")
         extra = {(s, st) for s, st in counted if s not in spec.sources}
         if extra:
             problems.append(f"ledger rows for sources outside the crawl: {sorted(extra)}")

@@ -12,6 +12,8 @@
                [--threads N] [fastText options]
     curate sample --out DIR
     curate lsh-curve --bands B --rows R
+    curate profile (--workdir DIR | --data-root URL) --crawl NAME [--json]
+    curate plan --docs N --mean-chars C [--config FILE] [--dup-rate F] [--model NAME=PARAMS[:TOKENS]] [--json]
     curate decontam-report (--workdir DIR | --data-root URL) --crawl NAME [--json]
     curate semantic-audit (--workdir DIR | --data-root URL) --crawl NAME [--out FILE.html|FILE.md] [--per-band N]
     curate ui --workdir DIR [--port 3000]
@@ -32,13 +34,17 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from curation_dagster.instance import ensure_instance_config
+from curation_dagster.crawls import crawl_spec
+from curation_dagster.location import workdir_paths
+from stages.catalog import QUARANTINE, STAGES
 from stages.credentials import CredentialInURL
 from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
 from stages.filters import FilterError
 from stages.params import LSH_PRESETS
-from stages.paths import Store
-from stages.registry import QUARANTINE, STAGES, CrawlSpec
+from stages.reports import RemovalLedgerReport, read_as
+from stages.sizing import Assumptions
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 # Where `make run` trains the sample's quality classifier (under the sample folder), and the
 # threshold its config keeps documents at: P(hq) >= 0.5, the training threshold.
@@ -48,11 +54,6 @@ SAMPLE_MIN_SCORE = 0.5
 
 class CliError(Exception):
     """An error reported as one line, with exit code 1."""
-
-
-def _workdir_paths(workdir: str) -> tuple[Path, Path]:
-    root = Path(workdir).resolve()
-    return root, ensure_instance_config(root / "dagster")
 
 
 def _read_config(path: str | None) -> dict[str, Any]:
@@ -71,23 +72,22 @@ def _read_config(path: str | None) -> dict[str, Any]:
     return json.loads(text)
 
 
-def build_spec(
+def _spec(
     root: DataRoot, crawl: str, sources: list[str], stages: str | None, config: dict[str, Any],
     against: str | None = None, fields: dict[str, str] | None = None,
 ) -> CrawlSpec:
-    """The crawl spec from the command line and config file (``DataRoot.build_spec`` makes it).
+    """The crawl spec from the command line and config file (``crawls.crawl_spec`` makes it).
     With neither sources nor a config, the registered spec of the crawl is reused as it is
     (``--stages`` and ``--against`` may still change it). ``fields`` (``text_field``,
     ``id_field``, ``url_field``) apply to the ``--source`` sources."""
     saved = root.record(crawl)
-    stage_list = tuple(s.strip() for s in stages.split(",") if s.strip()) if stages else None
+    stage_list = (tuple(s.strip() for s in stages.split(",") if s.strip()) or None) if stages else None
     names = None if against is None else \
         [] if against.strip() in ("", "none") else [a.strip() for a in against.split(",") if a.strip()]
     if saved is not None and not sources and not config:
         old = saved.spec
-        return root.build_spec(crawl, {k: v.model_dump() for k, v in old.sources.items()},
-                               stages=stage_list or old.stages, params=old.params, keep=old.keep.model_dump(),
-                               against=names, allow_damaged_files=old.allow_damaged_files)
+        return crawl_spec(root, crawl, {k: v.model_dump() for k, v in old.sources.items()}, base=old,
+                          stages=stage_list, against=names, allow_damaged_files=old.allow_damaged_files)
     cfg_sources: dict[str, dict[str, Any]] = dict(config.get("sources", {}))
     for item in sources:
         name, sep, url = item.partition("=")
@@ -101,9 +101,9 @@ def build_spec(
     missing = [name for name, s in cfg_sources.items() if "url" not in s]
     if missing:
         raise CliError(f"source(s) {', '.join(missing)} have no url")
-    return root.build_spec(crawl, cfg_sources, stages=stage_list or config.get("stages"),
-                           params=config.get("params"), keep=config.get("keep"), against=names,
-                           allow_damaged_files=config.get("allow_damaged_files"))
+    return crawl_spec(root, crawl, cfg_sources, stages=stage_list or config.get("stages"),
+                      params=config.get("params"), keep=config.get("keep"), against=names,
+                      allow_damaged_files=config.get("allow_damaged_files"))
 
 
 def _spec_from_args(root: DataRoot, args: argparse.Namespace) -> CrawlSpec:
@@ -112,7 +112,7 @@ def _spec_from_args(root: DataRoot, args: argparse.Namespace) -> CrawlSpec:
     fields = {f: getattr(args, f) for f in ("text_field", "id_field", "url_field") if getattr(args, f) is not None}
     if fields and not args.source:
         raise CliError(f"--{next(iter(fields)).replace('_', '-')} applies to the sources given with --source")
-    spec = build_spec(root, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against,
+    spec = _spec(root, args.crawl, args.source or [], args.stages, _read_config(args.config), args.against,
                       fields)
     if getattr(args, "allow_damaged_files", False) and not spec.allow_damaged_files:
         spec = spec.model_copy(update={"allow_damaged_files": True})
@@ -139,17 +139,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from curation_dagster.resources import CurationResource
     from curation_dagster.runner import RunFailed, run_crawl
 
-    workdir, home = _workdir_paths(args.workdir)
+    workdir, home = workdir_paths(args.workdir)
     try:  # a bad curate.yaml fails here in one line, not inside the first Dagster run
         load_config(workdir)
     except (ValueError, OSError, yaml.YAMLError) as exc:  # pydantic's ValidationError is a ValueError
         raise CliError(f"{workdir / 'curate.yaml'}: {' '.join(str(exc).split())}") from exc
-    root = DataRoot.open(args.data_root, workdir)
+    executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
+        else "local"
+    resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
+                                ray_address=args.ray_address, backend=args.backend)
+    root = resource.dataroot()
     spec = _spec_from_args(root, args)
     if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
         (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")
-    executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
-        else "local"
     if args.backend == "gpu":  # stages run in this process: fail now, not at the first GPU program
         from stages.backend import BackendUnavailable, resolve
 
@@ -157,8 +159,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             resolve("gpu")
         except BackendUnavailable as exc:
             raise CliError(str(exc)) from exc
-    resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
-                                ray_address=args.ray_address, backend=args.backend)
     try:
         report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force, resource=resource)
     except RunFailed as exc:  # one line, no traceback: the step's error is in the Dagster event log
@@ -193,14 +193,14 @@ def _ledger_dir(root: DataRoot, crawl: str) -> tuple[Store, str, CrawlSpec]:
     return store, pdir, spec
 
 
-def load_report(root: DataRoot, crawl: str) -> dict[str, Any]:
+def load_report(root: DataRoot, crawl: str) -> RemovalLedgerReport:
     store, pdir, _ = _ledger_dir(root, crawl)
     manifest = store.read_manifest(pdir)
     assert manifest is not None
-    return manifest.report
+    return read_as(manifest, RemovalLedgerReport)
 
 
-def print_report(report: dict[str, Any]) -> None:
+def print_report(report: RemovalLedgerReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -210,22 +210,22 @@ def print_report(report: dict[str, Any]) -> None:
     # Custom filters (docs/filters.md): their share of the heuristic removals, after its column.
     custom = [f"heuristic:{name}" for name in custom_filters(report)]
     columns = [*stages[: stages.index("heuristic") + 1], *custom, *stages[stages.index("heuristic") + 1:]]
-    table = Table(title=f"crawl {report['crawl']}: what each source lost at each stage")
+    table = Table(title=f"crawl {report.crawl}: what each source lost at each stage")
     for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *[c if c in custom else c.upper() for c in columns], "KEPT",
                 "KEPT %"]:
         label = "↳ " + col.partition(":")[2] if col in custom else col  # part of the HEURISTIC column
         table.add_column(label, justify="left" if col == "SOURCE" else "right", min_width=len(label))
     totals = {"input": 0, "kept": 0, "quarantined": 0, **{c: 0 for c in columns}}
-    for source, row in sorted(report["sources"].items()):
-        removed = [row.get("filters", {}).get(c.partition(":")[2], 0) if c in custom else row["removed"].get(c, 0)
+    for source, row in sorted(report.sources.items()):
+        removed = [row.filters.get(c.partition(":")[2], 0) if c in custom else row.removed_per_stage.get(c, 0)
                    for c in columns]
         for c, n in zip(columns, removed, strict=True):
             totals[c] += n
-        for k in ("input", "kept", "quarantined"):
-            totals[k] += row[k]
-        pct = 100.0 * row["kept"] / row["input"] if row["input"] else 0.0
-        table.add_row(source, str(row["input"]), str(row["quarantined"]), *map(str, removed), str(row["kept"]),
-                      f"{pct:.1f}")
+        totals["input"] += row.input
+        totals["kept"] += row.kept
+        totals["quarantined"] += row.quarantined
+        pct = 100.0 * row.kept / row.input if row.input else 0.0
+        table.add_row(source, str(row.input), str(row.quarantined), *map(str, removed), str(row.kept), f"{pct:.1f}")
     pct = 100.0 * totals["kept"] / totals["input"] if totals["input"] else 0.0
     table.add_row("TOTAL", str(totals["input"]), str(totals["quarantined"]), *[str(totals[c]) for c in columns],
                   str(totals["kept"]), f"{pct:.1f}", style="bold")
@@ -236,10 +236,11 @@ def print_report(report: dict[str, Any]) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     report = load_report(_dataroot(args), args.crawl)
     if args.json:
-        out = {"crawl": report["crawl"], "sources": {
-            s: {"input": r["input"], "kept": r["kept"], "quarantined": r["quarantined"], "removed": r["removed"],
-                **({"filters": r["filters"]} if "filters" in r else {})}
-            for s, r in sorted(report["sources"].items())
+        # The documented shape (README): ``removed`` here is the per-stage dict, as it always was.
+        out = {"crawl": report.crawl, "sources": {
+            s: {"input": r.input, "kept": r.kept, "quarantined": r.quarantined, "removed": r.removed_per_stage,
+                **({"filters": r.filters} if r.filters else {})}
+            for s, r in sorted(report.sources.items())
         }}
         print(json.dumps(out, indent=1))
     else:
@@ -271,14 +272,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from stages.sample import build_sample
+    from curation_dagster.sample import build_sample
 
     out = Path(args.out)
     folders = build_sample(out, max_docs_per_source=args.max_docs, copies=args.copies)
     config: dict[str, Any] = {"sources": {name: {"url": str(path.resolve()), "text_field": "text", "id_field": "id",
                                  "url_field": "url"} for name, path in folders.items()}}
     # A small benchmark made of lightly edited docstring passages, so the sample run shows decontam.
-    from stages.benchmarks import SAMPLE_BENCHMARK, sample_benchmark
+    from stages.decontam_sets import SAMPLE_BENCHMARK, sample_benchmark
 
     bench = sample_benchmark(folders["docstrings"], out / "benchmarks" / f"{SAMPLE_BENCHMARK}.jsonl")
     config["params"] = {"contaminated_documents": {"benchmarks": [
@@ -343,7 +344,7 @@ def cmd_decontam_report(args: argparse.Namespace) -> int:
     if report is None:
         raise CliError(f"crawl {args.crawl!r} has no decontam output for its current parameters; run `curate run`")
     if args.json:
-        print(json.dumps(report, indent=1))
+        print(json.dumps(report.dump(), indent=1))
     else:
         print_decontam_report(args.crawl, report)
     return 0
@@ -376,8 +377,39 @@ def cmd_lsh_curve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from curation_dagster.profile import print_profile, profile
+
+    instance = None
+    if args.workdir:  # the workdir's Dagster instance has the steps' event log (the overhead)
+        from dagster import DagsterInstance
+
+        instance = DagsterInstance.from_config(str(workdir_paths(args.workdir)[1]))
+    result = profile(_dataroot(args), args.crawl, instance)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print_profile(result)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from curation_dagster.plan import as_json, parse_model, print_plan, sizing
+
+    assumptions = Assumptions(dup_rate=args.dup_rate, dup_similarity=args.dup_similarity,
+                              tokens_per_char=args.tokens_per_char, gpu_tflops=args.gpu_tflops,
+                              utilisation=args.utilisation)
+    plan = sizing(args.docs, args.mean_chars, _read_config(args.config), assumptions,
+                  tuple(parse_model(m) for m in args.model))
+    if args.json:
+        print(json.dumps(as_json(plan), indent=1))
+    else:
+        print_plan(plan)
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
-    workdir, home = _workdir_paths(args.workdir)
+    workdir, home = workdir_paths(args.workdir)
     env = {**os.environ, "DAGSTER_HOME": str(home), "CURATE_WORKDIR": str(workdir)}
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "curation_dagster.definitions",
            "-h", args.host, "-p", str(args.port)]
@@ -448,13 +480,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s_render(args: argparse.Namespace) -> int:
-    from curation_dagster import k8s
+    from curation_dagster.k8s_spec import write_templates
+    from curation_dagster.launchers.k8s import render
+    from curation_dagster.resources import resource_for
 
     if args.templates:
-        for path in k8s.write_templates(args.templates):
+        for path in write_templates(args.templates):
             print(path)
         return 0
-    print(k8s.render_cli(args.workdir, args.data_root, args.asset, args.crawl, args.source), end="")
+    # The Kubernetes code location's resource (definitions.k8s_definitions), from this environment.
+    given = {"workdir": args.workdir, "data_root": args.data_root}
+    curation = resource_for(os.environ, mode="k8s", **{k: v for k, v in given.items() if v})
+    print(render(curation, args.asset, args.crawl, args.source), end="")
     return 0
 
 
@@ -579,6 +616,33 @@ def parser() -> argparse.ArgumentParser:
     lc.add_argument("--points", type=int, default=21)
     lc.set_defaults(fn=cmd_lsh_curve)
 
+    pf = sub.add_parser("profile", help="per program and partition: documents, bytes, wall time split into read, "
+                                        "compute, write and orchestration overhead")
+    _where(pf)
+    pf.add_argument("--crawl", required=True)
+    pf.add_argument("--json", action="store_true")
+    pf.set_defaults(fn=cmd_profile)
+
+    pl = sub.add_parser("plan", help="size a crawl before reserving hardware: signatures, band keys, candidates, "
+                                     "verification text, embedding FLOPs and GPU-hours, memory per stage pod")
+    pl.add_argument("--docs", type=int, required=True, help="documents reaching fuzzy dedup")
+    pl.add_argument("--mean-chars", type=float, required=True, help="their mean length in characters")
+    pl.add_argument("--config", help="a `curate run --config` file: its MinHash, LSH and embedding parameters")
+    pl.add_argument("--dup-rate", type=float, default=Assumptions.dup_rate,
+                    help="assumed fraction of documents that near-duplicate another (default %(default)s)")
+    pl.add_argument("--dup-similarity", type=float, default=Assumptions.dup_similarity,
+                    help="assumed Jaccard of a near-duplicate to its original (default %(default)s)")
+    pl.add_argument("--tokens-per-char", type=float, default=Assumptions.tokens_per_char,
+                    help="assumed tokens per character (default %(default)s)")
+    pl.add_argument("--gpu-tflops", type=float, default=Assumptions.gpu_tflops,
+                    help="assumed sustained TFLOP/s of one GPU (default %(default)s)")
+    pl.add_argument("--utilisation", type=float, default=Assumptions.utilisation,
+                    help="assumed fraction of it reached (default 1/3)")
+    pl.add_argument("--model", action="append", default=[], metavar="NAME=PARAMS[:TOKENS]",
+                    help="another model to size (a classifier: 140M:512), repeatable")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(fn=cmd_plan)
+
     ui = sub.add_parser("ui", help="open the Dagster UI on the workdir's instance")
     ui.add_argument("--workdir", required=True)
     ui.add_argument("--host", default="127.0.0.1")
@@ -614,8 +678,8 @@ def parser() -> argparse.ArgumentParser:
     k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True)
     kr = k8s_sub.add_parser("render", help="print the exact pod manifests that would be submitted, as YAML")
     kr.add_argument("--asset", help="one asset (default: every asset)")
-    kr.add_argument("--workdir", default=os.environ.get("CURATE_WORKDIR", "/workdir"))
-    kr.add_argument("--data-root", default=os.environ.get("CURATE_DATA_ROOT"))
+    kr.add_argument("--workdir", help="default: $CURATE_WORKDIR, else /workdir")
+    kr.add_argument("--data-root", metavar="URL", help="default: $CURATE_DATA_ROOT")
     kr.add_argument("--crawl", default="example")
     kr.add_argument("--source", default="example")
     kr.add_argument("--templates", metavar="DIR", help="write the generated k8s/ files (pod templates, RayCluster)")

@@ -2,40 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from stages.paths import Store
-from stages.registry import CrawlSpec, plan_task
+from stages.plan import plan_task
+from stages.reports import ContaminatedDocumentsReport, read_as
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 PROGRAM = "contaminated_documents"
 
 
-def decontam_report(store: Store, spec: CrawlSpec) -> dict[str, Any] | None:
+def decontam_report(store: Store, spec: CrawlSpec) -> ContaminatedDocumentsReport | None:
     """The committed report of ``contaminated_documents`` for the crawl's current parameters,
     or None when it has not been materialized."""
     manifest = store.read_manifest(plan_task(store, spec, PROGRAM, None).output_dir)
-    return None if manifest is None else manifest.report
+    return None if manifest is None else read_as(manifest, ContaminatedDocumentsReport)
 
 
-def print_decontam_report(crawl: str, report: dict[str, Any]) -> None:
+def print_decontam_report(crawl: str, report: ContaminatedDocumentsReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    if not report.get("enabled", False):
+    if not report.enabled:
         console.print(f"crawl {crawl}: stage decontam was not run (disabled)")
         return
-    if "note" in report:
-        console.print(f"crawl {crawl}: {report['note']}; {report['input']} documents checked, none removed")
+    if report.note is not None:
+        console.print(f"crawl {crawl}: {report.note}; {report.input} documents checked, none removed")
         return
-    benchmarks: dict[str, Any] = report["benchmarks"]
-    sources = sorted({s for b in benchmarks.values() for s in b["removed_per_source"]})
+    sources = sorted({s for b in report.benchmarks.values() for s in b.removed_per_source})
     table = Table(title=f"crawl {crawl}: documents removed for benchmark overlap "
-                        f"({report['ngram']}-grams, min_matches={report['min_matches']}, "
-                        f"{report['input']} documents checked)")
+                        f"({report.ngram}-grams, min_matches={report.min_matches}, "
+                        f"{report.input} documents checked)")
     for col in ["BENCHMARK", "EXAMPLES", "EXAMPLES FOUND", "ANY MATCH", "REMOVED", *sources]:
         table.add_column(col, justify="left" if col == "BENCHMARK" else "right")
-    for name, b in benchmarks.items():
-        table.add_row(name, str(b["examples"]), str(b["examples_found"]), str(b["docs_with_any_match"]),
-                      str(b["removed"]), *[str(b["removed_per_source"].get(s, 0)) for s in sources])
+    for name, b in report.benchmarks.items():
+        table.add_row(name, str(b.examples), str(b.examples_found), str(b.docs_with_any_match),
+                      str(b.removed), *[str(b.removed_per_source.get(s, 0)) for s in sources])
     console.print(table)

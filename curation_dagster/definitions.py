@@ -1,6 +1,8 @@
-"""The Dagster code location: ``curate ui --workdir DIR``, or in the repository root plain
-``dagster dev`` / ``dg dev`` / ``dg check defs`` (``[tool.dagster]`` and ``[tool.dg]`` in
-pyproject.toml name this module).
+"""The Dagster code locations. ``defs``: the local one, ``curate ui --workdir DIR``, or in the
+repository root plain ``dagster dev`` / ``dg dev`` / ``dg check defs`` (``[tool.dagster]`` and
+``[tool.dg]`` in pyproject.toml name this module). :func:`k8s_definitions`: the one on Kubernetes
+(k8s/values.yaml). ``curation_dagster.deploy.definitions``: ``curate deploy``'s. They differ only
+in their ``curation`` resource, built by ``resources.resource_for`` from the environment.
 
 The workdir: ``CURATE_WORKDIR`` (``curate ui`` and ``curate run`` set it); else, when
 ``DAGSTER_HOME`` is a workdir's instance (``<workdir>/dagster``, written by curate), that workdir;
@@ -26,18 +28,14 @@ from dagster import (
 from curation_dagster.assets import ASSETS
 from curation_dagster.checks import CHECKS
 from curation_dagster.config import load_config
-from curation_dagster.instance import workdir_of
+from curation_dagster.location import workdir_from
 from curation_dagster.recrawl import build_recrawl_schedule, build_recrawl_sensor
-from curation_dagster.resources import CurationResource
+from curation_dagster.resources import resource_for
 
 
 def default_workdir() -> str:
     """``CURATE_WORKDIR``, else the workdir whose instance ``DAGSTER_HOME`` is, else ``workdir``."""
-    if os.environ.get("CURATE_WORKDIR"):
-        return os.environ["CURATE_WORKDIR"]
-    home = os.environ.get("DAGSTER_HOME")
-    found = workdir_of(home) if home else None
-    return str(found) if found is not None else "workdir"
+    return workdir_from(os.environ)
 
 
 def _hint_instance() -> None:
@@ -51,9 +49,10 @@ def _hint_instance() -> None:
 def build_definitions(workdir: str | None = None, run_executor: ExecutorDefinition | None = None,
                       **resource_config: object) -> Definitions:
     """The code location; ``run_executor`` runs a run's steps (default: Dagster's, a process per step).
-    ``resource_config``: fields of the ``curation`` resource."""
-    workdir = os.path.abspath(workdir or default_workdir())
-    cfg = load_config(workdir)
+    ``resource_config``: fields of the ``curation`` resource, over those of the environment
+    (``resource_for``); ``workdir``: default ``default_workdir()``."""
+    curation = resource_for(os.environ, **({"workdir": workdir} if workdir else {}), **resource_config)
+    cfg = load_config(curation.workdir)
     automation = AutomationConditionSensorDefinition(
         "curation_automation",
         target=AssetSelection.all(),
@@ -67,9 +66,16 @@ def build_definitions(workdir: str | None = None, run_executor: ExecutorDefiniti
         asset_checks=CHECKS,
         schedules=[build_recrawl_schedule(cfg.recrawl)],
         sensors=[build_recrawl_sensor(cfg.recrawl), automation],
-        resources={"curation": CurationResource(workdir=workdir, **resource_config)},  # type: ignore[arg-type]
+        resources={"curation": curation},
         executor=run_executor,
     )
+
+
+def k8s_definitions() -> Definitions:
+    """The code location on Kubernetes (``dagster api grpc -m curation_dagster.definitions -a
+    k8s_definitions``, k8s/values.yaml): the same assets, every partition in its own pod
+    (``launchers.k8s``); outputs under ``CURATE_DATA_ROOT``, the workdir ``/workdir`` by default."""
+    return build_definitions(mode="k8s")
 
 
 _hint_instance()

@@ -104,8 +104,8 @@ def definitions() -> Definitions:
 
     from curation_dagster.definitions import build_definitions
 
-    return build_definitions(os.environ.get("CURATE_WORKDIR", "workdir"), run_executor=in_process_executor,
-                             mode="pipes", data_root=os.environ.get("CURATE_DATA_ROOT") or None)
+    # The workdir and data root from CURATE_WORKDIR and CURATE_DATA_ROOT (resources.resource_for).
+    return build_definitions(run_executor=in_process_executor, mode="pipes")
 
 
 # --- PostgreSQL ------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from stages.paths import Store
-from stages.registry import CrawlSpec, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 SNIPPET = 300
 

@@ -15,30 +15,31 @@ import base64
 import io
 from typing import Any
 
-from stages.registry import QUARANTINE, STAGES
+from stages.catalog import QUARANTINE, STAGES
+from stages.reports import LedgerSource, RemovalLedgerReport, SourceCounts
 
 KEPT_COLOR = "#2e7d32"
 QUARANTINE_COLOR = "#9e9e9e"
 STAGE_COLORS = ("#e65100", "#1565c0", "#6a1b9a", "#c62828", "#00838f", "#ad1457", "#f9a825", "#4e342e")
 
 
-def stages_of(report: dict[str, Any]) -> list[str]:
+def stages_of(report: RemovalLedgerReport) -> list[str]:
     """Removal stages of a ledger report in pipeline order (unknown ones last, sorted)."""
-    seen = {st for row in report["sources"].values() for st in row["removed"]}
+    seen = {st for row in report.sources.values() for st in row.removed_per_stage}
     return [s for s in STAGES if s in seen] + sorted(seen - set(STAGES))
 
 
-def custom_filters(report: dict[str, Any]) -> list[str]:
+def custom_filters(report: RemovalLedgerReport) -> list[str]:
     """Names of the custom filters in a ledger report (``filters`` of a source: its heuristic
     removals by each custom filter, docs/filters.md), sorted."""
-    return sorted({name for row in report["sources"].values() for name in row.get("filters", {})})
+    return sorted({name for row in report.sources.values() for name in row.filters})
 
 
-def steps(row: dict[str, Any], stages: list[str]) -> list[tuple[str, int, int]]:
+def steps(row: SourceCounts, stages: list[str]) -> list[tuple[str, int, int]]:
     """(step, removed, entering) along one source's waterfall: quarantine, then each stage."""
     out = []
-    remaining = int(row["input"])
-    for name, n in [(QUARANTINE, int(row["quarantined"])), *[(s, int(row["removed"].get(s, 0))) for s in stages]]:
+    remaining = row.input
+    for name, n in [(QUARANTINE, row.quarantined), *[(s, row.removed_per_stage.get(s, 0)) for s in stages]]:
         out.append((name, n, remaining))
         remaining -= n
     return out
@@ -50,32 +51,32 @@ def _cell(removed: int, entering: int) -> str:
     return f"−{removed:,} ({100 * removed / entering:.1f}%)" if entering else f"−{removed:,}"
 
 
-def totals(report: dict[str, Any]) -> dict[str, Any]:
-    stages = stages_of(report)
-    tot: dict[str, Any] = {"input": 0, "kept": 0, "quarantined": 0, "removed": dict.fromkeys(stages, 0)}
-    for row in report["sources"].values():
-        for k in ("input", "kept", "quarantined"):
-            tot[k] += int(row[k])
-        for s in stages:
-            tot["removed"][s] += int(row["removed"].get(s, 0))
-    return tot
+def totals(report: RemovalLedgerReport) -> LedgerSource:
+    """The sum over sources: every stage of any source (0 where none removed) and custom filter."""
+    rows = report.sources.values()
+    per_stage = {s: sum(r.removed_per_stage.get(s, 0) for r in rows) for s in stages_of(report)}
+    return LedgerSource(
+        input=sum(r.input for r in rows), kept=sum(r.kept for r in rows),
+        quarantined=sum(r.quarantined for r in rows), removed=sum(per_stage.values()), removed_per_stage=per_stage,
+        filters={n: sum(r.filters.get(n, 0) for r in rows) for n in custom_filters(report)},
+    )
 
 
-def waterfall_markdown(report: dict[str, Any]) -> str:
+def waterfall_markdown(report: RemovalLedgerReport) -> str:
     """Markdown table: one row per source and a total; a step's cell is ``−removed (share of the
     documents that reached that step)``."""
     stages = stages_of(report)
     head = ["source", "input", QUARANTINE, *stages, "kept", "kept %"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    rows = sorted(report["sources"].items())
+    rows = sorted(report.sources.items())
     for name, row in [*rows, ("**total**", totals(report))]:
         cells = [_cell(n, entering) for _, n, entering in steps(row, stages)]
-        pct = f"{100 * row['kept'] / row['input']:.1f}" if row["input"] else "–"
-        lines.append(f"| {name} | {row['input']:,} | " + " | ".join(cells) + f" | {row['kept']:,} | {pct} |")
+        pct = f"{100 * row.kept / row.input:.1f}" if row.input else "–"
+        lines.append(f"| {name} | {row.input:,} | " + " | ".join(cells) + f" | {row.kept:,} | {pct} |")
     return "\n".join(lines)
 
 
-def _step_columns(report: dict[str, Any]) -> list[str]:
+def _step_columns(report: RemovalLedgerReport) -> list[str]:
     """The stages in pipeline order, each custom filter's ``heuristic:NAME`` right after heuristic."""
     out = []
     for stage in stages_of(report):
@@ -85,7 +86,7 @@ def _step_columns(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def waterfall_columns(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+def waterfall_columns(report: RemovalLedgerReport) -> list[tuple[str, str, str]]:
     """(name, type, description) of the ``waterfall_rows`` columns; types are TableColumn's."""
     return [
         ("source", "string", "source name, or 'total' for the sum over sources"),
@@ -98,32 +99,29 @@ def waterfall_columns(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
 
 
-def waterfall_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+def waterfall_rows(report: RemovalLedgerReport) -> list[dict[str, Any]]:
     """One row per source (sorted) and a ``total`` row: input, quarantine, removed per stage, the
     custom filters' share of the heuristic removals (``heuristic:NAME``), kept; per row
     ``input == quarantine + sum(stages) + kept``."""
-    names = custom_filters(report)
-    total = {**totals(report), "filters": {n: sum(int(r.get("filters", {}).get(n, 0))
-                                               for r in report["sources"].values()) for n in names}}
     out = []
-    for name, row in [*sorted(report["sources"].items()), ("total", total)]:
+    for name, row in [*sorted(report.sources.items()), ("total", totals(report))]:
         out.append({
-            "source": name, "input": int(row["input"]), QUARANTINE: int(row["quarantined"]),
-            **{s: int(row.get("filters", {}).get(s.partition(":")[2], 0)) if ":" in s else int(row["removed"].get(s, 0))
+            "source": name, "input": row.input, QUARANTINE: row.quarantined,
+            **{s: row.filters.get(s.partition(":")[2], 0) if ":" in s else row.removed_per_stage.get(s, 0)
                for s in _step_columns(report)},
-            "kept": int(row["kept"]),
-            "kept_fraction": round(row["kept"] / row["input"], 6) if row["input"] else 0.0,
+            "kept": row.kept,
+            "kept_fraction": round(row.kept / row.input, 6) if row.input else 0.0,
         })
     return out
 
 
-def waterfall_png(report: dict[str, Any], dpi: int = 90) -> bytes:
+def waterfall_png(report: RemovalLedgerReport, dpi: int = 90) -> bytes:
     """PNG: one horizontal 100 % bar per source (kept, quarantined, each stage's removals)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     stages = stages_of(report)
-    names = sorted(report["sources"])
+    names = sorted(report.sources)
     segments = [("kept", KEPT_COLOR), (QUARANTINE, QUARANTINE_COLOR)] + [
         (s, STAGE_COLORS[i % len(STAGE_COLORS)]) for i, s in enumerate(stages)
     ]
@@ -134,20 +132,20 @@ def waterfall_png(report: dict[str, Any], dpi: int = 90) -> bytes:
     for label, color in segments:
         widths = []
         for name in names:
-            row = report["sources"][name]
-            n = row["kept"] if label == "kept" else row["quarantined"] if label == QUARANTINE else \
-                row["removed"].get(label, 0)
-            widths.append(100.0 * n / row["input"] if row["input"] else 0.0)
+            row = report.sources[name]
+            n = row.kept if label == "kept" else row.quarantined if label == QUARANTINE else \
+                row.removed_per_stage.get(label, 0)
+            widths.append(100.0 * n / row.input if row.input else 0.0)
         ax.barh(names, widths, left=left, color=color, label=label, height=0.7)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for y, name in enumerate(names):
-        row = report["sources"][name]
-        ax.text(101, y, f"{row['kept']:,} of {row['input']:,} kept", va="center", fontsize=8)
+        row = report.sources[name]
+        ax.text(101, y, f"{row.kept:,} of {row.input:,} kept", va="center", fontsize=8)
     ax.set_xlim(0, 125)
     ax.set_xticks([0, 25, 50, 75, 100])
     ax.set_xlabel("% of the source's input documents")
     ax.invert_yaxis()
-    ax.set_title(f"crawl {report.get('crawl', '')}: where each source's documents went", fontsize=10)
+    ax.set_title(f"crawl {report.crawl}: where each source's documents went", fontsize=10)
     fig.legend(*ax.get_legend_handles_labels(), ncols=min(len(segments), 8), fontsize=8, loc="lower center",
                frameon=False)
     fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
@@ -156,13 +154,13 @@ def waterfall_png(report: dict[str, Any], dpi: int = 90) -> bytes:
     return buf.getvalue()
 
 
-def chart_markdown(report: dict[str, Any]) -> str:
+def chart_markdown(report: RemovalLedgerReport) -> str:
     """The chart as Markdown with an inline ``data:image/png;base64`` image (what the UI renders)."""
     data = base64.b64encode(waterfall_png(report)).decode()
     return f"![where each source's documents went](data:image/png;base64,{data})"
 
 
-def ledger_metadata(report: dict[str, Any]) -> dict[str, Any]:
+def ledger_metadata(report: RemovalLedgerReport) -> dict[str, Any]:
     """Metadata of a removal_ledger materialization: the waterfall as Markdown, as a native table
     (``waterfall_table``) and as a chart, and numeric totals (plotted across materializations by the UI)."""
     from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
@@ -174,11 +172,11 @@ def ledger_metadata(report: dict[str, Any]) -> dict[str, Any]:
         "waterfall": MetadataValue.md(waterfall_markdown(report)),
         # The same counts as a native table: typed columns the UI sorts, and tools read as data.
         "waterfall_table": MetadataValue.table([TableRecord(r) for r in waterfall_rows(report)], schema),
-        "input_total": tot["input"],
-        "kept_total": tot["kept"],
-        "quarantined_total": tot["quarantined"],
-        "kept_fraction": round(tot["kept"] / tot["input"], 6) if tot["input"] else 0.0,
-        **{f"removed_{stage}": n for stage, n in tot["removed"].items()},
+        "input_total": tot.input,
+        "kept_total": tot.kept,
+        "quarantined_total": tot.quarantined,
+        "kept_fraction": round(tot.kept / tot.input, 6) if tot.input else 0.0,
+        **{f"removed_{stage}": n for stage, n in tot.removed_per_stage.items()},
     }
     try:
         chart = MetadataValue.md(chart_markdown(report))

@@ -32,11 +32,13 @@ from dagster import (
 )
 
 from curation_dagster.config import RecrawlConfig, load_config
+from curation_dagster.crawls import crawl_spec
 from curation_dagster.partitions import CRAWL, SOURCE, crawl_partitions, source_partitions
 from curation_dagster.resources import CurationResource
+from stages.catalog import waves
 from stages.dataroot import DataRoot
-from stages.paths import UnsafeNameError, check_name
-from stages.registry import CrawlSpec, waves
+from stages.spec import CrawlSpec
+from stages.store import UnsafeNameError, check_name
 
 # The per-source head of the graph (the first wave: per-source programs that need nothing but
 # other per-source programs): one run per source materializes all of them, in dependency order.
@@ -88,9 +90,9 @@ def discover(cfg: RecrawlConfig) -> tuple[dict[str, dict[str, str]], list[str]]:
 
 
 def spec_for(root: DataRoot, cfg: RecrawlConfig, crawl: str, urls: dict[str, str]) -> CrawlSpec | None:
-    """The spec of a new crawl: each source's fields from ``recrawl.sources``, else from the
-    template crawl's spec, else ``source_defaults`` (or skipped, with ``new_sources: skip``);
-    params, stages and keep from the recrawl section, else from the template. Deduplicated
+    """The spec of a new crawl (``crawls.crawl_spec``): each source's fields from ``recrawl.sources``,
+    else from the template crawl's spec, else ``source_defaults`` (or skipped, with ``new_sources:
+    skip``); params, stages and keep from the recrawl section, else from the template. Deduplicated
     against the documents every crawl published before it kept (incremental dedup)."""
     base = root.spec(cfg.template) if cfg.template else None
     sources: dict[str, dict[str, Any]] = {}
@@ -106,12 +108,7 @@ def spec_for(root: DataRoot, cfg: RecrawlConfig, crawl: str, urls: dict[str, str
         sources[name] = {**fields, "url": url}
     if not sources:
         return None
-    return root.build_spec(
-        crawl, sources,
-        params=cfg.params if cfg.params is not None else base.params if base else None,
-        stages=cfg.stages if cfg.stages is not None else base.stages if base else None,
-        keep=cfg.keep if cfg.keep is not None else base.keep.model_dump() if base else None,
-    )
+    return crawl_spec(root, crawl, sources, base=base, params=cfg.params, stages=cfg.stages, keep=cfg.keep)
 
 
 def run_requests(spec: CrawlSpec, trigger: str) -> list[RunRequest]:

@@ -1,32 +1,31 @@
 """The ``curation`` resource: where the workdir is and how a stage task is executed.
 
-Environments differ only here (local folder or ``s3://``, in-process or a ``python -m stages``
-subprocess speaking Dagster Pipes, a process pool or a Ray cluster), never in asset code.
+Environments differ only here (local folder or ``s3://``, in this process, a ``python -m stages``
+subprocess speaking Dagster Pipes or a Kubernetes pod: ``curation_dagster.launchers``; a process
+pool or a Ray cluster), never in asset code. :func:`resource_for` builds a code location's
+resource from its environment, for the definitions and ``curate k8s render`` alike.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from dagster import (
-    AssetExecutionContext,
-    ConfigurableResource,
-    DataVersion,
-    Failure,
-    MaterializeResult,
-    PipesSubprocessClient,
-)
+from dagster import AssetExecutionContext, ConfigurableResource, Failure, MaterializeResult
 from pydantic import Field
 
+from curation_dagster.k8s_spec import K8sSettings, pod_arguments
+from curation_dagster.launchers import inprocess, pipes
+from curation_dagster.location import workdir_from
 from stages.credentials import STORAGE_OPTIONS_ENV, storage_options
-from stages.dataroot import DataRoot, UnknownCrawl, data_root_url
-from stages.errors import StageError
+from stages.dataroot import DATA_ROOT_ENV, DataRoot, UnknownCrawl, data_root_url
 from stages.params import ExecutionParams, workdir_tuning
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute, metadata
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 
 def load_spec(workdir: str | Path, crawl: str) -> CrawlSpec:
@@ -114,11 +113,9 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
         return cmd + (["--source", source] if source is not None else [])
 
     def pod_command(self, program: str, crawl: str, source: str | None) -> tuple[list[str], dict[str, str]]:
-        """The stage pod's command line (``curation_dagster.k8s.pod_arguments``) with this
+        """The stage pod's command line (``curation_dagster.k8s_spec.pod_arguments``) with this
         environment's python, and the pod's thread settings: what a Pipes subprocess runs, so
         that ``curate deploy`` runs each partition as Kubernetes would, minus the pod."""
-        from curation_dagster.k8s import K8sSettings, pod_arguments
-
         args = pod_arguments(K8sSettings(), self, program, crawl, source)
         env = {e["name"]: e["value"] for e in args["base_pod_spec"]["containers"][0]["env"]
                if e["name"] in POD_THREAD_ENV}
@@ -139,20 +136,32 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
             command, env = self.pod_command(program, crawl, source)
             if self.options():
                 env[STORAGE_OPTIONS_ENV] = json.dumps(self.options())
-            result = PipesSubprocessClient(env=env).run(context=context, command=command)
-            return result.get_materialize_result()
+            return pipes.launch(context, command, env)
         if self.mode == "k8s":
-            from curation_dagster.k8s import materialize_in_pod  # imports kubernetes only here
+            from curation_dagster.launchers import k8s  # imports kubernetes only here
 
-            return materialize_in_pod(context, self, program, crawl, source)
-        try:
-            outcome = execute(self.store(), spec, program, source, self.execution(), emit=context.log.info)
-        except (FileNotFoundError, KeyError, ValueError, StageError) as exc:  # one line, not a trace
-            raise Failure(f"{program}[{source or crawl}]: {exc}") from exc
-        context.log.info(
-            f"{program}[{source or crawl}] {'up to date' if outcome.skipped else 'materialized'} "
-            f"at {outcome.manifest.params_key} in {outcome.seconds:.2f}s"
-        )
-        return MaterializeResult(
-            metadata=metadata(outcome), data_version=DataVersion(outcome.manifest.data_version)
-        )
+            return k8s.launch(context, self, program, crawl, source)
+        return inprocess.launch(context, self.store(), spec, program, source, self.execution())
+
+
+# Where a code location's environment configures its resource (docs/scale-out.md for the Ray ones:
+# e.g. CURATE_EXECUTOR=ray, CURATE_RAY_ADDRESS=ray://curation-ray-head-svc.curation.svc:10001).
+EXECUTOR_ENV = "CURATE_EXECUTOR"
+RAY_ADDRESS_ENV = "CURATE_RAY_ADDRESS"
+
+
+def resource_for(env: Mapping[str, str], **fields: Any) -> CurationResource:
+    """The ``curation`` resource of a code location whose environment is ``env``: the workdir
+    (``curation_dagster.location.workdir_from``; ``/workdir`` by default in a pod, ``mode="k8s"``),
+    ``$CURATE_DATA_ROOT``, ``$CURATE_EXECUTOR`` and ``$CURATE_RAY_ADDRESS``; ``fields`` (resource
+    fields: ``mode``, ``workdir``, ...) take precedence. The definitions of every code location and
+    ``curate k8s render`` build theirs here, so a rendered pod is the one the resource launches."""
+    values: dict[str, Any] = {
+        "workdir": workdir_from(env, "/workdir" if fields.get("mode") == "k8s" else "workdir"),
+        "data_root": env.get(DATA_ROOT_ENV) or None,
+        "executor": env.get(EXECUTOR_ENV) or "local",
+        "ray_address": env.get(RAY_ADDRESS_ENV) or None,
+        **fields,
+    }
+    values["workdir"] = os.path.abspath(values["workdir"])
+    return CurationResource(**values)

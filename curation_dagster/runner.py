@@ -1,7 +1,7 @@
 """Drive one crawl through the asset graph on a real Dagster instance, with a progress display.
 
 Per-source and crawl-level assets have different partitions, so a crawl is materialized as a
-sequence of Dagster runs in dependency order: one per wave (``stages.registry.waves``: the assets
+sequence of Dagster runs in dependency order: one per wave (``stages.catalog.waves``: the assets
 of one level, per source or per crawl, whose inputs are materialized by then; the recrawl sensor's
 first runs are the first wave) and partition. Each run shows in the UI like a run launched there,
 with one step per asset. A partition whose committed output is already up to date (same
@@ -34,7 +34,11 @@ from curation_dagster.checks import CHECKS, blocking_failures, report_stale_depe
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource
-from stages.registry import CrawlSpec, data_version, plan_task, waves
+from stages.catalog import waves
+from stages.plan import data_version, plan_task
+from stages.reports import RemovalLedgerReport, Report, SourceCounts, read, read_as
+from stages.spec import CrawlSpec
+from stages.store import Manifest
 
 # CRITICAL: a failed step is reported once, as RunFailed's one line, not as Dagster's ERROR
 # log with a stack trace on stderr (the instance's event log still records it for the UI).
@@ -101,7 +105,7 @@ def _cached(result: Any, program: str) -> bool:
 def run_crawl(
     workdir: Path, home: Path, spec: CrawlSpec, *, quiet: bool = False, force: bool = False,
     resource: CurationResource | None = None,
-) -> dict[str, Any]:
+) -> RemovalLedgerReport:
     """Register ``spec`` in the resource's data root, materialize every partition of its crawl
     and return the report of its ledger."""
     from rich.markup import escape
@@ -162,13 +166,13 @@ def run_crawl(
                 if _cached(result, program):
                     progress.console.print(f"  = {label} up to date")
                 else:
-                    report = _manifest_report(resource, spec, program, source)
+                    report = read(_manifest(resource, spec, program, source))
                     took = seconds.get(program, time.perf_counter() - t0)
                     progress.console.print(f"  + {label} {_summary(report)} ({took:.1f}s)")
                 progress.advance(bar)
     # Later crawls deduplicated against this crawl's old outputs: their check fails in the UI now.
     report_stale_dependents(instance, resource, spec.crawl)
-    return _manifest_report(resource, spec, "removal_ledger", None)
+    return read_as(_manifest(resource, spec, "removal_ledger", None), RemovalLedgerReport)
 
 
 def _name(spec: CrawlSpec, program: str, source: str | None) -> str:
@@ -176,19 +180,18 @@ def _name(spec: CrawlSpec, program: str, source: str | None) -> str:
     return f"{program}[{source}]" if source else f"{program}[{spec.crawl}]"
 
 
-def _manifest_report(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None) -> dict[str, Any]:
+def _manifest(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None) -> Manifest:
     store = resource.store()
     manifest = store.read_manifest(plan_task(store, spec, program, source).output_dir)
     assert manifest is not None
-    return manifest.report
+    return manifest
 
 
-def _summary(report: dict[str, Any]) -> str:
-    parts = []
-    for key in ("input", "embedded", "documents", "quarantined", "kept", "removed"):
-        value = report.get(key)
-        if isinstance(value, int):
-            parts.append(f"{key}={value}")
-        elif isinstance(value, dict) and value:
-            parts.append(f"{key}=" + ",".join(f"{k}:{v}" for k, v in value.items()))
+def _summary(report: Report) -> str:
+    """The headline counts a report has, e.g. ``input=20 kept=14 removed=6``."""
+    counts = report.metadata()
+    parts = [f"{key}={counts[key]}" for key in ("input", "embedded", "documents", "quarantined", "kept", "removed")
+             if key in counts]
+    if isinstance(report, SourceCounts) and report.removed_per_stage:
+        parts.append("(" + ",".join(f"{k}:{v}" for k, v in report.removed_per_stage.items()) + ")")
     return " ".join(parts)

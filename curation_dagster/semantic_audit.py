@@ -23,8 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.dataroot import DataRoot
-from stages.paths import Store
-from stages.registry import CrawlSpec
+from stages.reports import SemanticDuplicatesReport, read_as
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 # Lower edges of the similarity bands, highest first; the last band holds everything below.
 BANDS = (0.99, 0.97, 0.95, 0.93, 0.90, 0.87, 0.85, 0.80, 0.75, 0.70, -1.0)
@@ -43,7 +44,8 @@ class AuditError(RuntimeError):
     """No semantic_duplicates output to audit."""
 
 
-def audit(store: Store, spec: CrawlSpec, per_band: int = 4, seed: int = 0) -> tuple[list[Band], dict[str, Any]]:
+def audit(store: Store, spec: CrawlSpec, per_band: int = 4, seed: int = 0
+          ) -> tuple[list[Band], SemanticDuplicatesReport]:
     """The bands of ``spec``'s crawl (highest first) with sampled pairs, and the stage's report."""
     keys = spec.keys()
     pdir = store.partition_dir("semantic_duplicates", keys[("semantic_duplicates", None)], spec.crawl)
@@ -53,7 +55,8 @@ def audit(store: Store, spec: CrawlSpec, per_band: int = 4, seed: int = 0) -> tu
             f"crawl {spec.crawl!r} has no semantic_duplicates output for its current parameters; "
             "run `curate run` with stage 'semantic'"
         )
-    if not manifest.report.get("enabled", True):
+    report = read_as(manifest, SemanticDuplicatesReport)
+    if not report.enabled:
         raise AuditError(f"stage 'semantic' is not enabled for crawl {spec.crawl!r} (see --stages)")
     nb = store.read_table(pdir, "neighbors")
     nb = nb.filter(pc.is_valid(nb["similarity"]))
@@ -75,7 +78,7 @@ def audit(store: Store, spec: CrawlSpec, per_band: int = 4, seed: int = 0) -> tu
         for r in b.pairs:
             r["text"] = texts.get(r["doc_id"], "")
             r["neighbor_text"] = texts.get(r["neighbor"], "")
-    return bands, manifest.report
+    return bands, report
 
 
 def _texts(store: Store, spec: CrawlSpec, keys: dict[tuple[str, str | None], str], wanted: set[str]) -> dict[str, str]:
@@ -101,10 +104,9 @@ def _cut(text: str, max_chars: int) -> str:
     return text if len(text) <= max_chars else text[:max_chars] + " […]"
 
 
-def render_html(spec: CrawlSpec, bands: list[Band], report: dict[str, Any], max_chars: int = 1500) -> str:
+def render_html(spec: CrawlSpec, bands: list[Band], report: SemanticDuplicatesReport, max_chars: int = 1500) -> str:
     e = html.escape
-    eps = report.get("eps")
-    total = report.get("input", 0)
+    eps = report.eps
     out = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>semantic audit: {e(spec.crawl)}</title><style>",
@@ -116,9 +118,9 @@ def render_html(spec: CrawlSpec, bands: list[Band], report: dict[str, Any], max_
         ".removed{color:#a00}.kept{color:#070}table.bands td,table.bands th{padding:0.2em 0.8em;text-align:right}",
         "</style></head><body>",
         f"<h1>Semantic dedup audit: crawl {e(spec.crawl)}</h1>",
-        f"<p>{total} documents ranked in {report.get('clusters', 0)} clusters; which_to_keep = "
-        f"{e(str(report.get('which_to_keep')))}; current eps = {eps} (removes similarity &ge; "
-        f"{1 - eps if eps is not None else float('nan'):.3f}): {report.get('removed', 0)} documents.</p>",
+        f"<p>{report.input} documents ranked in {report.clusters} clusters; which_to_keep = "
+        f"{e(str(report.which_to_keep))}; current eps = {eps} (removes similarity &ge; "
+        f"{1 - eps if eps is not None else float('nan'):.3f}): {report.removed} documents.</p>",
         "<p>Each pair: a document (right) and the most similar document ranked before it in its cluster "
         "(left, the one that would be kept). Pick the lowest band whose pairs are still redundant; "
         "eps = 1 &minus; its lower edge.</p>",
@@ -149,14 +151,14 @@ def render_html(spec: CrawlSpec, bands: list[Band], report: dict[str, Any], max_
     return "\n".join(out)
 
 
-def render_markdown(spec: CrawlSpec, bands: list[Band], report: dict[str, Any], max_chars: int = 600) -> str:
+def render_markdown(spec: CrawlSpec, bands: list[Band], report: SemanticDuplicatesReport, max_chars: int = 600) -> str:
     def cell(text: str) -> str:
         return _cut(text, max_chars).replace("|", "\\|").replace("\r", " ").replace("\n", "<br>")
 
-    eps = report.get("eps")
+    eps = report.eps
     out = [f"# Semantic dedup audit: crawl {spec.crawl}", "",
-           f"{report.get('input', 0)} documents; which_to_keep = {report.get('which_to_keep')}; current eps = {eps}, "
-           f"{report.get('removed', 0)} removed. Left: the earlier-ranked (kept) document; right: the document.", "",
+           f"{report.input} documents; which_to_keep = {report.which_to_keep}; current eps = {eps}, "
+           f"{report.removed} removed. Left: the earlier-ranked (kept) document; right: the document.", "",
            "| band | documents | removed at eps = 1 - lower edge | eps |", "|---|---:|---:|---:|"]
     out += [f"| {_label(b)} | {b.count} | {b.cumulative} | {max(0.0, 1 - b.low):.2f} |" for b in bands]
     for b in bands:

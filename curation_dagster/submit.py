@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from curation_dagster.deploy import graphql_post
+from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot, data_root_url
-from stages.registry import PROGRAMS, CrawlSpec
+from stages.spec import CrawlSpec
 
 TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 CRAWL_TAG = "curate/crawl"

@@ -12,9 +12,13 @@ another model's values, and a decision parameter (a threshold, a survivor set) i
 it.
 
 A cache is written like any output (``PartitionWriter``: attempt-unique parts, the manifest
-last, the partition lock of ``stages.paths``), so a reader sees its old content or its new one,
+last, the partition lock of ``stages.store``), so a reader sees its old content or its new one,
 never half of it; a cache whose lock another attempt holds is not saved this time (it is only
-a cache: the output is the same).
+a cache: the output is the same). A save is append-only: the rows added go into new part files
+and the new manifest names the old parts and the new ones, so saving costs what was added, not
+the whole cache (every ``MAX_PARTS`` saves the parts are compacted into one rewrite, so a read
+stays a few files). A key is never stored twice: rows another attempt saved meanwhile are read
+under the lock and the added rows they already hold are left out.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from stages.paths import Manifest, PartitionBusy, Store
+from stages.store import Manifest, PartitionBusy, Store
+
+MAX_PARTS = 64  # part files a cache may have before a save compacts them into one rewrite
 
 
 def text_keys(texts: list[str]) -> pa.Array:
@@ -42,7 +48,7 @@ class RowCache:
 
     ``schema`` is the row layout (the key column included). ``find`` says where each key is in
     the content read at start (``take`` returns those rows), ``add`` appends computed rows, and
-    ``save`` commits old + added rows as the cache's new content.
+    ``save`` commits the added rows as new parts beside the old ones.
     """
 
     def __init__(
@@ -59,12 +65,16 @@ class RowCache:
         self.table_name = table
         self.key = hashlib.sha256(ident.encode()).hexdigest()[:16]
         self.dir = store.partition_dir(kind, self.key, crawl, source)
-        self.exists = store.read_manifest(self.dir) is not None
-        content = store.read_table(self.dir, table) if self.exists else schema.empty_table()
+        manifest = store.read_manifest(self.dir)
+        self.exists = manifest is not None
+        # The part files ``table`` holds: the content read here, to which a save appends.
+        self._parts: list[str] = list(manifest.tables.get(table, [])) if manifest is not None else []
+        content = store.read_parts(self.dir, self._parts) if self._parts else schema.empty_table()
         # Content in another layout is not this cache's (the layout is part of the code version
         # in ``ident``; this guards against a folder copied by hand): it is replaced at ``save``.
-        if not content.schema.equals(schema):
-            content, self.exists = schema.empty_table(), False
+        self._replace = not content.schema.equals(schema)
+        if self._replace:
+            content, self.exists, self._parts = schema.empty_table(), False, []
         self.table = content.combine_chunks()
         self._index = self.table[key_column].combine_chunks()
         self._added: list[pa.Table] = []
@@ -101,25 +111,60 @@ class RowCache:
         return pa.concat_tables([self.table, *self._added]) if self._added else self.table
 
     def save(self, batch_rows: int = 100_000) -> bool:
-        """Commit old + added rows (when rows were added, or no cache existed); False when
-        nothing was written (nothing new, or another attempt holds the cache's lock)."""
+        """Commit the added rows as new parts beside the old ones (or the empty cache, when none
+        existed); False when nothing was written (nothing new, or another attempt holds the
+        cache's lock). Rows saved by another attempt since this cache was read are adopted, and
+        the added rows whose keys they hold are left out."""
         if not self._added and self.exists:
             return False
-        table = self.content()
         try:
             writer = self.store.writer(self.dir)
         except PartitionBusy:  # another attempt is saving this cache right now; it is only a cache
             return False
         try:
-            if table.num_rows == 0:
-                writer.write(self.table_name, table)
-            for start in range(0, table.num_rows, batch_rows):
-                writer.write(self.table_name, table.slice(start, batch_rows))
+            current = self.store.read_manifest(self.dir)  # under the lock: what is committed now
+            parts = [] if current is None or self._replace else list(current.tables.get(self.table_name, []))
+            if not parts:  # no cache (or one in another layout, replaced): this content is all
+                theirs, old = self.schema.empty_table(), self.table
+            elif parts[:len(self._parts)] == self._parts:  # appended to meanwhile, or not at all
+                theirs = self._read_new(parts[len(self._parts):])
+                old = pa.concat_tables([self.table, theirs]) if theirs.num_rows else self.table
+            else:  # compacted by another attempt since this cache was read: its content is current
+                theirs = old = self._read_new(parts)
+            added = self._without_keys(
+                pa.concat_tables(self._added) if self._added else self.schema.empty_table(), theirs)
+            if not parts or len(parts) >= MAX_PARTS:  # a new cache, or a compaction: rewrite
+                table = pa.concat_tables([old, added])
+                if table.num_rows == 0:
+                    writer.write(self.table_name, table)
+                for start in range(0, table.num_rows, batch_rows):
+                    writer.write(self.table_name, table.slice(start, batch_rows))
+            else:  # append: the old parts stay, the added rows become new parts
+                assert current is not None
+                writer.tables[self.table_name] = list(parts)
+                writer.rows[self.table_name] = current.rows.get(self.table_name, old.num_rows)
+                for start in range(0, added.num_rows, batch_rows):
+                    writer.write(self.table_name, added.slice(start, batch_rows))
+            names = list(writer.tables[self.table_name])
             writer.commit(Manifest(self.kind, self.key, self.key, self.crawl, self.source, {"cache": self.ident}))
         except PartitionBusy:  # on S3, the lease was taken over meanwhile: the taker saves it
             return False
         finally:
             writer.close()
-        self.table, self._added, self._added_keys, self.exists = table.combine_chunks(), [], set(), True
+        self.table, self._parts, self._added, self._added_keys, self.exists, self._replace = (
+            pa.concat_tables([old, added]).combine_chunks(), names, [], set(), True, False)
         self._index = self.table[self.key_column].combine_chunks()
         return True
+
+    def _read_new(self, names: list[str]) -> pa.Table:
+        """Rows of parts another attempt committed since this cache was read, in its layout."""
+        if not names:
+            return self.schema.empty_table()
+        return self.store.read_parts(self.dir, names).select(self.schema.names).cast(self.schema)
+
+    def _without_keys(self, rows: pa.Table, other: pa.Table) -> pa.Table:
+        """``rows`` whose key ``other`` does not hold."""
+        if other.num_rows == 0 or rows.num_rows == 0:
+            return rows
+        held = pc.is_in(rows[self.key_column], value_set=other[self.key_column].combine_chunks())
+        return rows.filter(pc.invert(held))

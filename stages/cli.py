@@ -17,11 +17,12 @@ import json
 import os
 import sys
 
+from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot, NoDataRoot, UnknownCrawl
 from stages.errors import StageError
+from stages.execute import execute, metadata
 from stages.filters import FilterError
 from stages.params import ExecutionParams, ExecutionTuning, workdir_tuning
-from stages.registry import PROGRAMS, execute, metadata
 
 
 def _stderr(line: str) -> None:

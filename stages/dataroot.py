@@ -3,7 +3,7 @@
 Layout under the data root (a local folder or any fsspec URL, e.g. ``s3://bucket/prefix``)::
 
     _crawls/<crawl>.json                          the crawl registry: one record per crawl
-    <program>/<params_key>/<crawl>[/<source>]/    outputs (stages.paths): parts, _manifest.json last
+    <program>/<params_key>/<crawl>[/<source>]/    outputs (stages.store): parts, _manifest.json last
     .locks/                                       partition locks (local data roots only)
 
 No program name starts with ``_`` (tests/stages/test_dataroot.py checks it), so ``_crawls`` is never a
@@ -30,8 +30,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stages.credentials import check_url, storage_options
-from stages.paths import Store, check_name, retry, use_storage_options
-from stages.registry import CrawlSpec, plan_task, prior_outputs
+from stages.plan import plan_task
+from stages.spec import CrawlSpec, prior_outputs
+from stages.store import Store, check_name, retry, use_storage_options
 
 CRAWLS_DIR = "_crawls"
 DATA_ROOT_ENV = "CURATE_DATA_ROOT"

@@ -1,6 +1,6 @@
 """A partition lease on S3: one writer of a partition at a time, with conditional writes.
 
-A local data root locks a partition with ``flock`` (``stages.paths.PartitionWriter``); object
+A local data root locks a partition with ``flock`` (``stages.store.PartitionWriter``); object
 storage has no lock, and two attempts on one partition (automation and ``curate submit`` on the
 same crawl, a retry launched while a lost pod still runs) could interleave their commits: one
 attempt's clean-up deletes the parts the other's manifest names. The lease is the object

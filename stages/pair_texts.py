@@ -35,8 +35,8 @@ from stages.backend import Backend, pair_jaccard_on
 from stages.errors import StageError
 from stages.kernels.lsh import sorted_distinct, sorted_find
 from stages.params import SPILL_RESERVE
-from stages.registry import Inputs
 from stages.removal import raw_dirs
+from stages.task import Inputs
 
 _ROWS = pa.schema([("node", pa.int64()), ("text", pa.large_string())])
 

@@ -5,9 +5,6 @@ Programs that fan out (scoring, signatures, ingestion of file pieces, LSH band g
 parameter, so the output is identical whichever runs it. Results come back in input order with a
 bounded number of items in flight, so memory stays flat however many items there are.
 
-Work that needs heavy state loaded once (a model on a GPU) calls ``map_actors`` with a class:
-one instance per Ray actor (``num_gpus`` each), or one instance in this process locally.
-
 ``num_cpus`` is what one call uses, on both executors: locally ``workers // num_cpus`` calls run
 side by side (inline when that is 1); on Ray each task reserves ``num_cpus`` and its numba
 kernels run on that many threads (``numba.set_num_threads``), so tasks never oversubscribe a node.
@@ -93,54 +90,6 @@ def kernel_cpus(execution: ExecutionParams) -> float:
     is copied to another process. On Ray one core per task: the cluster's cores are the parallelism.
     """
     return 1.0 if execution.executor == "ray" else float(execution.resolved_workers())
-
-
-def map_actors(
-    cls: Callable[..., Callable[[T], R]], init_args: tuple[Any, ...], items: Iterable[T],
-    execution: ExecutionParams, *, num_cpus: float = 1.0, num_gpus: float = 0.0, actors: int | None = None,
-) -> Iterator[R]:
-    """``cls(*init_args)(item)`` for every item, yielded in input order; ``cls`` is built once per worker.
-
-    ``cls`` loads its heavy state (a model, a tokenizer) in ``__init__`` and is cheap per call.
-    ``executor="local"``: one instance in this process, called item by item (it may use the GPU
-    of this machine itself). ``executor="ray"``: up to ``actors`` Ray actors (default: as many as
-    the cluster's GPUs, or CPUs, hold at ``num_gpus``/``num_cpus`` each), each with one instance;
-    items go to the actor with the fewest in flight, results come back in input order, and the
-    actors are killed at the end, releasing their GPUs. ``cls`` must be a module-level class.
-    """
-    if execution.executor != "ray":
-        instance = cls(*init_args)
-        yield from map(instance, items)
-        return
-    ray = ray_init(execution)
-    if actors is None:
-        total = ray.cluster_resources()
-        actors = int(total.get("GPU", 0) // num_gpus) if num_gpus else int(total.get("CPU", 1) // max(num_cpus, 1e-9))
-    limit = max(1, actors)
-    host = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_Host)
-    conf = _storage_conf(ray)
-    started: list[Any] = []
-    load: list[int] = []
-    pending: deque[tuple[int, Any]] = deque()
-    try:
-        for item in items:
-            if len(started) < limit and (not started or min(load) > 0):
-                started.append(host.remote(cls, init_args, _threads(num_cpus), conf))
-                load.append(0)
-            i = min(range(len(started)), key=load.__getitem__)
-            pending.append((i, started[i].call.remote(item)))
-            load[i] += 1
-            if len(pending) >= 2 * limit:
-                j, ref = pending.popleft()
-                load[j] -= 1
-                yield ray.get(ref)
-        while pending:
-            j, ref = pending.popleft()
-            load[j] -= 1
-            yield ray.get(ref)
-    finally:
-        for actor in started:
-            ray.kill(actor)
 
 
 # --- Ray ------------------------------------------------------------------------------------------
@@ -230,7 +179,7 @@ def _threads(num_cpus: float) -> int:
 
 
 def _storage_conf(ray: Any) -> Any:
-    """fsspec's per-protocol defaults of this process (``stages.paths.use_storage_options``)
+    """fsspec's per-protocol defaults of this process (``stages.store.use_storage_options``)
     without their secrets (``stages.credentials.without_secrets``: endpoint and region travel,
     keys and tokens never enter the object store), put once in the object store, so tasks open
     source URLs the way the driver does."""
@@ -266,15 +215,3 @@ def _worker_setup(threads: int, conf: dict[str, dict[str, Any]] | None) -> None:
 def _run_task(fn: Callable[[T], R], item: T, threads: int, conf: dict[str, dict[str, Any]] | None) -> R:
     _worker_setup(threads, conf)
     return fn(item)
-
-
-class _Host:
-    """A Ray actor holding one instance of a ``map_actors`` class."""
-
-    def __init__(self, cls: Callable[..., Any], init_args: tuple[Any, ...], threads: int,
-                 conf: dict[str, dict[str, Any]] | None) -> None:
-        _worker_setup(threads, conf)
-        self.instance = cls(*init_args)
-
-    def call(self, item: Any) -> Any:
-        return self.instance(item)

@@ -19,8 +19,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-class StageParams(BaseModel):
-    """Base of every stage's parameters: frozen, strict about unknown fields.
+class ProgramParams(BaseModel):
+    """Base of every program's parameters: frozen, strict about unknown fields.
 
     ``version`` is bumped whenever the program's output changes for the same parameters;
     it is part of the key, so outputs of an older program are never read by a newer one.
@@ -34,7 +34,7 @@ class StageParams(BaseModel):
         return json.loads(self.model_dump_json())
 
 
-class RawDocumentsParams(StageParams):
+class RawDocumentsParams(ProgramParams):
     """Ingestion of one source: where the records are and which fields mean what.
 
     ``id_field`` / ``url_field``: the record's own id and URL (default ``id`` and ``url``, as
@@ -98,7 +98,7 @@ def language_model_path(model: str) -> str:
     return path
 
 
-class DocumentLanguagesParams(StageParams):
+class DocumentLanguagesParams(ProgramParams):
     """Language identification (stage ``language``): each document's language and score, voted
     over its prose lines (docs/language.md), and the keep decision.
 
@@ -188,7 +188,7 @@ def _with_filter_classes(data: Any) -> Any:
     return {**data, "filters": entries}
 
 
-class FilteredDocumentsParams(StageParams):
+class FilteredDocumentsParams(ProgramParams):
     """Heuristic filters: thresholds on stored scores (Gopher quality/repetition, C4 lines).
 
     ``None`` switches a rule off. Defaults follow Gopher (Rae et al. 2021, appendix A) and
@@ -255,7 +255,7 @@ class FilteredDocumentsParams(StageParams):
         return self
 
 
-class ExactDuplicatesParams(StageParams):
+class ExactDuplicatesParams(ProgramParams):
     """Exact dedup over all sources of a crawl on a hash of normalized text.
 
     Normalization (``stages.kernels.exact.normalize``): Unicode NFKC, then every run of
@@ -268,7 +268,7 @@ class ExactDuplicatesParams(StageParams):
     lowercase: bool = False
 
 
-class MinhashSignaturesParams(StageParams):
+class MinhashSignaturesParams(ProgramParams):
     """MinHash signatures of the documents that survived the heuristic and exact stages.
 
     Character (code point) ``shingle``-grams, ``num_perm`` hash functions derived from ``seed``;
@@ -310,7 +310,7 @@ def lsh_threshold(bands: int, rows: int) -> float:
     return float((1.0 / bands) ** (1.0 / rows))
 
 
-class LshBucketsParams(StageParams):
+class LshBucketsParams(ProgramParams):
     """LSH banding: ``bands`` x ``rows`` signature values (bands * rows <= num_perm), processed
     band by band; one anchor per bucket keeps edges linear in bucket size."""
 
@@ -332,7 +332,7 @@ class LshBucketsParams(StageParams):
         return data
 
 
-class DuplicateComponentsParams(StageParams):
+class DuplicateComponentsParams(ProgramParams):
     """Candidate edges -> (optionally verified) edges -> connected components.
 
     ``verify="jaccard"`` accepts an edge only if the exact Jaccard similarity of the two shingle
@@ -350,26 +350,26 @@ class DuplicateComponentsParams(StageParams):
     max_leaders: int = Field(default=8, ge=1)
 
 
-class FuzzyDuplicatesParams(StageParams):
+class FuzzyDuplicatesParams(ProgramParams):
     """One survivor per duplicate component by the shared keep rule; the rest are removed."""
 
     version: ClassVar[int] = 1
     enabled: bool = True
 
 
-class CuratedDocumentsParams(StageParams):
+class CuratedDocumentsParams(ProgramParams):
     """The curated output of one source: raw documents minus every removal list."""
 
     version: ClassVar[int] = 1
 
 
-class RemovalLedgerParams(StageParams):
+class RemovalLedgerParams(ProgramParams):
     """One row per removed or quarantined document of a crawl."""
 
     version: ClassVar[int] = 1
 
 
-class KeepParams(StageParams):
+class KeepParams(ProgramParams):
     """The shared keep rule: the lowest (priority, doc_id) of a duplicate group survives.
 
     ``source_priority`` maps source names to a priority (lower wins, default 0), so a trusted
@@ -445,7 +445,7 @@ def workdir_tuning(workdir: str | os.PathLike[str]) -> ExecutionTuning:
     return ExecutionTuning.model_validate(data.get("execution") or {})
 
 
-def params_key(program: str, params: StageParams, upstream: dict[str, str] | None = None) -> str:
+def params_key(program: str, params: ProgramParams, upstream: dict[str, str] | None = None) -> str:
     """Key of a program's output: 16 hex chars of sha256 over name, version, params, upstream keys
     and the versions of the code behind the output (``stages.versions``).
 
@@ -514,7 +514,7 @@ class QualityClassifier(BaseModel):
         return lo, hi
 
 
-class QualityScoresParams(StageParams):
+class QualityScoresParams(ProgramParams):
     """Quality classifiers as a cascade: each classifier scores only the documents the ones
     before it kept, so a cheap fastText model in front spares the transformer the obvious junk.
     No classifiers configured: the stage runs and removes nothing ("no model configured")."""
@@ -555,7 +555,7 @@ class Benchmark(BaseModel):
     fingerprint: str = ""
 
 
-class ContaminatedDocumentsParams(StageParams):
+class ContaminatedDocumentsParams(ProgramParams):
     """Benchmark decontamination: word ``ngram``-grams of normalized text (NFKC, case-folded,
     punctuation removed) hashed to 64 bits; a document is removed when it shares at least
     ``min_matches`` distinct n-grams with one benchmark example. No benchmarks configured: the
@@ -601,7 +601,7 @@ def embedding_model_path(model: str) -> str:
     return os.path.expanduser(model)
 
 
-class DocumentEmbeddingsParams(StageParams):
+class DocumentEmbeddingsParams(ProgramParams):
     """Sentence embeddings (L2-normalised) of the documents of one source that survived every
     cheaper remover (exact and fuzzy dedup included). Part of stage ``semantic``; docs/semantic.md.
 
@@ -629,7 +629,7 @@ class DocumentEmbeddingsParams(StageParams):
         return {**data, "fingerprint": fingerprint(path)}
 
 
-class SemanticClustersParams(StageParams):
+class SemanticClustersParams(ProgramParams):
     """Spherical k-means over the embeddings of every source of a crawl, after exact and fuzzy
     dedup. Part of stage ``semantic``.
 
@@ -653,7 +653,7 @@ class SemanticClustersParams(StageParams):
     spill_margin: float = Field(default=0.05, ge=0.0, le=2.0)
 
 
-class SemanticDuplicatesParams(StageParams):
+class SemanticDuplicatesParams(ProgramParams):
     """SemDeDup within each cluster: a document is removed when its cosine similarity to an
     earlier-ranked document of its cluster is ``>= 1 - eps``. Part of stage ``semantic``.
 

@@ -16,8 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.catalog import PROGRAMS, STAGES
 from stages.progress import Progress
-from stages.registry import PROGRAMS, STAGES, Inputs
+from stages.task import Inputs
 
 REMOVED = pa.schema([
     ("doc_id", pa.string()),
@@ -34,8 +35,8 @@ def removed_table(inputs: Inputs, program: str, source: str, columns: list[str] 
     (per-source removers) or filtered out of its crawl partition (corpus-wide removers)."""
     cols = None if columns is None else sorted(set(columns) | {"source"})
     if PROGRAMS[program].level == "source":
-        return inputs.store.read_table(inputs.dir(program, source), "removed", cols)
-    t = inputs.store.read_table(inputs.dir(program, None), "removed", cols)
+        return inputs.read(program, "removed", source, cols)
+    t = inputs.read(program, "removed", columns=cols)
     return t.filter(pc.equal(t["source"], source))
 
 

@@ -38,9 +38,11 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from stages.kernels.quality import fasttext_line, fasttext_scores
-from stages.paths import Store
-from stages.registry import CrawlSpec, Inputs, plan_task
+from stages.plan import plan_task
 from stages.removal import survivors
+from stages.spec import CrawlSpec
+from stages.store import Store
+from stages.task import Inputs
 
 POSITIVE = "__label__hq"
 NEGATIVE = "__label__cc"

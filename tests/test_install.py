@@ -91,8 +91,9 @@ def test_the_stage_payload_runs_without_the_orchestrator(tmp_path: Path) -> None
 
     from stages import params as P
     from stages.dataroot import DataRoot
-    from stages.paths import Store
-    from stages.registry import CrawlSpec, plan_task
+    from stages.plan import plan_task
+    from stages.spec import CrawlSpec
+    from stages.store import Store
 
     venv = tmp_path / "payload"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

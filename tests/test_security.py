@@ -27,9 +27,11 @@ import pytest
 from curation_dagster import cli
 from curation_dagster.resources import load_spec
 from stages.dataroot import CRAWLS_DIR, DataRoot
+from stages.execute import execute, execute_crawl
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import Store, UnsafeNameError
-from stages.registry import CrawlSpec, execute, execute_crawl, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store, UnsafeNameError
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("stages", "curation_dagster")
@@ -372,7 +374,7 @@ def test_storage_options_reach_ray_tasks_without_their_secrets(monkeypatch: pyte
 
     from stages.credentials import STORAGE_OPTIONS_ENV
     from stages.parallel import _worker_setup, shared_storage_conf
-    from stages.paths import use_storage_options
+    from stages.store import use_storage_options
 
     options = {"endpoint_url": "http://127.0.0.1:9", "key": "AKIAPLANTED", "secret": PLANTED, "token": PLANTED,
                "client_kwargs": {"region_name": "eu-west-1", "aws_secret_access_key": PLANTED}}

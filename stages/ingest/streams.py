@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import zstandard
 
 from stages.errors import StageError
-from stages.paths import is_transient
+from stages.store import is_transient
 
 T = TypeVar("T")
 READ_BLOCK = 1 << 20  # bytes per read of a file or of a decompressed stream

@@ -21,7 +21,7 @@ from stages.ingest.ids import Ids, bad_digest
 from stages.ingest.records import RAW_EXCERPT, Bad, Done
 from stages.ingest.tasks import Task
 from stages.params import RawDocumentsParams
-from stages.paths import PartitionWriter
+from stages.store import PartitionWriter
 
 DOCUMENTS = pa.schema([
     ("doc_id", pa.string()),

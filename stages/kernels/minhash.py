@@ -380,20 +380,3 @@ def shingle_hashes(text: str, *, shingle: int = 24) -> npt.NDArray[np.uint64]:
     _check_shingle(shingle)
     batch = as_utf8([text])
     return np.unique(_doc_shingle_hashes(batch.data, 0, batch.data.shape[0], shingle))
-
-
-def signatures_reference(
-    hashes: npt.NDArray[np.uint64], *, num_perm: int = 260, seed: int = 42
-) -> npt.NDArray[np.uint32]:
-    """uint32 (num_perm,): the signature of a shingle-hash set, in plain numpy (for tests/twins)."""
-    a, b = hash_params(num_perm, seed)
-    sig = np.full(num_perm, EMPTY, dtype=np.uint32)
-    if hashes.shape[0] == 0:
-        return sig
-    x = (np.asarray(hashes, dtype=np.uint64) >> np.uint64(32))[None, :]
-    y = (a.astype(np.uint64)[:, None] * x + b.astype(np.uint64)[:, None]) & np.uint64(0xFFFFFFFF)
-    lo = y.min(axis=1).astype(np.uint32)
-    hi = (np.uint64(0xFFFFFFFF) - y.max(axis=1)).astype(np.uint32)
-    sig[0::2] = lo
-    sig[1::2] = hi[: num_perm // 2]
-    return sig

@@ -342,12 +342,6 @@ def duplicate_mask(similarity: npt.NDArray[np.floating] | torch.Tensor, eps: flo
     return np.asarray(sim >= 1.0 - eps)
 
 
-def pairs_compared(sizes: npt.NDArray[np.integer]) -> int:
-    """Number of (earlier, later) pairs the pairwise kernel evaluates for clusters of ``sizes``."""
-    s = np.asarray(sizes, dtype=np.int64)
-    return int((s * (s - 1) // 2).sum())
-
-
 def best_appearances(
     doc: npt.NDArray[np.int64], similarity: npt.NDArray[np.floating], primary: npt.NDArray[np.bool_],
     cluster: npt.NDArray[np.integer],

@@ -2,7 +2,7 @@
 
 Runs after every other remover and before the curated output, so nothing contaminated is
 mixed or upsampled (the "late decontamination" failure mode). The benchmark sets
-(``stages.benchmarks``) become one ``NgramIndex`` of 64-bit n-gram hashes, 12 bytes per
+(``stages.decontam_sets``) become one ``NgramIndex`` of 64-bit n-gram hashes, 12 bytes per
 distinct (n-gram, example): memory grows with the benchmarks, never with the crawl, which is
 streamed in batches.
 
@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from typing import Any
 
 import numpy as np
 
-from stages.benchmarks import Example, load_examples
+from stages.decontam_sets import Example, load_examples
 from stages.kernels import decontam as D
 from stages.params import ContaminatedDocumentsParams, ExecutionParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.reports import BenchmarkStats, ContaminatedDocumentsReport
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 NO_BENCHMARK = "no benchmark configured"
 
@@ -36,17 +36,17 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> ContaminatedDocumentsReport:
     """Report: input, removed, removed_per_source, removed_per_reason and, per benchmark, its
     examples and n-grams, documents removed (per source), documents with any shared n-gram,
     and examples found."""
     if not params.enabled or not params.benchmarks:
         output.write("removed", REMOVED.empty_table())
-        report: dict[str, Any] = {"enabled": params.enabled, "input": 0, "removed": 0,
-                                  "removed_per_source": {}, "removed_per_reason": {}}
         if params.enabled:
-            report["note"] = NO_BENCHMARK
-        return report
+            return ContaminatedDocumentsReport(enabled=True, input=0, removed=0, removed_per_source={},
+                                               removed_per_reason={}, note=NO_BENCHMARK)
+        return ContaminatedDocumentsReport(enabled=False, input=0, removed=0, removed_per_source={},
+                                           removed_per_reason={})
 
     t0 = time.perf_counter()
     examples: list[Example] = [e for b in params.benchmarks for e in load_examples(b)]
@@ -83,30 +83,30 @@ def run(
     if not output.tables.get("removed"):
         output.write("removed", REMOVED.empty_table())
 
-    benchmarks: dict[str, Any] = {}
+    benchmarks: dict[str, BenchmarkStats] = {}
     for b in params.benchmarks:
         mine = bench_of == b.name
-        benchmarks[b.name] = {
-            "examples": int(mine.sum()),
-            "ngrams": int(index.example_ngrams[mine].sum()),
-            "examples_without_ngrams": int((index.example_ngrams[mine] == 0).sum()),
-            "removed": sum(per_bench[b.name].values()),
-            "removed_per_source": dict(sorted(per_bench[b.name].items())),
-            "docs_with_any_match": any_match[b.name],
-            "examples_found": len(examples_hit[b.name]),
-        }
+        benchmarks[b.name] = BenchmarkStats(
+            examples=int(mine.sum()),
+            ngrams=int(index.example_ngrams[mine].sum()),
+            examples_without_ngrams=int((index.example_ngrams[mine] == 0).sum()),
+            removed=sum(per_bench[b.name].values()),
+            removed_per_source=dict(sorted(per_bench[b.name].items())),
+            docs_with_any_match=any_match[b.name],
+            examples_found=len(examples_hit[b.name]),
+        )
     seconds = time.perf_counter() - t0
-    return {
-        "enabled": True,
-        "input": total,
-        "removed": sum(per_source.values()),
-        "removed_per_source": dict(sorted(per_source.items())),
-        "removed_per_reason": {f"benchmark:{name}": v["removed"] for name, v in benchmarks.items() if v["removed"]},
-        "ngram": params.ngram,
-        "min_matches": params.min_matches,
-        "index_ngrams": len(index.hashes),
-        "index_mib": round(index.nbytes / 2**20, 3),
-        "index_seconds": round(index_seconds, 3),
-        "docs_per_s": round(total / max(seconds - index_seconds, 1e-9), 1),
-        "benchmarks": benchmarks,
-    }
+    return ContaminatedDocumentsReport(
+        enabled=True,
+        input=total,
+        removed=sum(per_source.values()),
+        removed_per_source=dict(sorted(per_source.items())),
+        removed_per_reason={f"benchmark:{name}": v.removed for name, v in benchmarks.items() if v.removed},
+        ngram=params.ngram,
+        min_matches=params.min_matches,
+        index_ngrams=len(index.hashes),
+        index_mib=round(index.nbytes / 2**20, 3),
+        index_seconds=round(index_seconds, 3),
+        docs_per_s=round(total / max(seconds - index_seconds, 1e-9), 1),
+        benchmarks=benchmarks,
+    )

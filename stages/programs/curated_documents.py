@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stages.catalog import PROGRAMS
 from stages.params import CuratedDocumentsParams, ExecutionParams
-from stages.paths import PartitionWriter
 from stages.programs.raw_documents import DOCUMENTS
-from stages.registry import PROGRAMS, Inputs, Partition
 from stages.removal import applied_programs, removed_ids, survivors
+from stages.reports import CuratedDocumentsReport, RawDocumentsReport, read_as
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def removed_per_stage(inputs: Inputs, source: str) -> dict[str, int]:
@@ -35,8 +35,8 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
-    """Report: input, kept, quarantined, removed per stage (input = kept + quarantined + removed)."""
+) -> CuratedDocumentsReport:
+    """Report: input, kept, quarantined, removed and removed per stage (input = kept + quarantined + removed)."""
     assert partition.source is not None
     kept = 0
     for table in survivors(inputs, partition.source, None, execution.batch_rows, progress=partition.progress):
@@ -44,10 +44,7 @@ def run(
         kept += table.num_rows
     if kept == 0:
         output.write("documents", DOCUMENTS.empty_table())
-    raw = inputs.manifest("raw_documents", partition.source).report
-    return {
-        "input": raw["input"],
-        "kept": kept,
-        "quarantined": raw["quarantined"],
-        "removed": removed_per_stage(inputs, partition.source),
-    }
+    raw = read_as(inputs.manifest("raw_documents", partition.source), RawDocumentsReport)
+    per_stage = removed_per_stage(inputs, partition.source)
+    return CuratedDocumentsReport(input=raw.input, kept=kept, quarantined=raw.quarantined,
+                                  removed=sum(per_stage.values()), removed_per_stage=per_stage)

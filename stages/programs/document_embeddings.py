@@ -35,9 +35,10 @@ from stages import versions
 from stages.backend import resolve
 from stages.cache import RowCache, text_keys
 from stages.params import DocumentEmbeddingsParams, ExecutionParams, embedding_model_path
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import survivors
+from stages.reports import DocumentEmbeddingsReport
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 if TYPE_CHECKING:
     import torch
@@ -146,13 +147,13 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> DocumentEmbeddingsReport:
     """Report: input (survivors), embedded (computed now), cached (from the embedding cache),
     tokens, truncated, device, dim, embed_seconds, docs_per_second (of the embedded ones)."""
     assert partition.source is not None
     if not params.enabled:
         output.write("embeddings", embeddings_schema(0, params.dtype).empty_table())
-        return {"enabled": False, "input": 0}
+        return DocumentEmbeddingsReport(enabled=False, input=0)
     device = resolve(execution.backend).device
     enc = encoder(params.model, device, params.max_tokens)
     schema = embeddings_schema(enc.dim, params.dtype)
@@ -223,16 +224,16 @@ def run(
     if n == 0:
         output.write("embeddings", schema.empty_table())
     cache.save()
-    return {
-        "enabled": True,
-        "input": n,
-        "embedded": embedded,
-        "cached": n - embedded,
-        "tokens": tokens,
-        "truncated": truncated,
-        "max_tokens": enc.max_tokens,
-        "dim": enc.dim,
-        "device": device,
-        "embed_seconds": round(seconds, 3),
-        "docs_per_second": round(embedded / seconds, 1) if seconds > 0 and embedded else None,
-    }
+    return DocumentEmbeddingsReport(
+        enabled=True,
+        input=n,
+        embedded=embedded,
+        cached=n - embedded,
+        tokens=tokens,
+        truncated=truncated,
+        max_tokens=enc.max_tokens,
+        dim=enc.dim,
+        device=device,
+        embed_seconds=round(seconds, 3),
+        docs_per_second=round(embedded / seconds, 1) if seconds > 0 and embedded else None,
+    )

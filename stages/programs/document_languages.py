@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,9 +27,10 @@ from stages.cache import RowCache
 from stages.kernels import language as L
 from stages.parallel import map_ordered
 from stages.params import DocumentLanguagesParams, ExecutionParams, language_model_path
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.reports import DocumentLanguagesReport
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 SCORES = "language_scores"
 LANGUAGES = pa.schema([("doc_id", pa.string()), ("language", pa.string()), ("score", pa.float64()),
@@ -120,7 +120,7 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> DocumentLanguagesReport:
     """Report: input, kept, removed, removed_per_reason, documents per language, cached."""
     source = partition.source
     assert source is not None
@@ -129,7 +129,7 @@ def run(
         output.write("languages", LANGUAGES.empty_table())
         output.write("removed", REMOVED.empty_table())
         n = sum(t.num_rows for t in survivors(inputs, source, ["doc_id"], execution.batch_rows))
-        return {"enabled": False, "input": n, "kept": n, "removed": 0, "removed_per_reason": {}}
+        return DocumentLanguagesReport(enabled=False, input=n, kept=n, removed=0, removed_per_reason={})
     table, cached = _identified(params, inputs, partition, execution)
     language = np.asarray(table["language"].to_pylist(), dtype=object)
     score = table["score"].to_numpy()
@@ -141,12 +141,12 @@ def run(
         "", None, None, score[gone], reasons=reason[gone],
     ))
     per_language = Counter(language.tolist())
-    return {
-        "enabled": True,
-        "input": len(keep),
-        "kept": int(keep.sum()),
-        "removed": int(gone.sum()),
-        "removed_per_reason": dict(sorted(Counter(reason[gone].tolist()).items())),
-        "languages": dict(per_language.most_common(20)),
-        "cached": cached,
-    }
+    return DocumentLanguagesReport(
+        enabled=True,
+        input=len(keep),
+        kept=int(keep.sum()),
+        removed=int(gone.sum()),
+        removed_per_reason=dict(sorted(Counter(reason[gone].tolist()).items())),
+        languages=dict(per_language.most_common(20)),
+        cached=cached,
+    )

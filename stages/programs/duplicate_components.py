@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,8 +20,9 @@ from stages.backend import CPU, connected_components_on, resolve
 from stages.kernels.lsh import BandEdges, distinct_pairs, verify_stream
 from stages.pair_texts import PairTexts
 from stages.params import DuplicateComponentsParams, ExecutionParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
+from stages.reports import DuplicateComponentsReport, LshBucketsReport, read_as
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 COMPONENTS = pa.schema([
     ("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string()),
@@ -68,15 +68,16 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> DuplicateComponentsReport:
     """Report: candidate pairs, verified edges, components, documents in components, largest."""
     if not params.enabled:
         output.write("components", COMPONENTS.empty_table())
         output.write("edges", EDGES.empty_table())
-        return {"enabled": False, "components": 0}
+        return DuplicateComponentsReport(enabled=False, components=0)
     backend = resolve(execution.backend)
     lsh_dir = inputs.dir("lsh_buckets")
-    shingle = int(inputs.manifest("lsh_buckets").report["shingle"])
+    shingle = read_as(inputs.manifest("lsh_buckets"), LshBucketsReport).shingle
+    assert shingle is not None, "an enabled lsh_buckets reports the signatures' shingle"
     nodes = inputs.store.read_table(lsh_dir, "nodes")
     doc_ids = nodes["doc_id"].combine_chunks()
     n = nodes.num_rows
@@ -119,21 +120,21 @@ def run(
     }, schema=COMPONENTS))
     comp_sizes = sizes[sizes > 1]
     top = np.sort(comp_sizes)[::-1][:10]
-    return {
-        "enabled": True,
-        "backend": backend.name,
-        "verify": params.verify,
-        "shingle": shingle,
-        "threshold": params.threshold,
-        "nodes": n,
-        "candidate_pairs": candidates,
-        "fallback_pairs": fallback,  # bucket-mate pairs compared beyond the candidates
-        "edges": len(e_src),
-        "rejected_pairs": candidates + fallback - len(e_src) if params.verify == "jaccard" else 0,
-        "text_blocks": blocks,
-        "candidate_text_bytes": text_bytes,
-        "text_spilled": spilled,
-        "components": len(comp_sizes),
-        "documents_in_components": len(idx),
-        "largest_clusters": [int(x) for x in top],
-    }
+    return DuplicateComponentsReport(
+        enabled=True,
+        backend=backend.name,
+        verify=params.verify,
+        shingle=shingle,
+        threshold=params.threshold,
+        nodes=n,
+        candidate_pairs=candidates,
+        fallback_pairs=fallback,
+        edges=len(e_src),
+        rejected_pairs=candidates + fallback - len(e_src) if params.verify == "jaccard" else 0,
+        text_blocks=blocks,
+        candidate_text_bytes=text_bytes,
+        text_spilled=spilled,
+        components=len(comp_sizes),
+        documents_in_components=len(idx),
+        largest_clusters=[int(x) for x in top],
+    )

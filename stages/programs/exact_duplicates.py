@@ -8,16 +8,15 @@ Memory: 16 bytes of hash + 32 bytes of id per document, never the texts of the w
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from stages.keep import fixed_ids, pick_survivors
 from stages.kernels.exact import duplicate_groups, text_hashes
 from stages.params import ExactDuplicatesParams, ExecutionParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.reports import ExactDuplicatesReport
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def run(
@@ -26,11 +25,11 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> ExactDuplicatesReport:
     """Report: input (survivors seen), removed, groups (with >1 member), removed per source."""
     if not params.enabled:
         output.write("removed", REMOVED.empty_table())
-        return {"enabled": False, "input": 0, "removed": 0, "removed_per_source": {}}
+        return ExactDuplicatesReport(enabled=False, input=0, removed=0, removed_per_source={})
     ids: list[np.ndarray] = []
     sources: list[np.ndarray] = []  # each row's source, as its index in ``names``
     hashes: list[np.ndarray] = []
@@ -43,7 +42,7 @@ def run(
             hashes.append(text_hashes(table["text"].to_pylist(), params.lowercase))
     if not ids:
         output.write("removed", REMOVED.empty_table())
-        return {"enabled": True, "input": 0, "removed": 0, "groups": 0, "removed_per_source": {}}
+        return ExactDuplicatesReport(enabled=True, input=0, removed=0, groups=0, removed_per_source={})
     doc_id = np.concatenate(ids)
     source_index = np.concatenate(sources)
     groups = duplicate_groups(np.concatenate(hashes))
@@ -58,10 +57,10 @@ def run(
     ))
     counts = np.bincount(source_index[removed], minlength=len(names))
     per_source = {names[k]: int(c) for k, c in enumerate(counts) if c}
-    return {
-        "enabled": True,
-        "input": len(doc_id),
-        "removed": len(removed),
-        "groups": len(np.unique(groups[dup])),
-        "removed_per_source": dict(sorted(per_source.items())),
-    }
+    return ExactDuplicatesReport(
+        enabled=True,
+        input=len(doc_id),
+        removed=len(removed),
+        groups=len(np.unique(groups[dup])),
+        removed_per_source=dict(sorted(per_source.items())),
+    )

@@ -34,10 +34,11 @@ from stages.cache import RowCache
 from stages.kernels import heuristics as H
 from stages.parallel import zip_results
 from stages.params import CustomFilter, ExecutionParams, FilteredDocumentsParams
-from stages.paths import PartitionWriter
 from stages.progress import Progress
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.reports import CustomFilterCounts, FilteredDocumentsReport
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 SCORES = "heuristic_scores"
 
@@ -169,7 +170,7 @@ def _languages(inputs: Inputs, source: str, doc_id: pa.Array) -> np.ndarray:
     """object (n,): the language of each document (None where the language stage did not run)."""
     if "document_languages" not in inputs.dirs:
         return np.full(len(doc_id), None, dtype=object)
-    t = inputs.store.read_table(inputs.dir("document_languages", source), "languages", ["doc_id", "language"])
+    t = inputs.read("document_languages", "languages", source, ["doc_id", "language"])
     pos = pc.index_in(doc_id, value_set=t["doc_id"].combine_chunks())
     return np.asarray(t["language"].combine_chunks().take(pos).to_pylist(), dtype=object)
 
@@ -205,7 +206,7 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> FilteredDocumentsReport:
     """Report: input, kept, removed, removed per rule (first failing), fails per rule (any)."""
     assert partition.source is not None
     if not params.enabled:
@@ -217,7 +218,7 @@ def run(
             "reason": pa.nulls(n, pa.string()), "score": pa.nulls(n, pa.float64()),
         }))
         output.write("removed", REMOVED.empty_table())
-        return {"enabled": False, "input": n, "kept": n, "removed": 0, "removed_per_reason": {}}
+        return FilteredDocumentsReport(enabled=False, input=n, kept=n, removed=0, removed_per_reason={})
     kernel = _kernel(params.rules)
     wanted = _wanted(inputs, partition.source, execution)
     table = _scores(inputs, partition, execution, wanted, params.rules)
@@ -247,17 +248,19 @@ def run(
     removed_per_reason: dict[str, int] = {}
     for r in reason[~keep].tolist():
         removed_per_reason[r] = removed_per_reason.get(r, 0) + 1
-    per_language = {}
+    # Set only where they apply (languages known, custom filters run): the JSON stays as short as the run.
+    optional: dict[str, Any] = {}
     if any(x is not None for x in language):
-        per_language = {"word_rules_off": int(exempt[kernel.RULE_TABLE[0].name].sum())}
-    return {
-        "enabled": True,
-        "rules": params.rules,
-        **per_language,
-        "input": len(keep),
-        "kept": int(keep.sum()),
-        "removed": int((~keep).sum()),
-        "removed_per_reason": dict(sorted(removed_per_reason.items())),
-        "fails_per_rule": {k: int(v) for k, v in sorted(fails.items()) if v},
-        **({"custom_filters": custom} if custom else {}),
-    }
+        optional["word_rules_off"] = int(exempt[kernel.RULE_TABLE[0].name].sum())
+    if custom:
+        optional["custom_filters"] = {name: CustomFilterCounts(**c) for name, c in custom.items()}
+    return FilteredDocumentsReport(
+        enabled=True,
+        rules=params.rules,
+        input=len(keep),
+        kept=int(keep.sum()),
+        removed=int((~keep).sum()),
+        removed_per_reason=dict(sorted(removed_per_reason.items())),
+        fails_per_rule={k: int(v) for k, v in sorted(fails.items()) if v},
+        **optional,
+    )

@@ -10,7 +10,6 @@ near-duplicates).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,15 +18,16 @@ import pyarrow.compute as pc
 from stages.keep import fixed_ids, pick_survivors, source_priorities
 from stages.kernels.lsh import sorted_find
 from stages.params import ExecutionParams, FuzzyDuplicatesParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table
+from stages.reports import DuplicateComponentsReport, FuzzyDuplicatesReport, read_as
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def _verified_jaccard(inputs: Inputs, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """float32 (e,): the stored Jaccard of the verified edge between nodes a[j] and b[j], NaN where
     there is none (or the edges were not verified)."""
-    edges = inputs.store.read_table(inputs.dir("duplicate_components"), "edges")
+    edges = inputs.read("duplicate_components", "edges")
     src, dst = edges["src"].to_numpy(), edges["dst"].to_numpy()
     jac = edges["jaccard"].to_numpy()
     key = (np.maximum(src, dst) << 31) | np.minimum(src, dst)
@@ -44,12 +44,12 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> FuzzyDuplicatesReport:
     """Report: documents in components, removed, removed per source."""
-    comps = inputs.store.read_table(inputs.dir("duplicate_components"), "components")
+    comps = inputs.read("duplicate_components", "components")
     if not params.enabled or comps.num_rows == 0:
         output.write("removed", REMOVED.empty_table())
-        return {"enabled": params.enabled, "input": comps.num_rows, "removed": 0, "removed_per_source": {}}
+        return FuzzyDuplicatesReport(enabled=params.enabled, input=comps.num_rows, removed=0, removed_per_source={})
     from stages.backend import resolve
     from stages.pair_texts import pair_jaccard
 
@@ -79,7 +79,7 @@ def run(
     score = _verified_jaccard(inputs, node[removed], node[keep_of])
     todo = np.flatnonzero(np.isnan(score))
     if todo.shape[0]:
-        shingle = int(inputs.manifest("duplicate_components").report.get("shingle", 24))
+        shingle = read_as(inputs.manifest("duplicate_components"), DuplicateComponentsReport).shingle or 24
         component = comps["component"].to_numpy()
         rows = removed[todo].astype(np.int64)
         computed, _ = pair_jaccard(inputs, comps["doc_id"].combine_chunks(), rows, keep_of[todo], component[rows],
@@ -94,11 +94,11 @@ def run(
         reasons=np.where(earlier[keep_of], "near_duplicate_of_earlier_crawl", "near_duplicate"),
     )
     output.write("removed", table)
-    return {
-        "enabled": True,
-        "input": int(comps.num_rows),
-        "removed": len(removed),
-        "components": len(np.unique(survivor)),
-        "removed_per_source": dict(sorted(Counter(source.tolist()).items())),
-        "removed_as_earlier_crawl_duplicates": int(earlier[keep_of].sum()),
-    }
+    return FuzzyDuplicatesReport(
+        enabled=True,
+        input=int(comps.num_rows),
+        removed=len(removed),
+        components=len(np.unique(survivor)),
+        removed_per_source=dict(sorted(Counter(source.tolist()).items())),
+        removed_as_earlier_crawl_duplicates=int(earlier[keep_of].sum()),
+    )

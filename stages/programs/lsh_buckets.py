@@ -23,8 +23,9 @@ import pyarrow.compute as pc
 from stages.backend import CPU, Backend, band_edges_on, band_keys_on, fanout, resolve
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, LshBucketsParams, lsh_curve, lsh_threshold
-from stages.paths import PartitionWriter, Store
-from stages.registry import Inputs, Partition
+from stages.reports import Bucket, LshBucketsReport, read_as
+from stages.store import PartitionWriter, Store
+from stages.task import Inputs, Partition
 
 NODES = pa.schema([("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string())])
 EDGES = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("band", pa.int32())])
@@ -50,12 +51,18 @@ class _BandGroup:
 
     def __call__(self, bands: list[int]) -> list[tuple[np.ndarray, np.ndarray, Any]]:
         """(src int64, dst int64, BucketStats) per band of ``bands``, in that order."""
-        t = self.store._read_files(self.pdir, list(self.parts), ["node", *map(band_column, bands)])
+        t = self.store.read_parts(self.pdir, list(self.parts), ["node", *map(band_column, bands)])
         ids = t.column(0).to_numpy()
         return [band_edges_on(self.backend, t.column(1 + i).to_numpy(), ids) for i in range(len(bands))]
 
 
-def _prior_rows(inputs: Inputs, crawl: str, base: dict[str, Any]) -> tuple[pa.Table, pa.Table]:
+def _hashing(report: LshBucketsReport) -> dict[str, int | None]:
+    """The MinHash and LSH parameters a bucket index was built with: equal ones can be merged."""
+    return {"bands": report.bands, "rows": report.rows, "shingle": report.shingle, "num_perm": report.num_perm,
+            "seed": report.seed}
+
+
+def _prior_rows(inputs: Inputs, crawl: str, base: LshBucketsReport) -> tuple[pa.Table, pa.Table]:
     """(nodes, band_keys) of the documents an earlier crawl kept, from its persisted bucket index
     (no signature is recomputed); band_keys' ``node`` column is replaced by ``doc_id``."""
     outputs = inputs.prior[crawl]
@@ -63,8 +70,7 @@ def _prior_rows(inputs: Inputs, crawl: str, base: dict[str, Any]) -> tuple[pa.Ta
     pdir = outputs["lsh_buckets/"]
     manifest = store.read_manifest(pdir)
     assert manifest is not None
-    same = {k: manifest.report.get(k) for k in ("bands", "rows", "shingle", "num_perm", "seed")}
-    mine = {k: base.get(k) for k in same}
+    same, mine = _hashing(read_as(manifest, LshBucketsReport)), _hashing(base)
     if same != mine:
         raise ValueError(f"crawl {crawl}'s bucket index was built with {same}, this crawl uses {mine}: "
                          "incremental dedup needs the same MinHash and LSH parameters")
@@ -78,7 +84,6 @@ def _prior_rows(inputs: Inputs, crawl: str, base: dict[str, Any]) -> tuple[pa.Ta
     own_key = pc.and_(pc.equal(crawl_of_key, crawl), pc.is_in(doc_of_key, value_set=kept_ids))
     keys = keys.set_column(0, "doc_id", doc_of_key).filter(own_key)
     nodes = nodes.filter(pc.and_(pc.equal(nodes["crawl"], crawl), pc.is_in(nodes["doc_id"], value_set=kept_ids)))
-    base.setdefault("prior_documents", {})[crawl] = nodes.num_rows
     return nodes.drop_columns(["node"]), keys
 
 
@@ -87,7 +92,7 @@ def _canonical_nodes(inputs: Inputs, crawl: str, prior: list[pa.Table]) -> pa.Ta
     anchor of every bucket) never depend on source order, sharding or arrival order."""
     parts = []
     for source in inputs.sources("minhash_signatures"):
-        ids = inputs.store.read_table(inputs.dir("minhash_signatures", source), "signatures", ["doc_id"])["doc_id"]
+        ids = inputs.read("minhash_signatures", "signatures", source, ["doc_id"])["doc_id"]
         n = len(ids)
         parts.append(pa.table({"doc_id": ids, "source": pa.array([source] * n, pa.string()),
                                "crawl": pa.array([crawl] * n, pa.string())}))
@@ -103,32 +108,35 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> LshBucketsReport:
     """Report: nodes, candidate edges, bucket-size histogram, largest buckets, the S-curve."""
     curve = {f"{s:.2f}": round(p, 4) for s, p in lsh_curve(params.bands, params.rows)}
-    base = {"bands": params.bands, "rows": params.rows,
-            "threshold": round(lsh_threshold(params.bands, params.rows), 4), "s_curve": curve}
+    threshold = round(lsh_threshold(params.bands, params.rows), 4)
     if not params.enabled:
         output.write("nodes", NODES.empty_table())
         output.write("edges", EDGES.empty_table())
-        return {"enabled": False, **base, "nodes": 0, "edges": 0}
+        return LshBucketsReport(enabled=False, bands=params.bands, rows=params.rows, threshold=threshold,
+                                s_curve=curve, nodes=0, edges=0)
     from stages.programs.minhash_signatures import signature_matrix
 
     backend = resolve(execution.backend)
-    base["backend"] = backend.name
-
     sig_params = inputs.manifest("minhash_signatures", inputs.sources("minhash_signatures")[0]).params
     num_perm = sig_params["num_perm"]
-    base.update(shingle=sig_params["shingle"], num_perm=num_perm, seed=sig_params["seed"])
+    base = LshBucketsReport(enabled=True, bands=params.bands, rows=params.rows, threshold=threshold, s_curve=curve,
+                            backend=backend.name, shingle=sig_params["shingle"], num_perm=num_perm,
+                            seed=sig_params["seed"])
     if params.bands * params.rows > num_perm:
         raise ValueError(f"bands x rows = {params.bands * params.rows} exceeds num_perm = {num_perm}")
     prior = [_prior_rows(inputs, crawl, base) for crawl in sorted(inputs.prior)]
+    if prior:
+        base = base.model_copy(update={"prior_documents": {
+            crawl: p[0].num_rows for crawl, p in zip(sorted(inputs.prior), prior, strict=True)}})
     nodes = _canonical_nodes(inputs, partition.crawl, [p[0] for p in prior])
     output.write("nodes", nodes)
     node = nodes.num_rows
     if node == 0:
         output.write("edges", EDGES.empty_table())
-        return {"enabled": True, **base, "nodes": 0, "edges": 0}
+        return base.model_copy(update={"nodes": 0, "edges": 0})
     node_ids = nodes["doc_id"].combine_chunks()
     for source in inputs.sources("minhash_signatures"):
         pdir = inputs.dir("minhash_signatures", source)
@@ -150,5 +158,6 @@ def run(
                                            schema=EDGES))
     assert stats is not None
     summary = stats.as_dict()
-    return {"enabled": True, **base, "nodes": node, "edges": summary["edges"],
-            "bucket_size_hist": summary["size_hist"], "largest_buckets": summary["largest"]}
+    return base.model_copy(update={
+        "nodes": node, "edges": summary["edges"], "bucket_size_hist": summary["size_hist"],
+        "largest_buckets": [Bucket.model_validate(b) for b in summary["largest"]]})

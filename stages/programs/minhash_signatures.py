@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,9 +18,10 @@ import pyarrow as pa
 from stages.backend import CPU, Backend, fanout, resolve, signatures_on
 from stages.parallel import kernel_cpus, zip_results
 from stages.params import ExecutionParams, MinhashSignaturesParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import survivors
+from stages.reports import MinhashSignaturesReport
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def signature_table(doc_id: pa.Array, sigs: np.ndarray) -> pa.Table:
@@ -62,13 +62,13 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> MinhashSignaturesReport:
     """Report: documents, bytes of text, kernel seconds and MB/s."""
     assert partition.source is not None
     empty = signature_table(pa.array([], pa.string()), np.zeros((0, params.num_perm), np.uint32))
     if not params.enabled:
         output.write("signatures", empty)
-        return {"enabled": False, "documents": 0}
+        return MinhashSignaturesReport(enabled=False, documents=0)
     backend = resolve(execution.backend)
     signer = _Signer(params.shingle, params.num_perm, params.seed, backend)
     docs = 0
@@ -84,11 +84,11 @@ def run(
         nbytes += size
     if docs == 0:
         output.write("signatures", empty)
-    return {
-        "enabled": True,
-        "backend": backend.name,
-        "documents": docs,
-        "bytes": nbytes,
-        "kernel_seconds": round(kernel_s, 3),
-        "kernel_mb_per_s": round(nbytes / 1e6 / kernel_s, 1) if kernel_s > 0 else None,
-    }
+    return MinhashSignaturesReport(
+        enabled=True,
+        backend=backend.name,
+        documents=docs,
+        bytes=nbytes,
+        kernel_seconds=round(kernel_s, 3),
+        kernel_mb_per_s=round(nbytes / 1e6 / kernel_s, 1) if kernel_s > 0 else None,
+    )

@@ -33,9 +33,10 @@ from stages.backend import resolve
 from stages.cache import RowCache, text_keys
 from stages.kernels import quality as Q
 from stages.params import ExecutionParams, QualityClassifier, QualityScoresParams
-from stages.paths import PartitionWriter, Store
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table, survivors
+from stages.reports import ClassifierStats, QualityScoresReport
+from stages.store import PartitionWriter, Store
+from stages.task import Inputs, Partition
 
 SCORES = "quality_model_scores"
 SCORER_VERSION = versions.QUALITY_SCORER  # bumped in stages/versions.py when scores change for one model
@@ -189,18 +190,18 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> QualityScoresReport:
     """Report: input, kept, removed, removed_per_reason and, per classifier, its thresholds for
     this source, scored/cached counts, removed count, seconds, docs/s and a score histogram."""
     source = partition.source
     assert source is not None
     if not params.enabled:
         _empty(output, [])
-        return {"enabled": False, "input": 0, "kept": 0, "removed": 0, "removed_per_reason": {}}
+        return QualityScoresReport(enabled=False, input=0, kept=0, removed=0, removed_per_reason={})
     if not params.classifiers:
         n = sum(t.num_rows for t in survivors(inputs, source, ["doc_id"], execution.batch_rows))
         _empty(output, [])
-        return {"enabled": True, "note": NO_MODEL, "input": n, "kept": n, "removed": 0, "removed_per_reason": {}}
+        return QualityScoresReport(enabled=True, note=NO_MODEL, input=n, kept=n, removed=0, removed_per_reason={})
 
     clfs = list(params.classifiers)
     caches = [ScoreCache(inputs.store, c, partition) for c in clfs]
@@ -266,31 +267,30 @@ def run(
     for cache in caches:
         cache.save()
 
-    report_clfs: dict[str, Any] = {}
+    report_clfs: dict[str, ClassifierStats] = {}
     for k, clf in enumerate(clfs):
         lo, hi = clf.bounds(source)
         st = stats[k]
         scores = np.concatenate(all_scores[k]) if all_scores[k] else np.zeros(0)
-        report_clfs[clf.name] = {
-            "kind": clf.kind, "min_score": lo, "max_score": hi, **st,
-            "seconds": round(float(st["seconds"]), 3),
-            "docs_per_s": round(st["computed"] / st["seconds"], 1) if st["seconds"] > 0 else None,
-            "histogram": Q.histogram(scores),
-        }
+        report_clfs[clf.name] = ClassifierStats(
+            kind=clf.kind, min_score=lo, max_score=hi, scored=int(st["scored"]), cached=int(st["cached"]),
+            computed=int(st["computed"]), removed=int(st["removed"]), seconds=round(float(st["seconds"]), 3),
+            docs_per_s=round(st["computed"] / st["seconds"], 1) if st["seconds"] > 0 else None,
+            histogram=Q.histogram(scores),
+        )
     unknown = sorted({s for c in clfs for s in (*c.min_score_per_source, *c.max_score_per_source)}
                      - set(partition.spec.sources))
     # Where the model classifiers ran (fastText is CPU code): it becomes the report's backend.
     devices = {sc.device for sc in scorers if sc is not None}
-    report: dict[str, Any] = {
-        "enabled": True,
-        "device": next((d for d in sorted(devices) if d.startswith("cuda")), "cpu"),
-        "input": total,
-        "kept": kept,
-        "removed": total - kept,
-        "removed_per_reason": {f"quality:{c.name}": report_clfs[c.name]["removed"] for c in clfs
-                               if report_clfs[c.name]["removed"]},
-        "classifiers": report_clfs,
-    }
-    if unknown:
-        report["unknown_sources_in_thresholds"] = unknown
-    return report
+    optional: dict[str, Any] = {"unknown_sources_in_thresholds": unknown} if unknown else {}  # set only if any
+    return QualityScoresReport(
+        enabled=True,
+        device=next((d for d in sorted(devices) if d.startswith("cuda")), "cpu"),
+        input=total,
+        kept=kept,
+        removed=total - kept,
+        removed_per_reason={f"quality:{c.name}": report_clfs[c.name].removed for c in clfs
+                            if report_clfs[c.name].removed},
+        classifiers=report_clfs,
+        **optional,
+    )

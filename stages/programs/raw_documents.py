@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 from stages.ingest.files import NoInputError, UnsupportedFileError, fingerprint, list_files
 from stages.ingest.records import Done
@@ -25,8 +24,9 @@ from stages.ingest.tasks import RangeTask, Task, plan
 from stages.ingest.writer import DOCUMENTS, QUARANTINE, Output
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
+from stages.reports import DamagedFile, RawDocumentsReport
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 __all__ = ["DOCUMENTS", "QUARANTINE", "InputReadError", "NoInputError", "UnsupportedFileError", "fingerprint",
            "list_files", "run"]
@@ -44,7 +44,7 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> RawDocumentsReport:
     """Ingest one source. Report: input, documents, quarantined, per-reason counts, files, damaged
     files and unread bytes, ignored files, chars, blank lines, empty files, tasks."""
     assert partition.source is not None
@@ -81,18 +81,20 @@ def run(
         progress.advance(nbytes=previous.size - credited[previous.path])
     out.close()
     quarantined = sum(out.reasons.values())
-    return {
-        "input": out.kept + quarantined,
-        "documents": out.kept,
-        "quarantined": quarantined,
-        "quarantine_reasons": dict(sorted(out.reasons.items())),
-        "files": len(files),
-        "damaged_files": out.damaged,
-        "unread_bytes": sum(d["unread_bytes"] + d["partial_bytes"] for d in out.damaged),
-        "ignored_files": len(ignored),
-        "ignored_examples": ignored[:IGNORED_SHOWN],
-        "empty_files": sum(1 for f in files if records[f.path] == 0),
-        "tasks": n_tasks,
-        "blank_lines": blank,
-        "chars": out.chars,
-    }
+    damaged = [DamagedFile.model_validate(d) for d in out.damaged]
+    return RawDocumentsReport(
+        input=out.kept + quarantined,
+        documents=out.kept,
+        quarantined=quarantined,
+        quarantine_reasons=dict(sorted(out.reasons.items())),
+        files=len(files),
+        bytes=sum(f.size for f in files),  # of the input files: the throughput `curate profile` shows
+        damaged_files=damaged,
+        unread_bytes=sum(d.unread_bytes + d.partial_bytes for d in damaged),
+        ignored_files=len(ignored),
+        ignored_examples=ignored[:IGNORED_SHOWN],
+        empty_files=sum(1 for f in files if records[f.path] == 0),
+        tasks=n_tasks,
+        blank_lines=blank,
+        chars=out.chars,
+    )

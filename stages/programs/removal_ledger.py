@@ -9,19 +9,20 @@ The report is checked before it is committed: for every source
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages import filters
+from stages.catalog import PROGRAMS, QUARANTINE, STAGES
 from stages.errors import StageError
 from stages.keep import ID_BYTES, fixed_ids
 from stages.params import ExecutionParams, RemovalLedgerParams
-from stages.paths import PartitionWriter
-from stages.registry import PROGRAMS, QUARANTINE, STAGES, Inputs, Partition
 from stages.removal import applied_programs, removed_table
+from stages.reports import CuratedDocumentsReport, LedgerSource, RemovalLedgerReport, read_as
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 LEDGER = pa.schema([
     ("doc_id", pa.string()),
@@ -109,7 +110,7 @@ def _removed(inputs: Inputs, program: str, sources: list[str], columns: list[str
     table is read once and ordered by source, stably)."""
     if PROGRAMS[program].level == "source":
         return pa.concat_tables([removed_table(inputs, program, s, columns).select(columns) for s in sources])
-    t = inputs.store.read_table(inputs.dir(program, None), "removed", columns)
+    t = inputs.read(program, "removed", columns=columns)
     rank = pc.index_in(t["source"], value_set=pa.array(sources, pa.string()))
     t = t.filter(pc.is_valid(rank))
     order = np.argsort(pc.drop_null(rank).to_numpy(zero_copy_only=False), kind="stable")
@@ -122,9 +123,9 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
-    """Report: {"crawl", "sources": {source: {input, kept, quarantined, removed: {stage: n}}}}, and
-    per source ``filters: {name: n}`` (of the heuristic removals, those of each custom filter)
+) -> RemovalLedgerReport:
+    """Report: {"crawl", "sources": {source: {input, kept, quarantined, removed, removed_per_stage:
+    {stage: n}}}}, and per source ``filters: {name: n}`` (of the heuristic removals, those of each custom filter)
     when the heuristic stage ran custom filters.
 
     Columnar throughout (Arrow compute, tables streamed in batches of ``batch_rows``): no Python
@@ -181,23 +182,22 @@ def run(
     if not output.tables.get("ledger"):
         output.write("ledger", LEDGER.empty_table())
 
-    report: dict[str, Any] = {"crawl": partition.crawl, "sources": {}}
+    entries: dict[str, LedgerSource] = {}
     for s in sources:
-        cur = inputs.manifest("curated_documents", s).report
-        entry = {"input": cur["input"], "kept": cur["kept"], "quarantined": cur["quarantined"],
-                 "removed": cur["removed"]}
-        total = entry["kept"] + entry["quarantined"] + sum(entry["removed"].values())
-        if total != entry["input"]:
-            raise LedgerMismatch(f"source {s}: input {entry['input']} != kept + quarantined + removed = {total}")
-        for stage, n in [(QUARANTINE, entry["quarantined"]), *entry["removed"].items()]:
+        cur = read_as(inputs.manifest("curated_documents", s), CuratedDocumentsReport)
+        adds_up, total = cur.adds_up()
+        if not adds_up:
+            raise LedgerMismatch(f"source {s}: input {cur.input} != kept + quarantined + removed = {total}")
+        for stage, n in [(QUARANTINE, cur.quarantined), *cur.removed_per_stage.items()]:
             if ledger_counts[(s, stage)] != n:
                 raise LedgerMismatch(f"source {s}, stage {stage}: ledger has {ledger_counts[(s, stage)]} rows, "
                                      f"curated counts {n}")
         names = _custom_filters(inputs, s)
-        if names:  # the custom filters' share of the heuristic removals, from the ledger's reasons
-            entry["filters"] = {name: reason_counts[(s, filters.reason(name))] for name in names}
-        report["sources"][s] = entry
-    return report
+        # the custom filters' share of the heuristic removals, from the ledger's reasons (set only if any)
+        custom = {"filters": {name: reason_counts[(s, filters.reason(name))] for name in names}} if names else {}
+        entries[s] = LedgerSource(input=cur.input, kept=cur.kept, quarantined=cur.quarantined, removed=cur.removed,
+                                  removed_per_stage=cur.removed_per_stage, **custom)
+    return RemovalLedgerReport(crawl=partition.crawl, sources=entries)
 
 
 def _custom_filters(inputs: Inputs, source: str) -> list[str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,9 +24,10 @@ import pyarrow.compute as pc
 
 from stages.backend import resolve
 from stages.params import ExecutionParams, SemanticClustersParams
-from stages.paths import PartitionWriter
-from stages.registry import Inputs, Partition
 from stages.removal import applied_programs, removed_ids
+from stages.reports import SemanticClustersReport
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 
 def clusters_schema(embedding: pa.DataType) -> pa.Schema:
@@ -48,7 +48,7 @@ def surviving_embeddings(inputs: Inputs) -> tuple[pa.Table, int]:
     tables = []
     dropped = 0
     for source in inputs.sources("document_embeddings"):
-        t = inputs.store.read_table(inputs.dir("document_embeddings", source), "embeddings", ["doc_id", "embedding"])
+        t = inputs.read("document_embeddings", "embeddings", source, ["doc_id", "embedding"])
         gone = removed_before(inputs, source)
         if len(gone) and t.num_rows:
             keep = pc.invert(pc.is_in(t["doc_id"], value_set=gone))
@@ -67,16 +67,16 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> SemanticClustersReport:
     """Report: input, dropped (removed earlier), clusters, largest, splits, fit_rows, seconds per phase."""
     if not params.enabled:
         output.write("clusters", clusters_schema(pa.list_(pa.float16(), 0)).empty_table())
-        return {"enabled": False, "input": 0}
+        return SemanticClustersReport(enabled=False, input=0)
     table, dropped = surviving_embeddings(inputs)
     if table.num_rows == 0:
         emb_type = table.schema.field("embedding").type if table.num_columns else pa.list_(pa.float16(), 0)
         output.write("clusters", clusters_schema(emb_type).empty_table())
-        return {"enabled": True, "input": 0, "dropped": dropped, "clusters": 0}
+        return SemanticClustersReport(enabled=True, input=0, dropped=dropped, clusters=0)
     import torch
 
     from stages.kernels.semantic import embedding_matrix, semantic_clusters
@@ -110,18 +110,18 @@ def run(
     for a in range(0, len(row), execution.batch_rows):
         output.write("clusters", out.slice(a, execution.batch_rows))
     sizes = np.bincount(labels)
-    return {
-        "enabled": True,
-        "input": n,
-        "dropped": dropped,
-        "n_clusters": k,
-        "clusters": stats["clusters"],
-        "largest": stats["largest"],
-        "median_size": float(np.median(sizes)),
-        "splits": stats["splits"],
-        "spilled": stats["spilled"],
-        "fit_rows": stats["fit_rows"],
-        "device": device,
-        "load_seconds": round(t1 - t0, 3),
-        "kmeans_seconds": round(t2 - t1, 3),
-    }
+    return SemanticClustersReport(
+        enabled=True,
+        input=n,
+        dropped=dropped,
+        n_clusters=k,
+        clusters=stats["clusters"],
+        largest=stats["largest"],
+        median_size=float(np.median(sizes)),
+        splits=stats["splits"],
+        spilled=stats["spilled"],
+        fit_rows=stats["fit_rows"],
+        device=device,
+        load_seconds=round(t1 - t0, 3),
+        kmeans_seconds=round(t2 - t1, 3),
+    )

@@ -30,10 +30,11 @@ import pyarrow.compute as pc
 
 from stages.backend import resolve
 from stages.params import ExecutionParams, SemanticDuplicatesParams
-from stages.paths import PartitionWriter
 from stages.programs.semantic_clusters import removed_before
-from stages.registry import Inputs, Partition
 from stages.removal import REMOVED, removal_table
+from stages.reports import SemanticDuplicatesReport
+from stages.store import PartitionWriter
+from stages.task import Inputs, Partition
 
 REASON = "semantic_duplicate"
 NEIGHBORS = pa.schema([
@@ -41,7 +42,9 @@ NEIGHBORS = pa.schema([
     ("neighbor", pa.string()), ("neighbor_source", pa.string()), ("similarity", pa.float32()),
 ])
 # Similarity bands of the report (lower edges), highest first.
-BANDS = (0.99, 0.97, 0.95, 0.93, 0.90, 0.85, 0.80, 0.70, 0.0)
+# Cosine similarity of normalized embeddings is in [-1, 1]: the lowest band takes every value,
+# negative ones included (a small cluster's nearest neighbour can point away).
+BANDS = (0.99, 0.97, 0.95, 0.93, 0.90, 0.85, 0.80, 0.70, -1.0)
 
 
 def clusters(inputs: Inputs, batch_rows: int) -> Iterator[pa.Table]:
@@ -70,7 +73,8 @@ def _runs(t: pa.Table) -> Iterator[pa.Table]:
 
 
 def band(similarity: float) -> str:
-    lo = next(b for b in BANDS if similarity >= b)
+    """The report's band label of one nearest-neighbour similarity (``>=0.95``, ..., ``>=-1.00``)."""
+    lo = next((b for b in BANDS if similarity >= b), BANDS[-1])  # float32 rounding below -1
     return f">={lo:.2f}"
 
 
@@ -80,12 +84,12 @@ def run(
     output: PartitionWriter,
     partition: Partition,
     execution: ExecutionParams,
-) -> dict[str, Any]:
+) -> SemanticDuplicatesReport:
     """Report: input, clusters, removed, removed per source, pairs compared, pairs/s, similarity bands."""
     if not params.enabled:
         output.write("removed", REMOVED.empty_table())
         output.write("neighbors", NEIGHBORS.empty_table())
-        return {"enabled": False, "input": 0, "removed": 0, "removed_per_source": {}}
+        return SemanticDuplicatesReport(enabled=False, input=0, removed=0, removed_per_source={})
     import torch
 
     from stages.kernels.semantic import (
@@ -160,18 +164,18 @@ def run(
     bands = Counter(band(float(v)) for v in col["sim"][has])
     n = len(col["doc"])
     removed_rows = int(dup.sum())
-    return {
-        "enabled": True,
-        "input": n,
-        "clusters": n_clusters,
-        "appearances": sum(len(v) for v in parts["doc"]),
-        "removed": removed_rows,
-        "removed_per_source": dict(sorted(removed_per_source.items())),
-        "eps": params.eps,
-        "which_to_keep": params.which_to_keep,
-        "pairs": pairs,
-        "device": device,
-        "pairwise_seconds": round(seconds, 3),
-        "pairs_per_second": round(pairs / seconds) if seconds > 0 else None,
-        "similarity_bands": {b: bands[b] for b in (f">={lo:.2f}" for lo in BANDS) if bands[b]},
-    }
+    return SemanticDuplicatesReport(
+        enabled=True,
+        input=n,
+        clusters=n_clusters,
+        appearances=sum(len(v) for v in parts["doc"]),
+        removed=removed_rows,
+        removed_per_source=dict(sorted(removed_per_source.items())),
+        eps=params.eps,
+        which_to_keep=params.which_to_keep,
+        pairs=pairs,
+        device=device,
+        pairwise_seconds=round(seconds, 3),
+        pairs_per_second=round(pairs / seconds) if seconds > 0 else None,
+        similarity_bands={b: bands[b] for b in (f">={lo:.2f}" for lo in BANDS) if bands[b]},
+    )

@@ -22,9 +22,11 @@ from curation_dagster.checks import (
 )
 from curation_dagster.config import ChecksConfig, load_config
 from curation_dagster.resources import CurationResource, save_spec
+from stages.catalog import PROGRAMS
 from stages.dataroot import CRAWLS_DIR
-from stages.paths import Manifest, Store
-from stages.registry import PROGRAMS, CrawlSpec, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Manifest, Store
 from tests.support import ops_workdir
 from tests.support import tiny_corpus as T
 
@@ -210,10 +212,10 @@ def test_the_recrawled_tiny_crawl_passes_every_check(prepared: ops_workdir.Prepa
 
 
 def test_curate_run_stops_at_a_failed_blocking_check(tmp_path: Path) -> None:
-    from curation_dagster.cli import _workdir_paths
+    from curation_dagster.location import workdir_paths
     from curation_dagster.runner import RunFailed, run_crawl
 
-    workdir, home = _workdir_paths(str(tmp_path / "w"))
+    workdir, home = workdir_paths(str(tmp_path / "w"))
     (workdir / "curate.yaml").write_text(yaml.safe_dump(
         {"checks": {"over_deletion": {"per_stage": {"heuristic": 0.2}, "min_documents": 0}}}))
     assert load_config(workdir).checks.over_deletion.bound("heuristic") == 0.2

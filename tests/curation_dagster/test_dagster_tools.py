@@ -18,7 +18,7 @@ import yaml
 from curation_dagster.checks import CHECKS
 from curation_dagster.definitions import default_workdir
 from curation_dagster.instance import DAGSTER_YAML, ensure_instance_config, workdir_of
-from stages.registry import PROGRAMS
+from stages.catalog import PROGRAMS
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -58,8 +58,8 @@ def test_dg_check_and_list_defs_find_every_asset() -> None:
 
 
 def test_the_kubernetes_code_location_loads_with_dagsters_loader() -> None:
-    # k8s/values.yaml: `dagster api grpc -m curation_dagster.k8s -a definitions` (a function).
-    log = _tool("dagster", "definitions", "validate", "-m", "curation_dagster.k8s", "-a", "definitions",
+    # k8s/values.yaml: `dagster api grpc -m curation_dagster.definitions -a k8s_definitions` (a function).
+    log = _tool("dagster", "definitions", "validate", "-m", "curation_dagster.definitions", "-a", "k8s_definitions",
                 CURATE_DATA_ROOT="s3://bucket/curation")
     assert "Validation successful" in log.stdout + log.stderr
 

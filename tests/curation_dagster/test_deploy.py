@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from curation_dagster import cli, k8s
+from curation_dagster import cli, k8s_spec
 from curation_dagster.deploy import (
     PG_PASSWORD_ENV,
     DeployError,
@@ -41,8 +41,9 @@ from curation_dagster.deploy import (
     graphql_post,
     postgres_bindir,
 )
+from curation_dagster.launchers import k8s
 from curation_dagster.resources import CurationResource
-from stages.registry import PROGRAMS
+from stages.catalog import PROGRAMS
 from tests.support import tiny_corpus as T
 
 BUCKET = "curation-deploy"
@@ -75,12 +76,12 @@ def test_a_pipes_partition_runs_the_stage_pods_command_line() -> None:
     resource = CurationResource(workdir="/w", data_root="s3://bucket/root", mode="pipes")
     for program, source in (("minhash_signatures", "web"), ("lsh_buckets", None)):
         command, env = resource.pod_command(program, "c1", source)
-        container = k8s.pod_manifest(k8s.K8sSettings(), resource, program, "c1", source)["spec"]["containers"][0]
+        container = k8s.pod_manifest(k8s_spec.K8sSettings(), resource, program, "c1", source)["spec"]["containers"][0]
         assert container["command"][0] == "python" and command == [sys.executable, *container["command"][1:]]
         assert env == {e["name"]: e["value"] for e in container["env"]
                        if e["name"] in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "PYTHONUNBUFFERED")}
         assert command[command.index("--workers") + 1] == env["OMP_NUM_THREADS"] == str(
-            k8s.threads(PROGRAMS[program].resources))
+            k8s_spec.threads(PROGRAMS[program].resources))
 
 
 def test_the_deployments_instance_config(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ wheelhouse. Then, against an S3 server on 127.0.0.1 (moto's, reached with ``--ne
   its counts are read back from S3, and what the stage reported over Pipes (the container's log)
   is what Dagster recorded;
 - the code-location image loads the definitions as the chart's gRPC server does (``dagster
-  definitions validate -m curation_dagster.k8s -a definitions``) and reads the S3 data root: the
+  definitions validate -m curation_dagster.definitions -a k8s_definitions``) and reads the S3 data root: the
   ``doc_id_unique`` asset check's verdict on that partition, evaluated inside the image;
 - both images import every module tests/support/image_contents.py says they need, at one Python, and
   the stage image at the pinned Ray.
@@ -42,12 +42,13 @@ import fsspec.config
 import pytest
 from dagster import AssetKey, DagsterInstance
 
-from curation_dagster import k8s
+from curation_dagster import k8s_spec
 from curation_dagster.partitions import CRAWL, SOURCE
 from stages import params as P
 from stages.dataroot import DataRoot
-from stages.paths import Store
-from stages.registry import CrawlSpec, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 from tests.curation_dagster.test_k8s_e2e import (
     CPU_NODE,
     LONG,
@@ -283,14 +284,14 @@ def test_the_code_location_image_loads_the_definitions_and_reads_the_s3_data_roo
     flags = ["--rm", "--pull", "never", "--network", "host", "--user", "10001:10001", "--read-only",
              "--read-only-tmpfs=false", "--tmpfs", "/tmp:rw,mode=1777", "--cap-drop", "ALL",
              f"--volume={path}:{path}:ro", *(f"--env={k}" for k in env)]
-    # What the chart's user deployment serves (`dagster api grpc -m curation_dagster.k8s -a definitions`).
+    # What the chart's user deployment serves (`dagster api grpc -m curation_dagster.definitions -a k8s_definitions`).
     validate = podman("run", *flags, images["dagster"], "dagster", "definitions", "validate",
-                      "-m", "curation_dagster.k8s", "-a", "definitions", env=env)
+                      "-m", "curation_dagster.definitions", "-a", "k8s_definitions", env=env)
     assert validate.returncode == 0, validate.stdout + validate.stderr
     # An asset check on the partition the stage image committed: manifest and doc_ids from S3.
     script = (
-        "import json; from curation_dagster import checks; from curation_dagster.k8s import definitions; "
-        "curation = definitions().resources['curation']; "
+        "import json; from curation_dagster import checks; from curation_dagster.definitions import k8s_definitions; "
+        "curation = k8s_definitions().resources['curation']; "
         "kind = next(k for k in checks.CHECK_KINDS if k.name == 'doc_id_unique'); "
         "v = checks.evaluate(curation, kind, 'raw_documents', 'c1', 'web'); "
         "print(json.dumps({'root': curation.root(), 'mode': curation.mode, 'passed': v.passed, "
@@ -318,4 +319,4 @@ def test_the_images_import_what_they_need_at_one_python_and_the_pinned_ray(image
         assert seen[image]["n"] == len(needed)
     assert seen["cpu"]["python"] == seen["dagster"]["python"]  # one base, one Python
     assert seen["cpu"]["python"][:2] == [3, 11]
-    assert seen["cpu"]["ray"] == k8s.RAY_VERSION
+    assert seen["cpu"]["ray"] == k8s_spec.RAY_VERSION

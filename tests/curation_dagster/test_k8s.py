@@ -12,17 +12,18 @@ import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kubernetes_validate
 import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from curation_dagster import cli, k8s
+from curation_dagster import cli, k8s_spec
+from curation_dagster.definitions import k8s_definitions
+from curation_dagster.launchers import k8s
 from curation_dagster.resources import CurationResource
-from stages import registry
-from stages.registry import PROGRAMS, Resources
+from stages.catalog import PROGRAMS, Resources
 from tests.support import image_contents
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,9 +48,9 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return list(spec.get("containers", []))
 
 
-def _pod(program: str, settings: k8s.K8sSettings | None = None, source: str | None = "web") -> dict[str, Any]:
+def _pod(program: str, settings: k8s_spec.K8sSettings | None = None, source: str | None = "web") -> dict[str, Any]:
     src = source if PROGRAMS[program].level == "source" else None
-    return k8s.pod_manifest(settings or k8s.K8sSettings(), RESOURCE, program, "c1", src)
+    return k8s.pod_manifest(settings or k8s_spec.K8sSettings(), RESOURCE, program, "c1", src)
 
 
 GPU = Resources(cpu=4.0, memory_gib=16.0, gpu=2, image="gpu")
@@ -63,13 +64,13 @@ def gpu_program(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_every_rendered_manifest_validates_strictly(gpu_program: str) -> None:
-    busy = k8s.K8sSettings(
+    busy = k8s_spec.K8sSettings(
         image_pull_secrets=("regcred",), priority_class="batch-low", active_deadline_s=7200,
         cpu_node_selector={"pool": "cpu"}, cpu_tolerations=({"key": "pool", "operator": "Equal", "value": "cpu",
                                                             "effect": "NoSchedule"},),
         secrets=("s3-credentials", "hf-token"), workdir_claim=None,
     )
-    docs = [*yaml.safe_load_all(k8s.render(RESOURCE, settings=k8s.K8sSettings())),
+    docs = [*yaml.safe_load_all(k8s.render(RESOURCE, settings=k8s_spec.K8sSettings())),
             *yaml.safe_load_all(k8s.render(RESOURCE, settings=busy))]
     assert len(docs) == 2 * len(PROGRAMS)
     for doc in docs:
@@ -111,9 +112,9 @@ def test_gpu_stage_pod(gpu_program: str) -> None:
 
 def test_gpu_needs_the_gpu_image() -> None:
     with pytest.raises(ValueError, match="needs image='gpu'"):
-        k8s.pod_spec(k8s.K8sSettings(), Resources(gpu=1), "/workdir", "x")
+        k8s_spec.pod_spec(k8s_spec.K8sSettings(), Resources(gpu=1), "/workdir", "x")
     # A GPU-image stage that asks for no GPU lands on CPU nodes.
-    spec = k8s.pod_spec(k8s.K8sSettings(), Resources(image="gpu"), "/workdir", "x")
+    spec = k8s_spec.pod_spec(k8s_spec.K8sSettings(), Resources(image="gpu"), "/workdir", "x")
     assert spec["containers"][0]["image"].endswith("stage-gpu:0.1.0") and "tolerations" not in spec
 
 
@@ -136,7 +137,7 @@ def test_pods_are_locked_down(gpu_program: str) -> None:
         assert volumes["tmp"]["emptyDir"] == {"sizeLimit": "8192Mi"}
         assert volumes["cache"]["emptyDir"] == {"sizeLimit": "16384Mi"}
     # A data root on a shared POSIX volume: the claim, mounted at the workdir path.
-    spec = k8s.pod_spec(k8s.K8sSettings(workdir_claim="curation-workdir"), Resources(), "/workdir", "x")
+    spec = k8s_spec.pod_spec(k8s_spec.K8sSettings(workdir_claim="curation-workdir"), Resources(), "/workdir", "x")
     assert {v["name"]: v for v in spec["volumes"]}["workdir"]["persistentVolumeClaim"] == {
         "claimName": "curation-workdir"}
     assert {"name": "workdir", "mountPath": "/workdir"} in spec["containers"][0]["volumeMounts"]
@@ -145,7 +146,7 @@ def test_pods_are_locked_down(gpu_program: str) -> None:
 def test_credentials_only_through_secret_references(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "HF_TOKEN", "DAGSTER_PG_PASSWORD"):
         monkeypatch.setenv(name, SECRET)
-    text = k8s.render(RESOURCE, settings=k8s.K8sSettings(secrets=("curation-credentials", "hf-token")))
+    text = k8s.render(RESOURCE, settings=k8s_spec.K8sSettings(secrets=("curation-credentials", "hf-token")))
     assert SECRET not in text
     for doc in yaml.safe_load_all(text):
         (c,) = doc["spec"]["containers"]
@@ -181,7 +182,7 @@ def test_storage_options_never_reach_a_pod_and_a_credential_in_the_data_root_is_
 
 
 def test_settings_from_environment() -> None:
-    s = k8s.K8sSettings.from_env({
+    s = k8s_spec.K8sSettings.from_env({
         "CURATE_K8S_GPU_IMAGE": "reg.example/stage-gpu:1.2",
         "CURATE_K8S_SECRETS": '["a", "b"]',
         "CURATE_K8S_GPU_NODE_SELECTOR": '{"gpu": "h100"}',
@@ -197,15 +198,15 @@ def test_settings_from_environment() -> None:
     assert (s.kubeconfig_file, s.workdir_claim, s.image_pull_policy, s.namespace) == (
         "/etc/kube/config", "shared-data", "Always", "123")
     with pytest.raises(ValueError, match="unknown setting CURATE_K8S_GPU_IMAGES"):
-        k8s.K8sSettings.from_env({"CURATE_K8S_GPU_IMAGES": "x"})
+        k8s_spec.K8sSettings.from_env({"CURATE_K8S_GPU_IMAGES": "x"})
     with pytest.raises(ValueError, match="invalid CURATE_K8S"):
-        k8s.K8sSettings.from_env({"CURATE_K8S_IMAGE_PULL_POLICY": "Sometimes"})
+        k8s_spec.K8sSettings.from_env({"CURATE_K8S_IMAGE_PULL_POLICY": "Sometimes"})
 
 
-def test_registry_resources_render() -> None:
+def test_catalog_resources_render() -> None:
     """Every program as registered today: valid resources, CPU or GPU consistently declared."""
-    settings = k8s.K8sSettings()
-    for name, program in registry.PROGRAMS.items():
+    settings = k8s_spec.K8sSettings()
+    for name, program in PROGRAMS.items():
         res = program.resources
         assert res.cpu > 0 and res.memory_gib > 0 and res.gpu >= 0, name
         assert (res.gpu > 0) <= (res.image == "gpu"), name
@@ -224,19 +225,52 @@ def test_curate_k8s_render_prints_the_exact_pod(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert out.startswith("# filtered_documents[c1|web] -> POST /api/v1/namespaces/curation/pods\n")
     (doc,) = yaml.safe_load_all(out)
-    expected = k8s.pod_manifest(k8s.K8sSettings(cpu_image="reg.example/stage-cpu:9"), RESOURCE,
+    expected = k8s.pod_manifest(k8s_spec.K8sSettings(cpu_image="reg.example/stage-cpu:9"), RESOURCE,
                                 "filtered_documents", "c1", "web")
     assert doc == expected
     assert cli.main(["k8s", "render", "--asset", "nope"]) == 1
     assert "unknown asset 'nope'" in capsys.readouterr().err
 
 
+def test_curate_k8s_render_is_the_pod_the_code_location_launches(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``curate k8s render`` builds its resource as the Kubernetes code location does
+    (``resources.resource_for``): with the Ray settings of docs/scale-out.md set, the rendered pod
+    runs the stage on that Ray cluster, and is what the launcher submits for that partition."""
+    ray = "ray://curation-ray-head-svc.curation.svc:10001"
+    for name, value in (("CURATE_WORKDIR", "/workdir"), ("CURATE_DATA_ROOT", "s3://bucket/curation"),
+                        ("CURATE_EXECUTOR", "ray"), ("CURATE_RAY_ADDRESS", ray)):
+        monkeypatch.setenv(name, value)
+    assert cli.main(["k8s", "render", "--asset", "minhash_signatures", "--crawl", "c1", "--source", "web"]) == 0
+    (doc,) = yaml.safe_load_all(capsys.readouterr().out)
+    command = doc["spec"]["containers"][0]["command"]
+    assert command[command.index("--executor"):][:4] == ["--executor", "ray", "--ray-address", ray]
+
+    launched: dict[str, Any] = {}
+
+    class Client:
+        def run(self, **kwargs: Any) -> Any:
+            launched.update(kwargs)
+            return type("Invocation", (), {"get_materialize_result": lambda self: None})()
+
+    monkeypatch.setattr(k8s, "pipes_client", lambda settings, spec, partition: Client())
+    curation = k8s_definitions().resources["curation"]
+    k8s.launch(cast(Any, None), curation, "minhash_signatures", "c1", "web")
+    assert launched["command"] == command
+    assert doc == k8s.pod_manifest(k8s_spec.K8sSettings.from_env(), curation, "minhash_signatures", "c1", "web")
+    for key in ("base_pod_meta", "base_pod_spec"):  # what build_pod_body merges into the manifest
+        assert launched[key] == k8s_spec.pod_arguments(k8s_spec.K8sSettings.from_env(), curation,
+                                                       "minhash_signatures", "c1", "web")[key]
+
+
 def test_kubernetes_code_location(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CURATE_WORKDIR", "/workdir")
     monkeypatch.setenv("CURATE_DATA_ROOT", "s3://bucket/curation")
-    # What `dagster api grpc -m curation_dagster.k8s -a definitions` (k8s/values.yaml) calls; that
-    # Dagster's loader accepts it is tests/curation_dagster/test_dagster_tools.py's (`dagster definitions validate`).
-    defs: Any = k8s.definitions()
+    # What `dagster api grpc -m curation_dagster.definitions -a k8s_definitions` (k8s/values.yaml)
+    # calls; that Dagster's loader accepts it is tests/curation_dagster/test_dagster_tools.py's
+    # (`dagster definitions validate`).
+    defs: Any = k8s_definitions()
     resource = defs.resources["curation"]
     assert resource.mode == "k8s" and resource.data_root == "s3://bucket/curation"
     assert resource.command("exact_duplicates", "c1", None) == RESOURCE.command("exact_duplicates", "c1", None)
@@ -244,7 +278,8 @@ def test_kubernetes_code_location(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_orchestration_imports_no_kubernetes_at_module_level() -> None:
-    code = ("import sys, curation_dagster.k8s, curation_dagster.cli, curation_dagster.resources; "
+    code = ("import sys, curation_dagster.k8s_spec, curation_dagster.launchers.k8s, curation_dagster.definitions, "
+            "curation_dagster.cli, curation_dagster.resources; "
             "print(sorted(m for m in ('kubernetes', 'dagster_k8s') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
@@ -254,7 +289,7 @@ def test_orchestration_imports_no_kubernetes_at_module_level() -> None:
 
 
 def test_generated_k8s_files_are_up_to_date() -> None:
-    for name, text in k8s.static_manifests().items():
+    for name, text in k8s_spec.static_manifests().items():
         assert (ROOT / "k8s" / name).read_text() == text, f"regenerate: curate k8s render --templates k8s ({name})"
 
 
@@ -289,7 +324,8 @@ def test_helm_values() -> None:
     assert values["postgresql"]["enabled"] is True
     launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
     (location,) = values["dagster-user-deployments"]["deployments"]
-    assert location["dagsterApiGrpcArgs"] == ["--module-name", "curation_dagster.k8s", "--attribute", "definitions"]
+    assert location["dagsterApiGrpcArgs"] == ["--module-name", "curation_dagster.definitions",
+                                          "--attribute", "k8s_definitions"]
     assert location["includeConfigInLaunchedRuns"] == {"enabled": True}
     # The Kubernetes parts of the values, assembled as the chart does, validate as pods.
     code_location = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "code-location"}, "spec": {
@@ -308,7 +344,7 @@ def test_helm_values() -> None:
     # Its stage-pod settings are valid K8sSettings; no shared volume anywhere: the workdir is the
     # curate.yaml ConfigMap (read-only), specs and outputs are in the data root.
     env = {e["name"]: e["value"] for e in location["env"]}
-    settings = k8s.K8sSettings.from_env(env)
+    settings = k8s_spec.K8sSettings.from_env(env)
     assert settings.workdir_claim is None
     assert not any("persistentVolumeClaim" in v for v in location["volumes"])
     (workdir,) = [m for m in location["volumeMounts"] if m["mountPath"] == env["CURATE_WORKDIR"]]
@@ -419,7 +455,7 @@ def test_images_are_pinned_and_non_root() -> None:
         assert "pip install --no-cache-dir --no-deps . && pip check && rm -rf /src" in text
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert next(line for line in ignore if not line.startswith("#")) == "*"  # an allow-list
-    assert k8s.K8sSettings().run_as_user == 10001
+    assert k8s_spec.K8sSettings().run_as_user == 10001
 
 
 @pytest.mark.parametrize("image", image_contents.IMAGES)
@@ -468,14 +504,14 @@ def test_one_python_and_one_ray_across_images_and_the_ray_cluster() -> None:
 
     ray_pins = {str(Requirement(r).specifier) for reqs in pyproject["project"]["optional-dependencies"].values()
                 for r in reqs if Requirement(r).name == "ray"}
-    assert ray_pins == {f"=={k8s.RAY_VERSION}"}
-    assert md.version("ray") == k8s.RAY_VERSION  # this environment: `curate run --ray-address` is a client
+    assert ray_pins == {f"=={k8s_spec.RAY_VERSION}"}
+    assert md.version("ray") == k8s_spec.RAY_VERSION  # this environment: `curate run --ray-address` is a client
     (cluster,) = yaml.safe_load_all((ROOT / "k8s" / "raycluster.yaml").read_text())
-    assert cluster["spec"]["rayVersion"] == k8s.RAY_VERSION
+    assert cluster["spec"]["rayVersion"] == k8s_spec.RAY_VERSION
     spec = cluster["spec"]
     groups = {"head": spec["headGroupSpec"]} | {g["groupName"]: g for g in spec["workerGroupSpecs"]}
     images = {name: g["template"]["spec"]["containers"][0]["image"] for name, g in groups.items()}
-    settings = k8s.K8sSettings()
+    settings = k8s_spec.K8sSettings()
     assert images == {"head": settings.cpu_image, "cpu-workers": settings.cpu_image, "gpu-workers": settings.gpu_image}
     # Images of this release, built from this pyproject.toml: its Ray pin is theirs.
     assert {image.rsplit(":", 1)[1] for image in images.values()} == {pyproject["project"]["version"]}

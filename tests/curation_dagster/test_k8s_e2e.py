@@ -36,13 +36,16 @@ import kubernetes_validate
 import pytest
 from dagster import AssetKey, DagsterInstance, Failure, materialize
 
-from curation_dagster import k8s
+from curation_dagster import k8s_spec
 from curation_dagster.assets import ASSETS
+from curation_dagster.launchers import k8s
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource, save_spec
+from stages import catalog
 from stages import params as P
-from stages import registry
-from stages.registry import CrawlSpec, Resources
+from stages.catalog import Resources
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
 
 NAMESPACE = "curation"
 CPU_IMAGE = "registry.test/curation/stage-cpu:e2e"
@@ -478,7 +481,7 @@ def running(fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
             **settings,
         }
         for k, v in settings.items():
-            monkeypatch.setenv(k8s.ENV_PREFIX + k, v)
+            monkeypatch.setenv(k8s_spec.ENV_PREFIX + k, v)
         yield fake
     kubernetes.client.Configuration.set_default(default)
 
@@ -508,7 +511,7 @@ def test_cpu_and_gpu_partitions_run_as_pods(
 ) -> None:
     workdir, spec = crawl
     # Test-only: no program needs a GPU yet, so exact_duplicates is declared a GPU stage here.
-    monkeypatch.setitem(registry.PROGRAMS, "exact_duplicates", replace(registry.PROGRAMS["exact_duplicates"],
+    monkeypatch.setitem(catalog.PROGRAMS, "exact_duplicates", replace(catalog.PROGRAMS["exact_duplicates"],
                                                                         resources=GPU))
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(CRAWL, ["c1"])
@@ -549,7 +552,7 @@ def test_cpu_and_gpu_partitions_run_as_pods(
     assert recorded("exact_duplicates", "removed") == 2
     assert recorded("exact_duplicates", "removed_per_source") == {"web": 2}
     store = CurationResource(workdir=str(workdir)).store()
-    task = registry.plan_task(store, spec, "exact_duplicates", None)
+    task = plan_task(store, spec, "exact_duplicates", None)
     manifest = store.read_manifest(task.output_dir)
     assert manifest is not None and recorded("exact_duplicates", "data_version") == manifest.data_version
     assert recorded("exact_duplicates", "params_key") == task.key
@@ -560,7 +563,7 @@ def test_cpu_and_gpu_partitions_run_as_pods(
         assert SECRET_VALUE not in json.dumps(pod)
 
     # What was submitted is exactly what `curate k8s render` prints, up to the per-run values.
-    settings = k8s.K8sSettings.from_env()
+    settings = k8s_spec.K8sSettings.from_env()
     resource = CurationResource(workdir=str(workdir), mode="k8s", workers=1)
     for pod, (program, source) in zip(cluster.posted, [("filtered_documents", "web"), ("exact_duplicates", None)],
                                       strict=True):
@@ -602,7 +605,7 @@ def test_a_gpu_pod_that_never_schedules_fails_after_the_pending_bound(
     """No GPU node: the pod stays Pending with no container status, which dagster-k8s alone waits
     out for 24 h. CURATE_K8S_PENDING_TIMEOUT_S bounds it: one line naming the partition and why."""
     workdir, spec = crawl
-    monkeypatch.setitem(registry.PROGRAMS, "exact_duplicates", replace(registry.PROGRAMS["exact_duplicates"],
+    monkeypatch.setitem(catalog.PROGRAMS, "exact_duplicates", replace(catalog.PROGRAMS["exact_duplicates"],
                                                                         resources=GPU))
     fake = FakeCluster({"cpu-node": replace(CPU_NODE)}, {CPU_IMAGE: IMAGE_ENV, GPU_IMAGE: IMAGE_ENV})
     with running(fake, tmp_path, monkeypatch, PENDING_TIMEOUT_S="1.5"):

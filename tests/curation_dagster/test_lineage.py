@@ -10,13 +10,16 @@ import dagster as dg
 import pytest
 
 from curation_dagster.lineage import ledger_metadata, stages_of, waterfall_markdown, waterfall_png, waterfall_rows
+from stages.reports import RemovalLedgerReport
 from tests.support import ops_workdir
 from tests.support import tiny_corpus as T
 
-REPORT = {"crawl": "c1", "sources": {
-    "news": {"input": 100, "kept": 50, "quarantined": 10, "removed": {"heuristic": 30, "exact": 10, "custom": 0}},
-    "blog": {"input": 8, "kept": 0, "quarantined": 8, "removed": {"heuristic": 0, "exact": 0, "custom": 0}},
-}}
+REPORT = RemovalLedgerReport.model_validate({"crawl": "c1", "sources": {
+    "news": {"input": 100, "kept": 50, "quarantined": 10, "removed": 40,
+             "removed_per_stage": {"heuristic": 30, "exact": 10, "custom": 0}},
+    "blog": {"input": 8, "kept": 0, "quarantined": 8, "removed": 0,
+             "removed_per_stage": {"heuristic": 0, "exact": 0, "custom": 0}},
+}})
 
 
 def test_waterfall_table_shares_of_what_reached_each_step() -> None:
@@ -70,12 +73,12 @@ def test_waterfall_is_a_native_table_with_a_schema() -> None:
 
 
 def test_custom_filters_have_their_columns_beside_heuristic() -> None:
-    report = {"crawl": "c1", "sources": {
-        "a": {"input": 10, "kept": 4, "quarantined": 1, "removed": {"heuristic": 4, "exact": 1},
+    report = RemovalLedgerReport.model_validate({"crawl": "c1", "sources": {
+        "a": {"input": 10, "kept": 4, "quarantined": 1, "removed": 5, "removed_per_stage": {"heuristic": 4, "exact": 1},
               "filters": {"digits": 2, "banned": 1}},
-        "b": {"input": 3, "kept": 3, "quarantined": 0, "removed": {"heuristic": 0, "exact": 0},
+        "b": {"input": 3, "kept": 3, "quarantined": 0, "removed": 0, "removed_per_stage": {"heuristic": 0, "exact": 0},
               "filters": {"digits": 0, "banned": 0}},
-    }}
+    }})
     value = ledger_metadata(report)["waterfall_table"]
     assert [c.name for c in value.schema.columns] == [
         "source", "input", "quarantine", "heuristic", "heuristic:banned", "heuristic:digits", "exact", "kept",

@@ -21,8 +21,8 @@ from curation_dagster.definitions import build_definitions
 from curation_dagster.partitions import partition_key
 from curation_dagster.recrawl import ROOT_PROGRAMS, discover, spec_for
 from curation_dagster.resources import CurationResource, load_spec, save_spec
+from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot
-from stages.registry import PROGRAMS
 from tests.support import ops_workdir
 from tests.support import tiny_corpus as T
 
@@ -219,8 +219,8 @@ def test_recrawl_storage_options_are_never_written(tmp_path: Path) -> None:
     """curate.yaml's recrawl storage_options (a planted secret) open the snapshot prefix and reach
     no crawl spec, run request, Dagster event or file of the workdir; a prefix with a credential
     in it is refused by the sensor's config, without echoing it."""
-    from curation_dagster.cli import _workdir_paths
     from curation_dagster.config import load_config
+    from curation_dagster.location import workdir_paths
 
     planted = "recrawl-planted-secret-4b1"
     workdir, prefix = tmp_path / "workdir", tmp_path / "snapshots"
@@ -228,7 +228,7 @@ def test_recrawl_storage_options_are_never_written(tmp_path: Path) -> None:
     prefix.mkdir()
     ops_workdir.write_curate_yaml(workdir, prefix, recrawl={"storage_options": {"secret": planted}})
     ops_workdir.snapshot(prefix, T.CRAWL)
-    _, home = _workdir_paths(str(workdir))
+    _, home = workdir_paths(str(workdir))
     curation = CurationResource(workdir=str(workdir), workers=1)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         sensor = build_definitions(str(workdir)).get_repository_def().get_sensor_def("recrawl_sensor")

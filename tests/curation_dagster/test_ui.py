@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from curation_dagster.checks import CHECK_KINDS
-from stages.registry import PROGRAMS
+from stages.catalog import PROGRAMS
 from tests.support import ops_workdir
 from tests.support.browser import CHROMIUM, Browser
 

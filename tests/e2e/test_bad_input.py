@@ -31,9 +31,11 @@ import zstandard
 from curation_dagster import cli
 from curation_dagster.resources import load_spec
 from stages.dataroot import CRAWLS_DIR
+from stages.execute import execute
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import MANIFEST, Store
-from stages.registry import CrawlSpec, execute, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import MANIFEST, Store
 from tests.support.peak_rss import PEAK
 from tests.support.tiny_corpus import TINY, fast_tmp
 
@@ -338,8 +340,9 @@ def test_empty_files_are_counted_and_skipped(tmp_path: Path) -> None:
 GIANT = PEAK + """
 import json, sys
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute
+from stages.store import Store
+from stages.execute import execute
+from stages.spec import CrawlSpec
 
 spec = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=sys.argv[1])}, stages=("fuzzy",))
 store = Store(sys.argv[2])

@@ -26,10 +26,11 @@ from curation_dagster import cli
 from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource, load_spec
 from curation_dagster.runner import plan, run_crawl
+from stages.catalog import PROGRAMS, QUARANTINE, waves
 from stages.kernels.exact import normalize
 from stages.kernels.heuristics import RULE_TABLE, score_text
-from stages.paths import MANIFEST, Store
-from stages.registry import PROGRAMS, QUARANTINE, CrawlSpec, waves
+from stages.spec import CrawlSpec
+from stages.store import MANIFEST, Store
 from tests.support.tiny_corpus import (
     CRAWL,
     EXPECTED,

@@ -26,10 +26,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-
-from stages.params import ExecutionParams
 from stages.paths import Store
 from stages.registry import CrawlSpec, execute_crawl, plan_task
+
+from stages.params import ExecutionParams
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CORPUS = DATA / "sample"

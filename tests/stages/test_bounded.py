@@ -21,10 +21,12 @@ import pytest
 from curation_dagster.checks import evaluate_doc_id_unique
 from curation_dagster.config import ChecksConfig
 from curation_dagster.explain import explain
+from stages.execute import execute, execute_crawl
 from stages.keep import fixed_ids, pick_survivors, source_priorities
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute, execute_crawl, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 DOCS = 60_000
 

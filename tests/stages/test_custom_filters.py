@@ -20,10 +20,12 @@ import pytest
 
 from curation_dagster import cli
 from stages import filters
+from stages.execute import execute, execute_crawl
 from stages.filters import FilterError, FilterFailed
 from stages.params import FilteredDocumentsParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute, execute_crawl, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 from tests.support.tiny_corpus import TINY, fast_tmp
 
 PLUGIN = Path(__file__).resolve().parents[1] / "data" / "plugin_pkg"
@@ -124,7 +126,7 @@ def test_entry_point_filters_run_in_the_heuristic_stage(tmp_path: Path, web: Pat
     }
     assert _reasons(store, crawl) == EXPECTED_REASONS
     ledger = _report(store, crawl, "removal_ledger")["sources"]["web"]
-    assert ledger["removed"]["heuristic"] == 7 and ledger["kept"] == 10
+    assert ledger["removed_per_stage"]["heuristic"] == 7 and ledger["kept"] == 10
     assert ledger["filters"] == {"mentions_word": 4, "digit_share": 2}
     # The ledger's score is the filter's score: how many times the word occurs, the digit share.
     t = store.read_table(plan_task(store, crawl, "removal_ledger", None).output_dir, "ledger").to_pylist()
@@ -189,8 +191,10 @@ import json, sys
 from pathlib import Path
 from stages.filters import FilterFailed
 from stages.params import ExecutionParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute_crawl, plan_task
+from stages.store import Store
+from stages.execute import execute_crawl
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
 tmp, web = Path(sys.argv[1]), sys.argv[2]
 out = {}
 for name, flt in (("ok", {"filter": "curate_plugin_filters:MentionsWord", "kwargs": {"word": "zyzzyva"}}),

@@ -25,10 +25,13 @@ from curation_dagster import cli
 from curation_dagster.assets import ASSETS
 from curation_dagster.checks import CHECKS, blocking_failures
 from curation_dagster.resources import CurationResource, load_spec, save_spec
+from stages.catalog import PROGRAMS, STAGES
 from stages.dataroot import CRAWLS_DIR, DATA_ROOT_FILE, DataRoot, NoDataRoot, UnknownCrawl, data_root_url
+from stages.execute import execute_crawl
 from stages.params import ExecutionParams
-from stages.paths import Store, UnsafeNameError
-from stages.registry import PROGRAMS, STAGES, execute_crawl, plan_task, prior_outputs
+from stages.plan import plan_task
+from stages.spec import prior_outputs
+from stages.store import Store, UnsafeNameError
 from tests.support import tiny_corpus as T
 
 STOP_WORDS = ["the", "and", "of", "to", "with"]

@@ -16,12 +16,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-import stages.paths as paths
+import stages.execute
+import stages.store
 from stages import params as P
-from stages import registry
 from stages.dataroot import DataRoot
-from stages.paths import Manifest, PartitionBusy, Store
-from stages.registry import CrawlSpec, execute, plan_task
+from stages.execute import execute
+from stages.plan import load_program, plan_task
+from stages.spec import CrawlSpec
+from stages.store import Manifest, PartitionBusy, Store
 from tests.support.moto_s3 import moto_s3
 
 TTL = 2.0  # seconds: a live writer renews every 0.5 s
@@ -69,7 +71,7 @@ def test_a_second_writer_of_a_live_partition_is_refused_then_admitted(s3: tuple[
 
 HOLD_AND_DIE = """
 import os, sys
-from stages.paths import Store
+from stages.store import Store
 store = Store(sys.argv[1], {"endpoint_url": sys.argv[2]})
 w = store.writer(sys.argv[3])
 w.write("t", __import__("pyarrow").table({"x": [1, 2]}))
@@ -85,7 +87,7 @@ def test_a_killed_writers_lease_is_taken_over_once_expired(s3: tuple[Store, dict
     pdir = store.partition_dir("p", "k", "c", "s")
     env = {"CURATE_LEASE_TTL_S": str(TTL), "AWS_ACCESS_KEY_ID": "lease-key", "AWS_SECRET_ACCESS_KEY": "lease-secret",
            "AWS_DEFAULT_REGION": "us-east-1", "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(Path(paths.__file__).parents[1])}
+           "PYTHONPATH": str(Path(stages.store.__file__).parents[1])}
     proc = subprocess.run([sys.executable, "-c", HOLD_AND_DIE, f"s3://{store.root}", options["endpoint_url"], pdir],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.stdout.strip() == "held" and proc.returncode == -9, proc.stderr[-2000:]
@@ -136,7 +138,7 @@ def test_two_concurrent_attempts_of_one_partition_commit_once(
     DataRoot.open(f"s3://{store.root}", options=options).register(spec)
     outcomes: list[str] = []
     # The first attempt holds the partition (inside its program) until the second has tried.
-    real, entered, tried = registry.load_program("raw_documents"), threading.Event(), threading.Event()
+    real, entered, tried = load_program("raw_documents"), threading.Event(), threading.Event()
 
     class Held:
         def __getattr__(self, name: str) -> Any:
@@ -147,7 +149,7 @@ def test_two_concurrent_attempts_of_one_partition_commit_once(
             tried.wait(60)
             return real.run(*args)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(registry, "load_program", lambda name: Held())
+    monkeypatch.setattr(stages.execute, "load_program", lambda name: Held())
 
     def attempt() -> None:
         try:

@@ -15,7 +15,7 @@ from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource, save_spec
 from stages import params as P
 from stages.progress import Progress
-from stages.registry import CrawlSpec
+from stages.spec import CrawlSpec
 
 
 class Clock:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stages.sample import PLANTED_BAD, SOURCES, build_sample
+from curation_dagster.sample import PLANTED_BAD, SOURCES, build_sample
 
 REAL_SOURCES = ("docstrings", "licenses", "package_docs")
 

@@ -1,6 +1,6 @@
 """Scale-out: a real local Ray cluster and a real S3-compatible server give the local run's outputs.
 
-One Ray cluster (2 CPUs and one declared GPU, started by ``stages.parallel.ray_init`` on
+One Ray cluster (2 CPUs, started by ``stages.parallel.ray_init`` on
 127.0.0.1) and one moto S3 server (``ThreadedMotoServer`` on 127.0.0.1, a free port) serve the
 whole module; both are stopped by their own handles. The tiny corpus runs heuristic, exact and
 fuzzy dedup locally (the reference), on Ray, on S3 (data root and source URLs), and through
@@ -26,13 +26,16 @@ import pytest
 from curation_dagster import cli
 from curation_dagster.resources import CurationResource
 from stages import parallel
+from stages.catalog import PROGRAMS
 from stages.credentials import STORAGE_OPTIONS_ENV
 from stages.dataroot import DATA_ROOT_FILE
-from stages.parallel import map_actors, map_ordered, ray_init
+from stages.execute import execute_crawl
+from stages.parallel import map_ordered, ray_init
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import MANIFEST, Manifest, Store, is_transient, retry
+from stages.plan import plan_task
 from stages.programs.lsh_buckets import BANDS_PER_TASK
-from stages.registry import PROGRAMS, CrawlSpec, execute_crawl, plan_task
+from stages.spec import CrawlSpec
+from stages.store import MANIFEST, Manifest, Store, is_transient, retry
 from tests.support.moto_s3 import moto_s3
 from tests.support.tiny_corpus import TINY, config, fast_tmp
 
@@ -46,7 +49,7 @@ SECRET = "s3cr3t-curate-never-written-anywhere"
 # Small batches, so every source's raw documents, scores and signatures are several Ray tasks.
 LOCAL = ExecutionParams(workers=2, batch_rows=8)
 RAY = ExecutionParams(workers=2, batch_rows=8, executor="ray")
-TIMING = {"seconds", "kernel_seconds", "kernel_mb_per_s"}
+TIMING = {"seconds", "kernel_seconds", "kernel_mb_per_s", "timing"}
 
 
 def tiny_spec(root: str = str(TINY)) -> CrawlSpec:
@@ -115,13 +118,13 @@ def s3() -> Iterator[S3]:
 
 @pytest.fixture(scope="module")
 def ray_cluster(s3: S3) -> Iterator[str]:
-    """A local Ray cluster: 2 CPUs, 1 declared GPU (for GPU actors), listening on 127.0.0.1.
+    """A local Ray cluster: 2 CPUs, listening on 127.0.0.1.
     Started after the S3 fixture, so its workers inherit the AWS environment."""
     import ray
 
     if ray.is_initialized():  # a connection another test module left open: this one needs its own
         ray.shutdown()
-    ray_init(ExecutionParams(executor="ray", workers=2), num_gpus=1)
+    ray_init(ExecutionParams(executor="ray", workers=2))
     # Ray workers cannot import this test module: its helpers travel by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
@@ -187,40 +190,6 @@ def test_map_ordered_on_ray_keeps_order_and_limits_kernel_threads(ray_cluster: s
     assert list(map_ordered(_probe, range(3), RAY, num_cpus=2)) == [(x * x, 2) for x in range(3)]
 
 
-class _Model:
-    """Stands for a model that must load once: every instance has its own token."""
-
-    loads = 0
-
-    def __init__(self, weights: str) -> None:
-        type(self).loads += 1
-        self.token = f"{weights}-{os.getpid()}-{id(self)}"
-
-    def __call__(self, x: int) -> tuple[int, str, list[str]]:
-        import ray
-
-        gpus = [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
-        return x + 1, self.token, gpus
-
-
-def test_map_actors_loads_once_per_gpu_actor_on_ray(ray_cluster: str) -> None:
-    got = list(map_actors(_Model, ("w",), range(10), RAY, num_gpus=1))
-    assert [x for x, _, _ in got] == list(range(1, 11))
-    assert len({token for _, token, _ in got}) == 1  # one GPU in the cluster: one actor, loaded once
-    assert {tuple(g) for _, _, g in got} == {("0",)}
-    got = list(map_actors(_Model, ("w",), range(8), RAY, num_cpus=1, actors=2))
-    assert [x for x, _, _ in got] == list(range(1, 9))
-    assert len({token for _, token, _ in got}) == 2
-
-
-def test_map_actors_locally_instantiates_once_in_process() -> None:
-    before = _Model.loads
-    got = list(map_actors(_Model, ("w",), range(5), LOCAL, num_gpus=1))
-    assert [x for x, _, _ in got] == [1, 2, 3, 4, 5]
-    assert len({token for _, token, _ in got}) == 1 and _Model.loads == before + 1
-    assert got[0][1].split("-")[1] == str(os.getpid())
-
-
 def test_ray_executor_outputs_identical_to_local(
     ray_cluster: str, reference: tuple[Store, CrawlSpec, dict[Any, Any]], tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -247,7 +216,7 @@ def test_ray_executor_outputs_identical_to_local(
     assert sent["stages.programs.lsh_buckets"] == -(-bands // BANDS_PER_TASK)
     assert_same(outputs(store, spec), want)
     assert ledger_report(store, spec) == ledger_report(ref_store, spec)
-    assert ledger_report(store, spec)["sources"]["news"]["removed"]["fuzzy"] == 1
+    assert ledger_report(store, spec)["sources"]["news"]["removed_per_stage"]["fuzzy"] == 1
 
 
 # --- object storage -------------------------------------------------------------------------------
@@ -259,7 +228,7 @@ def test_s3_data_root_and_sources_identical_to_local(
     ref_store, ref_spec, want = reference
     spec = tiny_spec(s3.url("corpus"))
     store = Store(s3.url("local-exec"), s3.options)
-    from stages.paths import use_storage_options
+    from stages.store import use_storage_options
 
     use_storage_options(s3.url("local-exec"), s3.options)  # source URLs: the same endpoint
     execute_crawl(store, spec, LOCAL)
@@ -319,7 +288,7 @@ class _Flaky:
 
 
 def test_manifest_reads_and_commits_retry_transient_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("stages.paths.time.sleep", lambda s: None)
+    monkeypatch.setattr("stages.store.time.sleep", lambda s: None)
     store = Store("memory://curate-retry", {"skip_instance_cache": True})
     pdir = store.partition_dir("p", "k", "c")
     flaky = _Flaky(store.fs.open, 2, ConnectionResetError("reset by peer"))

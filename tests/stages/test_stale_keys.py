@@ -18,9 +18,12 @@ from pydantic import BaseModel, ValidationError
 
 from stages import params as P
 from stages import versions
+from stages.catalog import PROGRAMS, STAGES
+from stages.execute import execute_crawl
 from stages.params import ExecutionParams, KeepParams, RawDocumentsParams
-from stages.paths import Store
-from stages.registry import PROGRAMS, STAGES, CrawlSpec, execute_crawl, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 from tests.support.tiny_corpus import SOURCES, read, spec
 
 Part = tuple[str, str | None]
@@ -117,7 +120,7 @@ def every_parameter() -> list[tuple[str, str]]:
 
 def test_every_params_class_is_enumerated() -> None:
     classes = {obj for obj in vars(P).values()
-               if isinstance(obj, type) and issubclass(obj, P.StageParams) and obj is not P.StageParams}
+               if isinstance(obj, type) and issubclass(obj, P.ProgramParams) and obj is not P.ProgramParams}
     covered = {prog.params for prog in PROGRAMS.values()} | {KeepParams}
     assert classes == covered  # every params class of stages/params.py keys some output
     assert len(every_parameter()) > 60

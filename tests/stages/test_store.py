@@ -1,4 +1,4 @@
-"""stages.paths (atomic, manifest-last commits) and stages.params / CrawlSpec keys."""
+"""stages.store (atomic, manifest-last commits) and stages.params / CrawlSpec keys."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import stages.paths as paths
+import stages.store
+from stages.catalog import PROGRAMS
+from stages.execute import execute
 from stages.params import (
     ExactDuplicatesParams,
     ExecutionParams,
@@ -24,8 +26,9 @@ from stages.params import (
     RawDocumentsParams,
     params_key,
 )
-from stages.paths import MANIFEST, Manifest, Store
-from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import MANIFEST, Manifest, Store
 from tests.support.tiny_corpus import downstream
 
 
@@ -90,7 +93,7 @@ def test_the_manifest_is_written_last(store: Store, monkeypatch: pytest.MonkeyPa
                 check_parts()
             real_replace(src, dst)
 
-        monkeypatch.setattr(paths.os, "replace", replace)
+        monkeypatch.setattr(stages.store.os, "replace", replace)
     else:
         real_open = store.fs.open
 
@@ -136,7 +139,7 @@ def test_an_uncommitted_writer_leaves_nothing_visible(store: Store) -> None:
 KILLED_ATTEMPT = """
 import os, signal, sys
 import pyarrow as pa
-from stages.paths import Store
+from stages.store import Store
 store = Store(sys.argv[1])
 w = store.writer(sys.argv[2])
 w.write("t", pa.table({"x": pa.array(range(5), pa.int64())}))  # a whole part
@@ -213,15 +216,15 @@ def test_a_second_attempt_on_a_busy_partition_fails_at_once(store: Store) -> Non
     first = store.writer(pdir)
     first.write("t", table(2))
     if store.is_local:
-        with pytest.raises(paths.PartitionBusy, match="another attempt"):
+        with pytest.raises(stages.store.PartitionBusy, match="another attempt"):
             store.writer(pdir)
         store.writer(store.partition_dir("p", "k", "c", "other")).close()  # other partitions are free
     first.commit(manifest())
     again = store.writer(pdir)  # released by the commit
     again.close()
     if store.is_local:  # a process killed while holding the lock releases it
-        script = (f"import os, sys; sys.path.insert(0, {str(Path(paths.__file__).parents[1])!r}); "
-                  f"from stages.paths import Store; w = Store({store.root!r}).writer({pdir!r}); "
+        script = (f"import os, sys; sys.path.insert(0, {str(Path(stages.store.__file__).parents[1])!r}); "
+                  f"from stages.store import Store; w = Store({store.root!r}).writer({pdir!r}); "
                   "print('held', flush=True); os.kill(os.getpid(), 9)")
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
         assert proc.stdout.strip() == "held" and proc.returncode == -9
@@ -233,7 +236,7 @@ KILLED_WITH_WORKERS = """
 import os, sys, time
 from stages.params import ExecutionParams
 from stages.parallel import map_ordered
-from stages.paths import Store
+from stages.store import Store
 
 def work(_: int) -> None:  # a pool worker: says it runs, then outlives its parent
     open(os.path.join(sys.argv[3], str(os.getpid())), "w").close()
@@ -257,14 +260,14 @@ def test_an_attempt_killed_with_pool_workers_frees_its_partition(tmp_path: Path)
     pdir = str(root / "p" / "k" / "c")
     script = tmp_path / "attempt.py"
     script.write_text(KILLED_WITH_WORKERS)
-    env = {**os.environ, "PYTHONPATH": str(Path(paths.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(stages.store.__file__).parents[1])}
     proc = subprocess.Popen([sys.executable, str(script), str(root), pdir, str(pids)], env=env)
     deadline = time.monotonic() + 60
     while len(os.listdir(pids)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     workers = [int(p) for p in os.listdir(pids)]
     assert len(workers) == 2, "the pool never started"
-    with pytest.raises(paths.PartitionBusy):
+    with pytest.raises(stages.store.PartitionBusy):
         Store(str(root)).writer(pdir)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -1,7 +1,7 @@
 """Crash points for the crash-and-resume tests: every place a stage process can die while writing.
 
 ``install(kill_at, log)`` wraps ``pyarrow.parquet.write_table`` and ``os.replace`` (what
-``stages.paths.PartitionWriter`` writes parts and publishes manifests with) in THIS process, so
+``stages.store.PartitionWriter`` writes parts and publishes manifests with) in THIS process, so
 no test hook lives in the product code. Four kinds of point, numbered in the order they happen:
 
 - ``part``     a part file has been opened (empty) and nothing written to it yet
@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from stages.paths import MANIFEST
+from stages.store import MANIFEST
 
 
 def install(kill_at: int | None, log: list[tuple[str, str]]) -> None:
@@ -65,9 +65,9 @@ if __name__ == "__main__":
     # python tests/support/crash_points.py KILL_AT DATA_ROOT: the tiny corpus crawl (heuristic, exact,
     # fuzzy), killed at point KILL_AT (0: never; it then prints the number of points).
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # tests.support
+    from stages.execute import execute_crawl
     from stages.params import ExecutionParams
-    from stages.paths import Store
-    from stages.registry import execute_crawl
+    from stages.store import Store
     from tests.support.tiny_corpus import spec
 
     kill_at = int(sys.argv[1]) or None

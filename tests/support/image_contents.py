@@ -22,7 +22,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from stages.registry import PROGRAMS
+from stages.catalog import PROGRAMS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("stages", "curation_dagster")
@@ -127,8 +127,8 @@ def needed(image: str) -> set[str]:
 
     Optional imports (``except ImportError`` with a message naming the extra to install) count
     for the GPU image only, the one that runs every program. The code location runs no stage
-    program (every partition is a pod), so of the ``stages`` modules it imports (params, paths,
-    registry) only their module-level imports count: their functions that load a program's
+    program (every partition is a pod), so of the ``stages`` modules it imports (catalog, spec,
+    plan, execute, store, ...) only their module-level imports count: their functions that load a program's
     libraries (torch in stages.backend, ray in stages.parallel) run in the stage images;
     tests/test_install.py checks that loading the definitions imports none of them."""
     seen: set[str] = set()

@@ -2,7 +2,7 @@
 
 Credentials go into the standard AWS environment variables (as a deployment's would), the
 endpoint into fsspec storage options; the server is stopped by its handle and fsspec's process
-defaults (``stages.paths.use_storage_options`` sets them) are restored afterwards.
+defaults (``stages.store.use_storage_options`` sets them) are restored afterwards.
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ def automate(instance: Any, defs: Any, curation: Any, cursor: Any, prepared: Pre
 def prepare(root: Path) -> Prepared:
     import dagster as dg
 
-    from curation_dagster.cli import _workdir_paths
     from curation_dagster.definitions import build_definitions
+    from curation_dagster.location import workdir_paths
     from curation_dagster.resources import CurationResource
 
     warnings.filterwarnings("ignore", module="dagster")
@@ -126,7 +126,7 @@ def prepare(root: Path) -> Prepared:
     workdir.mkdir(parents=True)
     prefix.mkdir()
     write_curate_yaml(workdir, prefix)
-    _, home = _workdir_paths(str(workdir))
+    _, home = workdir_paths(str(workdir))
     defs = build_definitions(str(workdir), workers=1)
     curation = CurationResource(workdir=str(workdir), workers=1)
     with dg.DagsterInstance.from_config(str(home)) as instance:

@@ -16,9 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from stages.catalog import PROGRAMS
+from stages.execute import execute
 from stages.params import ExecutionParams
-from stages.paths import Store
-from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from stages.plan import plan_task
+from stages.reports import RemovalLedgerReport
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny"
 EXPECTED: dict[str, Any] = json.loads((TINY / "expected.json").read_text())
@@ -121,9 +125,12 @@ def read(store: Store, crawl_spec: CrawlSpec, program: str, table: str, source: 
     return store.read_table(output_dir(store, crawl_spec, program, source), table)
 
 
-def counts(report: dict[str, Any]) -> dict[str, Any]:
-    """The source x stage counts of a ledger report, in the shape of ``expected.json``."""
-    return {s: {k: r[k] for k in ("input", "kept", "quarantined", "removed")} for s, r in report["sources"].items()}
+def counts(report: dict[str, Any] | RemovalLedgerReport) -> dict[str, Any]:
+    """The source x stage counts of a ledger report (the manifest's, or ``curate report --json``'s),
+    in the shape of ``expected.json``: ``removed`` per stage."""
+    typed = report if isinstance(report, RemovalLedgerReport) else RemovalLedgerReport.model_validate(report)
+    return {s: {"input": r.input, "kept": r.kept, "quarantined": r.quarantined, "removed": r.removed_per_stage}
+            for s, r in typed.sources.items()}
 
 
 def assert_counts(got: dict[str, Any], want: dict[str, Any]) -> None:

@@ -15,10 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from stages.execute import execute, execute_crawl
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import Store, UnsafeNameError
 from stages.programs.raw_documents import NoInputError, list_files
-from stages.registry import CrawlSpec, execute, execute_crawl
+from stages.spec import CrawlSpec
+from stages.store import Store, UnsafeNameError
 from tests.support.tiny_corpus import EXPECTED, SOURCES, TINY, config, read, reshard, run_all, spec
 
 
@@ -371,7 +372,7 @@ def test_resharding_the_tiny_corpus_changes_no_id_and_no_decision(tmp_path: Path
 
     assert decisions(a, original) == decisions(b, resharded)
     assert len(decisions(a, original)) == sum(
-        sum(r["removed"].values()) for r in report_a["sources"].values())
+        r["removed"] for r in report_a["sources"].values())
 
 
 def mirror_records() -> list[dict[str, Any]]:

@@ -16,17 +16,20 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from stages.execute import execute
 from stages.ingest.ids import Counts as _Counts
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 from tests.support.peak_rss import PEAK
 
 INGEST = PEAK + """
 import json, sys, time
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute
+from stages.store import Store
+from stages.execute import execute
+from stages.spec import CrawlSpec
 import stages.programs.raw_documents  # imports done before the baseline
 
 spec = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=sys.argv[1], id_field="id")})

@@ -25,12 +25,14 @@ import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from stages.execute import execute
 from stages.ingest import streams
 from stages.ingest.files import UnsupportedFileError, fingerprint
 from stages.ingest.streams import InputReadError
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 PROSE = "A perfectly ordinary sentence about the weather, which was fine."
 

@@ -18,13 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from curation_dagster.sample import build_sample
 from stages import backend as B
 from stages.dataroot import CRAWLS_DIR
+from stages.execute import execute_crawl, metadata
 from stages.kernels import lsh
 from stages.kernels import minhash as mh
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute_crawl, metadata, plan_task
-from stages.sample import build_sample
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 torch = pytest.importorskip("torch")
 from stages.kernels.gpu import lsh as glsh  # noqa: E402
@@ -276,7 +278,7 @@ def test_gpu_package_and_backend_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, stages.kernels.gpu, stages.backend, stages.registry; "
+    code = ("import sys, stages.kernels.gpu, stages.backend, stages.execute; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

@@ -25,7 +25,7 @@ from stages.kernels import heuristics as H
 from stages.kernels import heuristics_datatrove as D
 from stages.kernels.spacy_words import _INFIX, _SUFFIX, _SUFFIX_RE, words
 from stages.params import FilteredDocumentsParams, params_key
-from stages.paths import Store
+from stages.store import Store
 from tests.stages.kernels.test_heuristics import repetitive_text
 from tests.support.tiny_corpus import read, run_all, spec
 
@@ -255,7 +255,7 @@ def test_score_documents_equals_score_text_per_document(texts: list[str]) -> Non
 # --- agreement with datatrove on real text -----------------------------------------------------
 
 def _golden_agreement(setting: str, tmp_path: Path) -> tuple[int, float, float]:
-    from stages.sample import build_sample
+    from curation_dagster.sample import build_sample
 
     data = json.loads(GOLDEN.read_text())
     assert data["datatrove"] == datatrove_rules.DATATROVE_VERSION  # regenerate both together

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.benchmarks import load_examples
+from curation_dagster.sample import build_sample
+from stages.decontam_sets import load_examples
 from stages.kernels import decontam as D
 from stages.params import Benchmark, ContaminatedDocumentsParams, params_key
-from stages.paths import Store
-from stages.sample import build_sample
+from stages.store import Store
 
 # Benchmark passages (invented, encyclopedic): none occurs in Python's docstrings. Two common
 # phrases ("it is important to note that", "for more information see the") are shared with
@@ -189,7 +189,7 @@ def test_min_matches_and_fingerprint_in_key(tmp_path: Path) -> None:
 
 
 def test_program_ledger_and_report(tmp_path: Path) -> None:
-    from stages.registry import CrawlSpec
+    from stages.spec import CrawlSpec
     from tests.support.tiny_corpus import read, run_all
 
     docs = _docstrings(60, tmp_path / "sample")
@@ -225,7 +225,8 @@ def test_program_ledger_and_report(tmp_path: Path) -> None:
         ("b", "d13", "benchmark:hist", "hist:hist-1", 1.0),
         ("a", "d6", "benchmark:geo", "geo:geo-1", float(n1 - 13)),  # the changed word breaks 13 n-grams
     ]
-    assert report["sources"]["a"]["removed"]["decontam"] == 1 and report["sources"]["b"]["removed"]["decontam"] == 2
+    assert report["sources"]["a"]["removed_per_stage"]["decontam"] == 1
+    assert report["sources"]["b"]["removed_per_stage"]["decontam"] == 2
     assert rep["benchmarks"]["hist"]["removed_per_source"] == {"b": 2}
     assert rep["benchmarks"]["geo"] == {**rep["benchmarks"]["geo"], "removed": 1, "examples": 3,
                                         "examples_found": 1, "removed_per_source": {"a": 1}}
@@ -235,6 +236,6 @@ def test_program_ledger_and_report(tmp_path: Path) -> None:
 
 
 def read_dir(store: Store, spec: Any) -> str:
-    from stages.registry import plan_task
+    from stages.plan import plan_task
 
     return plan_task(store, spec, "contaminated_documents", None).output_dir

@@ -19,9 +19,11 @@ from hypothesis import strategies as st
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from stages.paths import Store
-from stages.registry import CrawlSpec, execute_crawl, plan_task
-from stages.sample import build_sample
+from curation_dagster.sample import build_sample
+from stages.execute import execute_crawl
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 SHINGLE = 24
 THRESHOLD = 0.8
@@ -173,8 +175,8 @@ def test_resharding_and_order_change_no_decision(corpus: tuple[Path, list[dict[s
 
 def test_block_wise_verification_gives_the_same_edges(corpus: tuple[Path, list[dict[str, str]]]) -> None:
     """Reading candidate texts in small blocks (spilled to disk) changes no verified edge or score."""
+    from stages.execute import execute
     from stages.params import ExecutionParams
-    from stages.registry import execute
 
     root, sources = corpus
     store, spec = _run(root, sources, "default")
@@ -200,9 +202,9 @@ def test_a_spill_without_room_fails_first_in_one_line_naming_the_settings(
     import shutil
     import tempfile
 
+    from stages.execute import execute
     from stages.pair_texts import SpillSpaceError
     from stages.params import ExecutionParams
-    from stages.registry import execute
 
     root, sources = corpus
     store, spec = _run(root, sources, "default")

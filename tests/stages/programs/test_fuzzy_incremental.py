@@ -11,9 +11,11 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from stages.paths import MANIFEST, Store
-from stages.registry import CrawlSpec, execute_crawl, plan_task, prior_outputs
-from stages.sample import build_sample
+from curation_dagster.sample import build_sample
+from stages.execute import execute_crawl
+from stages.plan import plan_task
+from stages.spec import CrawlSpec, prior_outputs
+from stages.store import MANIFEST, Store
 
 
 def _write(path: Path, records: list[dict[str, str]]) -> None:

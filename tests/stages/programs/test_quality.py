@@ -19,11 +19,14 @@ pytest.importorskip("fasttext")
 pytest.importorskip("transformers")
 
 from stages.backend import cuda_available
+from stages.catalog import PROGRAMS
+from stages.execute import execute
 from stages.kernels import quality as Q
 from stages.params import QualityClassifier, QualityScoresParams, params_key
-from stages.paths import Store
+from stages.plan import plan_task
 from stages.programs.quality_scores import NO_MODEL, load_scorer
-from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 from tests.support.tiny_models import hq_text, lq_text, make_hf_classifier, reference_scores, train_fasttext
 
 
@@ -236,7 +239,7 @@ def test_cascade_thresholds_cache_and_ledger(tmp_path: Path, models: dict[str, A
     q = ledger.filter(pc.equal(ledger["stage"], "quality"))
     assert q.num_rows == sum(len(_removed(store, spec, s)) for s in sources)
     report = outcomes[("removal_ledger", None)].manifest.report
-    assert sum(r["removed"]["quality"] for r in report["sources"].values()) == q.num_rows
+    assert sum(r["removed_per_stage"]["quality"] for r in report["sources"].values()) == q.num_rows
 
     # A stricter transformer threshold re-keys the output but reuses every cached score.
     edu2 = {**edu, "min_score": cut + 10.0}

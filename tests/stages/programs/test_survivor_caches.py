@@ -16,9 +16,12 @@ import pyarrow as pa
 import pytest
 
 from stages.cache import RowCache, text_keys
+from stages.catalog import PROGRAMS
+from stages.execute import execute
 from stages.params import ExecutionParams
-from stages.paths import Store
-from stages.registry import PROGRAMS, CrawlSpec, execute, plan_task
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
 from tests.support.tiny_models import train_fasttext
 
 pytest.importorskip("sentence_transformers")
@@ -231,3 +234,78 @@ def test_row_cache_commits_atomically_and_finds_rows(tmp_path: Path) -> None:
     assert again.save() is False  # nothing new: nothing written
     other = RowCache(store, "test_cache", "v2/model", "c1", "web", schema, key_column="text_hash")
     assert other.key != again.key and other.find(keys).tolist() == [-1, -1, -1]
+
+
+def _cache(store: Store) -> RowCache:
+    schema = pa.schema([("text_hash", pa.binary(16)), ("score", pa.float64())])
+    return RowCache(store, "test_cache", "v1/model", "c1", "web", schema, key_column="text_hash")
+
+
+def _rows(cache: RowCache, texts: list[str], score: float) -> pa.Table:
+    return pa.table({"text_hash": text_keys(texts), "score": [score] * len(texts)}, schema=cache.schema)
+
+
+def _parts(store: Store, cache: RowCache) -> list[str]:
+    manifest = store.read_manifest(cache.dir)
+    assert manifest is not None
+    return manifest.tables[cache.table_name]
+
+
+def test_row_cache_save_appends_a_part_and_leaves_the_old_ones(tmp_path: Path) -> None:
+    """A save writes only the rows added (a new part); the parts already there are not rewritten,
+    and a read unions them."""
+    store = Store(str(tmp_path / "data"))
+    first = _cache(store)
+    first.add(_rows(first, ["a", "b"], 1.0))
+    assert first.save() is True
+    (old,) = _parts(store, first)
+    old_bytes = (Path(first.dir) / old).read_bytes()
+    second = _cache(store)
+    assert second.find(text_keys(["a", "b", "c"])).tolist() == [0, 1, -1]
+    second.add(_rows(second, ["c"], 2.0))
+    assert second.save() is True
+    parts = _parts(store, second)
+    assert parts[0] == old and len(parts) == 2 and (Path(first.dir) / old).read_bytes() == old_bytes
+    third = _cache(store)
+    pos = third.find(text_keys(["a", "b", "c"]))
+    assert pos.tolist() == [0, 1, 2] and third.take(pos)["score"].to_pylist() == [1.0, 1.0, 2.0]
+    manifest = store.read_manifest(third.dir)
+    assert manifest is not None and manifest.rows[third.table_name] == 3
+    assert sorted(p.name for p in Path(first.dir).iterdir()) == sorted([*parts, "_manifest.json"])
+
+
+def test_row_cache_keeps_a_key_once_when_two_attempts_add_it(tmp_path: Path) -> None:
+    """Two attempts read the same cache and add overlapping keys: the second save adopts the
+    first one's rows and leaves out the keys they hold; every key is stored once."""
+    store = Store(str(tmp_path / "data"))
+    base = _cache(store)
+    base.add(_rows(base, ["a"], 0.0))
+    base.save()
+    one, two = _cache(store), _cache(store)
+    one.add(_rows(one, ["b", "c"], 1.0))
+    two.add(_rows(two, ["c", "d"], 2.0))
+    assert one.save() is True and two.save() is True
+    assert two.table.num_rows == 4  # the second attempt now holds what the first one saved
+    final = _cache(store)
+    keys = final.table["text_hash"].to_pylist()
+    assert len(keys) == len(set(keys)) == 4
+    scores = dict(zip(keys, final.table["score"].to_pylist(), strict=True))
+    assert [scores[k] for k in text_keys(["a", "b", "c", "d"]).to_pylist()] == [0.0, 1.0, 1.0, 2.0]
+
+
+def test_row_cache_compacts_its_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``MAX_PARTS`` parts a save rewrites the cache as one, so a read stays a few files;
+    the content is the same."""
+    import stages.cache
+
+    monkeypatch.setattr(stages.cache, "MAX_PARTS", 3)
+    store = Store(str(tmp_path / "data"))
+    for i in range(7):
+        cache = _cache(store)
+        cache.add(_rows(cache, [f"t{i}"], float(i)))
+        assert cache.save() is True
+        assert len(_parts(store, cache)) <= 3
+    final = _cache(store)
+    pos = final.find(text_keys([f"t{i}" for i in range(7)]))
+    assert (pos >= 0).all() and final.take(pos)["score"].to_pylist() == [float(i) for i in range(7)]
+    assert final.table.num_rows == 7

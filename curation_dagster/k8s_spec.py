@@ -1,11 +1,13 @@
-"""Stage partitions as Kubernetes pods: a program's declared ``Resources`` become its pod.
+"""Stage partitions as Kubernetes pods, rendered from settings: a program's declared ``Resources``
+become its pod spec. Pure: no ``kubernetes`` or ``dagster_k8s`` import, no Dagster definitions;
+``curation_dagster.launchers.k8s`` submits what is built here.
 
 In production each asset partition runs in its own pod, submitted by dagster-k8s's
 ``PipesK8sClient`` from the Dagster run (``CurationResource(mode="k8s")``): the CPU or GPU stage
 image runs ``python -m stages PROGRAM --crawl ... --data-root ... [--source ...]`` and reports its
 materialization back over Dagster Pipes (the pod's log stream). Asset code is the same as local.
 
-One function, :func:`pod_spec`, turns ``stages.registry.Resources`` into the pod spec:
+One function, :func:`pod_spec`, turns ``stages.catalog.Resources`` into the pod spec:
 
 - requests ``cpu`` and ``memory`` (memory also as the limit; no CPU limit, so a stage is not
   throttled below what the node has spare); ``gpu > 0`` adds the ``nvidia.com/gpu`` limit, the GPU
@@ -20,8 +22,6 @@ One function, :func:`pod_spec`, turns ``stages.registry.Resources`` into the pod
 Settings (images, namespace, Secrets, node selectors, ...) come from ``CURATE_K8S_*`` environment
 variables (:class:`K8sSettings`), which the Helm values set on the code location and so on every run.
 ``curate k8s render`` prints the exact pods that would be submitted.
-
-``kubernetes`` and ``dagster_k8s`` are imported inside functions, so definitions load without them.
 """
 
 from __future__ import annotations
@@ -29,27 +29,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stages.registry import PROGRAMS, Resources, partition_name
-
-if TYPE_CHECKING:
-    from dagster import AssetExecutionContext, Definitions, MaterializeResult
-
-    from curation_dagster.resources import CurationResource
+from stages.catalog import PROGRAMS, Resources
 
 ENV_PREFIX = "CURATE_K8S_"
 CONTAINER = "stage"
 LABEL_PREFIX = "curation-dagster.io"
-# What build_pod_body puts first in the container's env; its values are set per run.
-PIPES_ENV = ("DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES")
-RENDER_RUN_ID = "00000000-0000-0000-0000-000000000000"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -238,7 +228,17 @@ def pod_meta(program: str, crawl: str, source: str | None) -> dict[str, Any]:
     }
 
 
-def stage_command(curation: CurationResource, program: str, crawl: str, source: str | None) -> list[str]:
+class StageCommands(Protocol):
+    """What a stage pod is built from (``CurationResource`` is one): the partition's command line
+    and the workdir, where a shared volume is mounted if there is one."""
+
+    @property
+    def workdir(self) -> str: ...
+
+    def command(self, program: str, crawl: str, source: str | None) -> list[str]: ...
+
+
+def stage_command(curation: StageCommands, program: str, crawl: str, source: str | None) -> list[str]:
     """``python -m stages ...`` for one partition; ``--workers 0`` ("every core") becomes the
     pod's CPU request."""
     cmd = ["python", *curation.command(program, crawl, source)]
@@ -250,7 +250,7 @@ def stage_command(curation: CurationResource, program: str, crawl: str, source: 
 
 
 def pod_arguments(
-    settings: K8sSettings, curation: CurationResource, program: str, crawl: str, source: str | None
+    settings: K8sSettings, curation: StageCommands, program: str, crawl: str, source: str | None
 ) -> dict[str, Any]:
     """The keyword arguments of ``PipesK8sClient.run`` for one partition (besides the context)."""
     if program not in PROGRAMS:
@@ -263,126 +263,7 @@ def pod_arguments(
     }
 
 
-# Waiting reasons dagster-k8s fails on at once (with the pod's events): nothing to bound there.
-FAILS_AT_ONCE = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
-                           "RunContainerError"})
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _gpus(spec: Mapping[str, Any]) -> str | None:
-    limits: dict[str, str] = spec["containers"][0].get("resources", {}).get("limits", {})
-    return limits.get(GPU_RESOURCE)
-
-
-def pending_reason(pod: Any, spec: Mapping[str, Any]) -> str:
-    """Why a pod is still Pending, in one line: the scheduler's condition, else its container's
-    waiting reason. ``pod`` is the API client's ``V1Pod`` (None when it is gone); ``spec`` the
-    PodSpec we submitted (camelCase), for what a GPU pod asked for."""
-    if pod is None or pod.status is None:
-        return "the pod is gone" if pod is None else "no status yet"
-    for cond in pod.status.conditions or []:
-        if cond.type == "PodScheduled" and cond.status == "False":
-            why = f"unschedulable: {_one_line(cond.message or cond.reason or 'no reason given')}"
-            gpus = _gpus(spec)
-            if gpus:  # say what it asked for: the scheduler's counts do not name the selector
-                why += (f" (no node with {gpus} free {GPU_RESOURCE} matches nodeSelector "
-                        f"{json.dumps(spec.get('nodeSelector', {}))} and tolerates the pod)")
-            return why
-    for c in pod.status.container_statuses or []:
-        if c.state is not None and c.state.waiting is not None:
-            waiting = c.state.waiting
-            return _one_line(f"container {c.name} waiting: {waiting.reason}" + (
-                f": {waiting.message}" if waiting.message else ""))
-    return "not scheduled yet"
-
-
-def wait_until_started(
-    core_api: Any, namespace: str, pod_name: str, spec: Mapping[str, Any], partition: str, timeout_s: float,
-    poll_s: float,
-) -> None:
-    """Return once the pod has left ``Pending`` (or is waiting for a reason dagster-k8s fails on
-    by itself); after ``timeout_s`` (0: never) raise ``dagster.Failure`` with one line naming the
-    partition and why the pod did not start."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pods = core_api.list_namespaced_pod(namespace=namespace, field_selector=f"metadata.name={pod_name}").items
-        pod = pods[0] if pods else None
-        status = pod.status if pod is not None else None
-        if status is not None and status.phase not in (None, "Pending"):
-            return
-        waiting = [c.state.waiting.reason for c in (status.container_statuses if status else None) or []
-                   if c.state and c.state.waiting]
-        if FAILS_AT_ONCE.intersection(waiting):
-            return
-        if timeout_s and time.monotonic() >= deadline:
-            from dagster import Failure
-
-            kind = "GPU pod" if _gpus(spec) else "pod"
-            raise Failure(description=f"{partition}: {kind} {pod_name} not started after {timeout_s:g}s, "
-                                      f"{pending_reason(pod, spec)}; the bound is {ENV_PREFIX}PENDING_TIMEOUT_S")
-        time.sleep(poll_s)
-
-
-def pipes_client(settings: K8sSettings, spec: Mapping[str, Any], partition: str) -> Any:
-    """dagster-k8s's ``PipesK8sClient``, whose wait for the pod to start is bounded by
-    ``settings.pending_timeout_s`` (:func:`wait_until_started`): ``PipesK8sClient.run`` waits for
-    a pod to appear with containers for up to 24 h, whatever its ``pod_wait_timeout``. A failure
-    here deletes the pod (``run`` deletes it on any error)."""
-    from dagster_k8s import PipesK8sClient
-
-    class StartBoundedPipesK8sClient(PipesK8sClient):
-        @contextmanager
-        def consume_pod_logs(  # type: ignore[no-untyped-def]
-            self, context, client, namespace, pod_name, enable_multi_container_logs=False, ignore_containers=None,
-        ) -> Iterator[None]:
-            wait_until_started(client.core_api, namespace, pod_name, spec, partition, settings.pending_timeout_s,
-                               settings.poll_interval_s)
-            with super().consume_pod_logs(context, client, namespace, pod_name, enable_multi_container_logs,
-                                          ignore_containers):
-                yield
-
-    return StartBoundedPipesK8sClient(kubeconfig_file=settings.kubeconfig_file, poll_interval=settings.poll_interval_s)
-
-
-def materialize_in_pod(
-    context: AssetExecutionContext, curation: CurationResource, program: str, crawl: str, source: str | None,
-    settings: K8sSettings | None = None,
-) -> MaterializeResult:
-    """Run one partition in its own pod through ``PipesK8sClient`` and return what it reported."""
-    settings = settings or K8sSettings.from_env()
-    arguments = pod_arguments(settings, curation, program, crawl, source)
-    client = pipes_client(settings, arguments["base_pod_spec"], partition_name(program, crawl, source))
-    invocation = client.run(context=context, pod_wait_timeout=settings.pod_wait_timeout_s, **arguments)
-    return invocation.get_materialize_result()
-
-
-def pod_manifest(
-    settings: K8sSettings, curation: CurationResource, program: str, crawl: str, source: str | None,
-    run_id: str = RENDER_RUN_ID,
-) -> dict[str, Any]:
-    """The Pod ``PipesK8sClient.run`` submits, built by the function it uses (``build_pod_body``),
-    serialised as the API client sends it. Per run: the pod name's run id and random suffix (zeros
-    here) and the values of the two Dagster Pipes variables (placeholders here)."""
-    from dagster_k8s.pipes import build_pod_body, get_pod_name
-    from kubernetes.client import ApiClient
-
-    args = pod_arguments(settings, curation, program, crawl, source)
-    name = get_pod_name(run_id, program)
-    name = name[: name.rindex("-") + 1] + "0" * 10
-    pod = build_pod_body(
-        pod_name=name, image=None, command=args["command"],
-        env_vars={k: f"<set per run by Dagster Pipes: {k}>" for k in PIPES_ENV},
-        base_pod_meta=args["base_pod_meta"], base_pod_spec=args["base_pod_spec"],
-    )
-    body: dict[str, Any] = ApiClient().sanitize_for_serialization(pod)
-    # The API client sends the bare model; name the kind so the manifest can be applied as is.
-    return {"apiVersion": "v1", "kind": "Pod", **body}
-
-
-def _yaml(docs: list[dict[str, Any]], comments: list[str] | None = None) -> str:
+def to_yaml(docs: list[dict[str, Any]], comments: list[str] | None = None) -> str:
     import yaml
 
     out = []
@@ -390,37 +271,6 @@ def _yaml(docs: list[dict[str, Any]], comments: list[str] | None = None) -> str:
         head = f"# {comments[i]}\n" if comments else ""
         out.append(head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
     return "---\n".join(out)
-
-
-def render(
-    curation: CurationResource, asset: str | None = None, crawl: str = "example", source: str = "example",
-    settings: K8sSettings | None = None,
-) -> str:
-    """YAML of the pod of one asset's partition (or of every asset's), as it would be submitted."""
-    settings = settings or K8sSettings.from_env()
-    names = [asset] if asset else list(PROGRAMS)
-    docs, comments = [], []
-    for name in names:
-        if name not in PROGRAMS:
-            raise KeyError(f"unknown asset {name!r}; known: {', '.join(PROGRAMS)}")
-        src = source if PROGRAMS[name].level == "source" else None
-        docs.append(pod_manifest(settings, curation, name, crawl, src))
-        comments.append(f"{partition_name(name, crawl, src)} -> POST /api/v1/namespaces/{settings.namespace}/pods")
-    return _yaml(docs, comments)
-
-
-def code_location_resource(workdir: str, data_root: str | None) -> CurationResource:
-    """The ``curation`` resource of the Kubernetes code location (see :func:`definitions`)."""
-    from curation_dagster.resources import CurationResource
-
-    return CurationResource(workdir=os.path.abspath(workdir), data_root=data_root or None, mode="k8s")
-
-
-def render_cli(
-    workdir: str, data_root: str | None, asset: str | None, crawl: str, source: str
-) -> str:
-    """``curate k8s render``: the pods of the code location's resource, settings from the env."""
-    return render(code_location_resource(workdir, data_root), asset, crawl, source)
 
 
 # Shapes of the checked-in pod templates (k8s/stage-pods.yaml) and Ray workers.
@@ -506,10 +356,10 @@ def ray_cluster(settings: K8sSettings, workdir: str = "/workdir") -> dict[str, A
 def static_manifests(settings: K8sSettings | None = None) -> dict[str, str]:
     """The generated files of ``k8s/`` by name (``curate k8s render --templates k8s`` writes them)."""
     settings = settings or K8sSettings()
-    head = "# Generated by `curate k8s render --templates k8s` from curation_dagster/k8s.py; do not edit.\n"
+    head = "# Generated by `curate k8s render --templates k8s` from curation_dagster/k8s_spec.py; do not edit.\n"
     return {
-        "stage-pods.yaml": head + _yaml(pod_templates(settings)),
-        "raycluster.yaml": head + _yaml([ray_cluster(settings)]),
+        "stage-pods.yaml": head + to_yaml(pod_templates(settings)),
+        "raycluster.yaml": head + to_yaml([ray_cluster(settings)]),
     }
 
 
@@ -520,20 +370,3 @@ def write_templates(directory: str | Path, settings: K8sSettings | None = None) 
         path.write_text(text)
         out.append(path)
     return out
-
-
-def definitions() -> Definitions:
-    """The code location on Kubernetes (``dagster api grpc -m curation_dagster.k8s -a definitions``):
-    the same assets, every partition in its own pod; outputs under ``CURATE_DATA_ROOT``."""
-    from curation_dagster.definitions import build_definitions
-
-    # Everything the local code location has (assets, checks, schedules, sensors); only the
-    # resource's mode and data root differ, as code_location_resource() builds them.
-    return build_definitions(
-        os.environ.get("CURATE_WORKDIR", "/workdir"), mode="k8s",
-        data_root=os.environ.get("CURATE_DATA_ROOT") or None,
-        # Ray-backed stages (docs/scale-out.md): e.g. CURATE_EXECUTOR=ray and
-        # CURATE_RAY_ADDRESS=ray://curation-ray-head-svc.curation.svc:10001 (k8s/raycluster.yaml).
-        executor=os.environ.get("CURATE_EXECUTOR") or "local",
-        ray_address=os.environ.get("CURATE_RAY_ADDRESS") or None,
-    )

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from stages.errors import StageError
 from stages.lease import Lease, LeaseBusy, LeaseLost, checks_preconditions, supports_leases
+from stages.timing import timed, timed_iter
 
 MANIFEST = "_manifest.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -148,7 +149,8 @@ class Store:
             except FileNotFoundError:
                 return None
 
-        return read() if self.is_local else retry(read)
+        with timed("read"):  # a partition's profile counts its manifest reads (stages.timing)
+            return read() if self.is_local else retry(read)
 
     def write_atomic(self, path: str, text: str) -> None:
         """Replace ``path`` whole, so a reader sees the old text or the new: locally a temporary
@@ -178,7 +180,7 @@ class Store:
         manifest = self.read_manifest(pdir)
         if manifest is None:
             raise FileNotFoundError(f"no committed output at {pdir} (its upstream has not run)")
-        return self._read_files(pdir, manifest.tables.get(table, []), columns)
+        return self.read_parts(pdir, manifest.tables.get(table, []), columns)
 
     def iter_batches(
         self, pdir: str, table: str, columns: list[str] | None = None, batch_rows: int = 20_000
@@ -189,13 +191,19 @@ class Store:
             raise FileNotFoundError(f"no committed output at {pdir}")
         for name in manifest.tables.get(table, []):
             with self.fs.open(f"{pdir}/{name}", "rb") as fh:
-                yield from pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns)
+                yield from timed_iter(pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns))
 
-    def _read_files(self, pdir: str, names: list[str], columns: list[str] | None) -> pa.Table:
+    def read_parts(self, pdir: str, names: list[str], columns: list[str] | None = None) -> pa.Table:
+        """The rows of the part files ``names`` of ``pdir``, committed or not: for a writer's own
+        parts (``PartitionWriter.read``, a task reading some of its attempt's parts); committed
+        tables are read by name with ``read_table``."""
         tables = []
-        for name in names:
-            with self.fs.open(f"{pdir}/{name}", "rb") as fh:
-                tables.append(pq.read_table(fh, columns=columns))
+        with timed("read") as clock:
+            for name in names:
+                with self.fs.open(f"{pdir}/{name}", "rb") as fh:
+                    tables.append(pq.read_table(fh, columns=columns))
+            if clock is not None:
+                clock.read_bytes += sum(t.nbytes for t in tables)
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
@@ -358,7 +366,7 @@ class PartitionWriter:
         if data.num_rows == 0 and names:
             return
         name = f"{table}-{self.attempt}-{len(names):05d}.parquet"
-        with self.store.fs.open(f"{self.pdir}/{name}", "wb") as fh:
+        with timed("write", data.nbytes, table), self.store.fs.open(f"{self.pdir}/{name}", "wb") as fh:
             pq.write_table(data, fh, compression="zstd")
             if self.store.is_local:  # on disk before any manifest names it (a power cut keeps it whole)
                 fh.flush()
@@ -375,13 +383,13 @@ class PartitionWriter:
 
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
         """Rows this attempt has written to ``table`` so far (for multi-pass programs)."""
-        return self.store._read_files(self.pdir, self.tables.get(table, []), columns)
+        return self.store.read_parts(self.pdir, self.tables.get(table, []), columns)
 
     def iter_batches(self, table: str, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
         """Stream the rows this attempt has written to ``table`` so far, ``batch_rows`` at a time."""
         for name in list(self.tables.get(table, [])):
             with self.store.fs.open(f"{self.pdir}/{name}", "rb") as fh:
-                yield from pq.ParquetFile(fh).iter_batches(batch_size=batch_rows)
+                yield from timed_iter(pq.ParquetFile(fh).iter_batches(batch_size=batch_rows))
 
     def commit(self, manifest: Manifest) -> Manifest:
         """Write the manifest last (atomically), then remove parts no manifest names."""

@@ -1,0 +1,95 @@
+"""The crawl spec: one crawl's sources, stages and parameters, and the keys of its outputs.
+
+``CrawlSpec.keys()`` derives every partition's ``params_key`` from its parameters and its
+upstream keys (``stages.params.params_key``), in the catalog's dependency order; a changed
+parameter re-keys that output and everything below it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stages import params as P
+from stages.catalog import PROGRAMS, STAGES
+from stages.store import check_name
+
+
+class CrawlSpec(BaseModel):
+    """Everything that defines one crawl's outputs: its sources and every stage's parameters."""
+
+    # A rejected value (a source URL with a password in it) is never echoed in the error.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+    crawl: str
+    sources: dict[str, P.RawDocumentsParams]
+    stages: tuple[str, ...] = Field(default_factory=lambda: tuple(STAGES))
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    keep: P.KeepParams = Field(default_factory=P.KeepParams)
+    # Earlier crawls whose kept documents this crawl is deduplicated against, each with the keys
+    # of the outputs read from it (``prior_outputs``); fixed when the crawl is first registered.
+    dedup_against: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # Accept sources with damaged files (their records before the damage): the ``input_complete``
+    # check then passes with a warning instead of holding the crawl back. Keys no output.
+    allow_damaged_files: bool = False
+
+    def model_post_init(self, __context: Any) -> None:
+        check_name("crawl", self.crawl)
+        for name in self.sources:
+            check_name("source", name)
+        unknown = set(self.stages) - set(STAGES)
+        if unknown:
+            raise ValueError(f"unknown stage(s) {sorted(unknown)}; known: {', '.join(STAGES)}")
+        bad = set(self.params) - set(PROGRAMS)
+        if bad:
+            raise ValueError(f"params for unknown program(s) {sorted(bad)}; known: {', '.join(PROGRAMS)}")
+
+    def program_params(self, program: str, source: str | None = None) -> P.ProgramParams:
+        prog = PROGRAMS[program]
+        if program == "raw_documents":
+            assert source is not None
+            return self.sources[source]
+        values = dict(self.params.get(program, {}))
+        if prog.stage is not None or prog.part_of is not None:
+            values["enabled"] = (prog.stage or prog.part_of) in self.stages
+        return prog.params(**values)
+
+    def partitions(self, program: str) -> list[str | None]:
+        return list(sorted(self.sources)) if PROGRAMS[program].level == "source" else [None]
+
+    def upstream(self, program: str, source: str | None) -> list[tuple[str, str | None]]:
+        """(program, source) pairs this partition reads: same source, fan-in, or fan-out."""
+        out: list[tuple[str, str | None]] = []
+        for dep in PROGRAMS[program].deps:
+            if PROGRAMS[dep].level == "crawl":
+                out.append((dep, None))
+            elif source is not None:
+                out.append((dep, source))
+            else:
+                out.extend((dep, s) for s in sorted(self.sources))
+        return out
+
+    def keys(self) -> dict[tuple[str, str | None], str]:
+        """params_key of every (program, source) partition of this crawl, in dependency order."""
+        keys: dict[tuple[str, str | None], str] = {}
+        for name in PROGRAMS:  # PROGRAMS is in topological order
+            for source in self.partitions(name):
+                up = {f"{d}/{s or ''}": keys[(d, s)] for d, s in self.upstream(name, source)}
+                if PROGRAMS[name].uses_keep_rule:
+                    up["keep"] = P.params_key("keep", self.keep)
+                if PROGRAMS[name].reads_prior and self.dedup_against:
+                    up["prior"] = json.dumps(self.dedup_against, sort_keys=True)
+                keys[(name, source)] = P.params_key(name, self.program_params(name, source), up)
+        return keys
+
+
+def prior_outputs(spec: CrawlSpec) -> dict[str, str]:
+    """Keys of the outputs a later crawl reads from ``spec``'s crawl: its raw and curated
+    documents per source and its bucket index (``lsh_buckets``), as {"program/source": key}."""
+    keys = spec.keys()
+    out = {"lsh_buckets/": keys[("lsh_buckets", None)]}
+    for source in sorted(spec.sources):
+        out[f"raw_documents/{source}"] = keys[("raw_documents", source)]
+        out[f"curated_documents/{source}"] = keys[("curated_documents", source)]
+    return out

@@ -1,0 +1,133 @@
+"""Where one partition's wall time goes: the store's reads, the partition writer's writes, the rest.
+
+``stages.execute.execute`` opens a ``Clock`` around a partition (``measure``); the store adds the
+seconds and bytes of every committed-data read to it (manifests, ``read_table``, each batch of
+``iter_batches``) and the partition writer those of every part it writes. What is neither is
+compute. The figures go into the partition's report (``report["timing"]``, so they survive in the
+manifest whichever way the partition ran: in-process, ``python -m stages``, a pod) and into its
+materialization's metadata as floats (``figures``), which the Dagster UI plots across crawls.
+
+Only the outermost timed call counts (a ``read_table`` that reads its manifest is one read), and
+only in the context that opened the clock: reads in worker processes or helper threads (a
+prefetching tokenizer) overlap compute and are not subtracted from it. Bytes are Arrow buffer
+sizes (what a reader gets or a writer is given), not compressed file sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Literal, ParamSpec, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+Kind = Literal["read", "write"]
+
+
+@dataclass
+class Clock:
+    """Seconds and bytes of one partition's reads and writes, and when it started."""
+
+    start: float = field(default_factory=time.perf_counter)
+    read_s: float = 0.0
+    write_s: float = 0.0
+    read_bytes: int = 0
+    written_bytes: dict[str, int] = field(default_factory=dict)  # per output table
+    _depth: int = 0
+
+    def report(self) -> dict[str, Any]:
+        """The ``timing`` entry of a report: wall (from ``start`` to now), read, write, compute
+        (the rest) in seconds, bytes read and bytes written per table."""
+        wall = time.perf_counter() - self.start
+        return {
+            "wall_s": round(wall, 4), "read_s": round(self.read_s, 4), "write_s": round(self.write_s, 4),
+            "compute_s": round(max(wall - self.read_s - self.write_s, 0.0), 4),
+            "read_bytes": self.read_bytes, "written_bytes": dict(sorted(self.written_bytes.items())),
+        }
+
+
+_CLOCK: ContextVar[Clock | None] = ContextVar("stages_timing_clock", default=None)
+
+
+@contextmanager
+def measure() -> Iterator[Clock]:
+    """A fresh clock for the partition run inside this block (nested blocks get their own)."""
+    clock = Clock()
+    token = _CLOCK.set(clock)
+    try:
+        yield clock
+    finally:
+        _CLOCK.reset(token)
+
+
+def clocked(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run inside ``measure()``: its reads and writes are counted on its own clock."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with measure():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def timing_report() -> dict[str, Any]:
+    """``Clock.report()`` of the current clock (an empty dict outside ``measure``)."""
+    clock = _CLOCK.get()
+    return {} if clock is None else clock.report()
+
+
+@contextmanager
+def timed(kind: Kind, nbytes: int = 0, table: str | None = None) -> Iterator[Clock | None]:
+    """Add the block's seconds (and ``nbytes``; more via the yielded clock's fields) to the
+    current clock's ``kind``; nothing without a clock or inside another timed block."""
+    clock = _CLOCK.get()
+    if clock is None or clock._depth:
+        yield None
+        return
+    clock._depth += 1
+    t0 = time.perf_counter()
+    try:
+        yield clock
+    finally:
+        clock._depth -= 1
+        seconds = time.perf_counter() - t0
+        if kind == "read":
+            clock.read_s += seconds
+            clock.read_bytes += nbytes
+        else:
+            clock.write_s += seconds
+            if table is not None:
+                clock.written_bytes[table] = clock.written_bytes.get(table, 0) + nbytes
+
+
+def timed_iter(items: Iterator[T]) -> Iterator[T]:
+    """``items`` with the time of producing each one (a batch read) counted as a read, and the
+    Arrow size of each (a ``RecordBatch``) as bytes read; the consumer's time in between is not."""
+    while True:
+        with timed("read") as clock:
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            if clock is not None:
+                clock.read_bytes += int(getattr(item, "nbytes", 0))
+        yield item
+
+
+# Float metadata of a materialization: what the Dagster UI's Plots tab charts across crawls.
+FIGURES = ("wall_s", "read_s", "compute_s", "write_s")
+
+
+def figures(report: dict[str, Any]) -> dict[str, float]:
+    """``wall_s``, ``read_s``, ``compute_s``, ``write_s`` of a report's ``timing`` (none before it
+    had one), as floats."""
+    timing = report.get("timing")
+    if not isinstance(timing, dict):
+        return {}
+    return {name: float(timing[name]) for name in FIGURES if name in timing}
