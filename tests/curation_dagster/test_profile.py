@@ -11,7 +11,6 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
-from tiny_corpus import CRAWL, curate, fast_tmp, spec, write_config
 
 from curation_dagster.partitions import partition_key
 from curation_dagster.profile import measured_sizing, partition_profile, profile
@@ -22,6 +21,7 @@ from stages.execute import Outcome, metadata
 from stages.sizing import Crawl, Setting, plan
 from stages.store import Manifest, Store
 from stages.timing import measure, timed, timed_iter
+from tests.support.tiny_corpus import CRAWL, curate, fast_tmp, spec, write_config
 
 FIGURES = ("wall_s", "read_s", "compute_s", "write_s")
 ROW = {"documents": int, "bytes": int, "wall_s": float, "read_s": float, "compute_s": float, "write_s": float,

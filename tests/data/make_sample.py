@@ -17,8 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from stages.benchmarks import SAMPLE_BENCHMARK, sample_benchmark
-from stages.sample import build_sample
+from curation_dagster.sample import build_sample
+from stages.decontam_sets import SAMPLE_BENCHMARK, sample_benchmark
 
 OUT = Path(__file__).resolve().parent / "sample"
 # package descriptions run to ~9 KB a record and licenses to ~6 KB: few of them keep the corpus ~200 KB

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_corpus import curate
 
 from curation_dagster.plan import parse_model, sizing
 from stages.sizing import (
@@ -26,6 +25,7 @@ from stages.sizing import (
     plan,
     setting_from_config,
 )
+from tests.support.tiny_corpus import curate
 
 SEED = Setting(num_perm=260, bands=20, rows=13)
 CRAWL = Crawl(docs=1_000_000, mean_chars=2000)
