@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from peak_rss import PEAK
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.support
+from tests.support.peak_rss import PEAK
 
 SETUP = """
 import sys, time

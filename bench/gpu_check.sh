@@ -59,7 +59,7 @@ EOF
 
 # Only the files that hold gpu-marked tests, so a module that needs what this machine lacks
 # (dagster, ray) is never collected; a collection error of one file does not stop the others.
-mapfile -t FILES < <(grep -l -E "pytest\.mark\.gpu|marks=\[?pytest\.mark\.gpu" tests/test_*.py)
+mapfile -t FILES < <(grep -rl --include="test_*.py" -E "pytest\.mark\.gpu|marks=\[?pytest\.mark\.gpu" tests | sort)
 if [ "${#FILES[@]}" -gt 0 ]; then
     timeout 200 "$PY" -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors \
         -o addopts="-ra" "${FILES[@]}" 2>&1 | tee -a "$LOG"

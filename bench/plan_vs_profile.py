@@ -8,7 +8,7 @@ another with a few words replaced, planted at Jaccard ~``--dup-similarity``), ru
 on it without Dagster (``stages.execute.execute_crawl``), profiles it (``curate profile``'s
 figures) and prints each figure of ``curate plan`` beside the measured one, with the ratio and
 whether it is within 2x. The issue asks for this on the 1M-document scale run; the test suite does
-it on the tiny corpus (tests/test_profile.py). Not run in tests.
+it on the tiny corpus (tests/curation_dagster/test_profile.py). Not run in tests.
 """
 
 from __future__ import annotations

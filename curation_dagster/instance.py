@@ -8,7 +8,7 @@ pointed at its own folder again (only a file this module wrote; an edited one is
 
 That storage is named by its private module path, ``dagster._core.storage.event_log``: Dagster
 exports no public name for it, and its own docstring configures it so. dagster is pinned
-(pyproject.toml), and tests/test_dagster_tools.py fails if the class moves or stops loading.
+(pyproject.toml), and tests/curation_dagster/test_dagster_tools.py fails if the class moves or stops loading.
 """
 
 from __future__ import annotations

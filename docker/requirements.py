@@ -3,7 +3,7 @@ given a comma-separated list of extras, the requirements of those extras.
 
 The images install their dependencies from these lists before copying the code, so that neither
 a code change nor another edit of pyproject.toml reinstalls them (docker/Dockerfile.*);
-docker/build-images.sh collects the same lists into a wheelhouse; tests/image_contents.py reads
+docker/build-images.sh collects the same lists into a wheelhouse; tests/support/image_contents.py reads
 what an image carries through it. Standard library only:
 it runs in an image before anything is installed.
 

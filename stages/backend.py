@@ -12,7 +12,7 @@ the torch device it names: ``cpu`` runs the GPU code path on the CPU (backend na
 ``gpu-twin-on-cpu``), which is how CI proves the whole fuzzy chain gives the same removals.
 
 The backend is an execution setting, never part of a params key: CPU and GPU outputs share their
-paths, so every integer output of a twin is bit-identical to the CPU kernel's (tests/test_gpu_parity.py).
+paths, so every integer output of a twin is bit-identical to the CPU kernel's (tests/stages/kernels/test_gpu_parity.py).
 Programs record the backend they used as ``report["backend"]``; it reaches every
 materialization's metadata (``stages.execute.metadata``). Nothing here imports torch until a
 twin runs or ``auto`` has to look for a GPU on a machine with a GPU driver.

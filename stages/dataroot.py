@@ -6,7 +6,7 @@ Layout under the data root (a local folder or any fsspec URL, e.g. ``s3://bucket
     <program>/<params_key>/<crawl>[/<source>]/    outputs (stages.store): parts, _manifest.json last
     .locks/                                       partition locks (local data roots only)
 
-No program name starts with ``_`` (tests/test_dataroot.py checks it), so ``_crawls`` is never a
+No program name starts with ``_`` (tests/stages/test_dataroot.py checks it), so ``_crawls`` is never a
 program's output folder. A record (:class:`CrawlRecord`) holds the crawl's spec and its
 registration ``sequence``: the registration order is read from the records, never from file
 times, which object stores do not keep in a useful way. A record is written whole (local:

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -20,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from curation_dagster import cli
 from curation_dagster.resources import load_spec
 from stages.dataroot import CRAWLS_DIR, DataRoot
-from stages.execute import execute_crawl
+from stages.execute import execute, execute_crawl
 from stages.params import ExecutionParams, RawDocumentsParams
+from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store, UnsafeNameError
 
@@ -81,11 +84,44 @@ def test_the_scanner_finds_what_it_bans(tmp_path: Path) -> None:
                     "allow_pickle=..."]
 
 
-def test_pyarrow_does_not_unpickle_extension_types() -> None:
-    """CVE-2023-47248: Parquet/IPC files could carry a pickled ``PyExtensionType``; pyarrow >= 14.0.1
-    refuses to unpickle it unless told to. Parquet inputs are read with a safe pyarrow."""
-    major, minor, patch = (int(x) for x in pa.__version__.split(".")[:3])
-    assert (major, minor, patch) >= (14, 0, 1)
+class _Planted:
+    """Pickled, a payload that creates the file ``path`` when unpickled (any code could run instead)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return open, (str(self.path), "w")
+
+
+def test_pyarrow_does_not_unpickle_extension_types(tmp_path: Path) -> None:
+    """CVE-2023-47248: a Parquet or IPC field may declare the ``arrow.py_extension_type`` extension,
+    whose metadata pyarrow < 14.0.1 unpickled on read. A Parquet source whose text column carries a
+    planted pickle: read by pyarrow, from IPC, and ingested as a source, nothing is unpickled and
+    the column is its plain storage type."""
+    control = tmp_path / "control"
+    pickle.loads(pickle.dumps(_Planted(control)))  # the payload works: unpickled, it writes its file
+    assert control.exists()
+    marker = tmp_path / "unpickled"
+    planted = {b"ARROW:extension:name": b"arrow.py_extension_type",
+               b"ARROW:extension:metadata": pickle.dumps(_Planted(marker))}
+    schema = pa.schema([pa.field("text", pa.string(), metadata=planted), pa.field("id", pa.string())])
+    table = pa.table({"text": ["A planted document with a pickled extension type."], "id": ["r0"]}, schema=schema)
+    source = tmp_path / "source"
+    source.mkdir()
+    pq.write_table(table, source / "part-0.parquet")
+    assert pq.read_table(source / "part-0.parquet").schema.field("text").type == pa.string()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_table(table)
+    assert pa.ipc.open_file(sink.getvalue()).read_all().schema.field("text").type == pa.string()
+    store = Store(str(tmp_path / "data"))
+    spec = CrawlSpec(crawl="c", sources={"s": {"url": str(source), "text_field": "text", "id_field": "id"}},
+                     stages=("heuristic",))
+    execute(store, spec, "raw_documents", "s", ExecutionParams(workers=1))
+    ingested = store.read_table(plan_task(store, spec, "raw_documents", "s").output_dir, "documents")
+    assert ingested["text"].to_pylist() == table["text"].to_pylist()
+    assert not marker.exists()
 
 
 # --- names and paths --------------------------------------------------------------------------------

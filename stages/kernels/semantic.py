@@ -2,7 +2,7 @@
 
 Every torch kernel here runs unchanged on ``device="cpu"`` and ``device="cuda"`` (the CPU twin
 *is* the GPU kernel on another device): same contract, same output dtypes, results equal up to
-float rounding (see tests/test_semantic.py, the ``gpu`` parity test). Kernels take arrays or
+float rounding (see tests/stages/programs/test_semantic.py, the ``gpu`` parity test). Kernels take arrays or
 tensors and return arrays or tensors; they read no files and log nothing. The model is passed
 in as a function (``forward``), loaded once by the caller.
 

@@ -16,7 +16,7 @@ quirk kept: its matcher also finds runs across a single space, which are never r
 block the runs they overlap (``"=) :)"`` keeps ``:`` ``)`` apart, since ``) :`` spells ``):``).
 
 Checked against spaCy 3.8.18 on every sample document and on 60,000 random strings of special
-cases, URLs and punctuation (tests/test_heuristics_datatrove.py runs a share of them where spaCy
+cases, URLs and punctuation (tests/stages/kernels/test_heuristics_datatrove.py runs a share of them where spaCy
 is installed): the same tokens for all.
 """
 

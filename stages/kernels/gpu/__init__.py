@@ -15,7 +15,7 @@ torch twin (this package)         CPU reference
 ================================  =============================================
 
 Every twin takes a torch ``device``; on ``"cpu"`` it is the same code path as on ``"cuda"``,
-which is how CI proves parity without a GPU (tests/test_gpu_parity.py). uint64 arithmetic is
+which is how CI proves parity without a GPU (tests/stages/kernels/test_gpu_parity.py). uint64 arithmetic is
 done on int64 tensors (add, multiply and xor wrap identically mod 2**64; right shifts are made
 logical by masking). Importing this package imports nothing; its modules import torch.
 """

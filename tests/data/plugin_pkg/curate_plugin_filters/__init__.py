@@ -1,4 +1,4 @@
-"""A user's package of custom filters (stages.filters' protocol), for tests/test_custom_filters.py.
+"""A user's package of custom filters (stages.filters' protocol), for tests/stages/test_custom_filters.py.
 
 Registered by entry point (group ``curation_dagster.filters``) in a temporary site folder, or named
 as ``curate_plugin_filters:Class`` with this folder's parent on sys.path.

@@ -1,0 +1,305 @@
+"""Custom filters without a fork (stages.filters, docs/filters.md): a user's package of filters
+(tests/data/plugin_pkg), registered by entry point or named as module:Class, runs inside the
+heuristic stage with its own reason and count in the ledger and the report, cached scores, and
+params keyed by its name, version and kwargs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+
+from curation_dagster import cli
+from stages import filters
+from stages.execute import execute, execute_crawl
+from stages.filters import FilterError, FilterFailed
+from stages.params import FilteredDocumentsParams
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Store
+from tests.support.tiny_corpus import TINY, fast_tmp
+
+PLUGIN = Path(__file__).resolve().parents[1] / "data" / "plugin_pkg"
+ENTRY_POINTS = """\
+[curation_dagster.filters]
+mentions_word = curate_plugin_filters:MentionsWord
+digit_share = curate_plugin_filters:DigitShare
+fragile = curate_plugin_filters:Fragile
+"""
+# Digits that are not a repeated n-gram (a repeated one fails max_top_2gram_char_frac first).
+NUMBERS = "\nOrder numbers: 2000003 3000006 4000009 5000012 6000015 7000018 8000021 9000024."
+WORD = " The zyzzyva is a weevil."
+KEPT_NEWS = ("news-000", "news-001", "news-002", "news-003", "news-004", "news-005", "news-006", "news-007",
+             "news-010", "news-011")  # the tiny corpus's news documents that every built-in rule keeps
+
+
+def _news() -> dict[str, str]:
+    out = {}
+    for line in (TINY / "news" / "news-2024-05.jsonl").read_bytes().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("id") in KEPT_NEWS:
+            out[rec["id"]] = rec["text"]
+    return out
+
+
+# Planted: 3 mention the word, 2 have a digit share above 5 % (8.4 %, 9.0 %), one has both (the
+# first filter listed names it), one is too short for the built-in rules (min_words comes first).
+def corpus() -> dict[str, str]:
+    good = _news()
+    texts = [good[k] for k in KEPT_NEWS]
+    docs = {f"g{i}": t for i, t in enumerate(texts)}
+    docs |= {f"w{i}": texts[i] + WORD for i in range(3)}
+    docs |= {"d0": texts[3] + NUMBERS, "d1": texts[4] + NUMBERS}
+    docs |= {"both": texts[5] + WORD + NUMBERS, "short": "A zyzzyva is short."}
+    return docs
+
+
+EXPECTED_REASONS = {**dict.fromkeys(["w0", "w1", "w2", "both"], "filter:mentions_word"),
+                    **dict.fromkeys(["d0", "d1"], "filter:digit_share"), "short": "min_words"}
+
+
+@pytest.fixture
+def web(tmp_path: Path) -> Path:
+    folder = tmp_path / "web"
+    folder.mkdir()
+    lines = [json.dumps({"id": k, "text": v}) for k, v in corpus().items()]
+    (folder / "web.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The plugin package installed into a site folder on sys.path: its module and a dist-info
+    declaring the entry points, which importlib.metadata finds as it finds any installed package."""
+    folder = tmp_path / "site"
+    shutil.copytree(PLUGIN / "curate_plugin_filters", folder / "curate_plugin_filters")
+    info = folder / "curate_plugin_filters-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: curate-plugin-filters\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(ENTRY_POINTS)
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
+
+
+def spec(web: Path, filter_list: list[Any], crawl: str = "c1") -> CrawlSpec:
+    return CrawlSpec(crawl=crawl, sources={"web": {"url": str(web)}}, stages=("heuristic",),
+                     params={"filtered_documents": {"filters": filter_list}})
+
+
+ENTRY_FILTERS: list[Any] = [{"filter": "mentions_word", "kwargs": {"word": "zyzzyva"}}, "digit_share"]
+
+
+def _reasons(store: Store, crawl: CrawlSpec) -> dict[str, str]:
+    ledger = store.read_table(plan_task(store, crawl, "removal_ledger", None).output_dir, "ledger")
+    return dict(zip(ledger["record_id"].to_pylist(), ledger["reason"].to_pylist(), strict=True))
+
+
+def _report(store: Store, crawl: CrawlSpec, program: str, source: str | None = None) -> dict[str, Any]:
+    manifest = store.read_manifest(plan_task(store, crawl, program, source).output_dir)
+    assert manifest is not None
+    return manifest.report
+
+
+def test_entry_point_filters_run_in_the_heuristic_stage(tmp_path: Path, web: Path, site: Path) -> None:
+    store = Store(str(tmp_path / "data"))
+    crawl = spec(web, ENTRY_FILTERS)
+    execute_crawl(store, crawl)
+    heur = _report(store, crawl, "filtered_documents", "web")
+    assert heur["removed_per_reason"] == {"filter:digit_share": 2, "filter:mentions_word": 4, "min_words": 1}
+    assert heur["fails_per_rule"]["filter:mentions_word"] == 4
+    # Each filter judges what the rules and the filters before it kept: 17 - 1, then 16 - 4.
+    assert heur["custom_filters"] == {
+        "mentions_word": {"version": 1, "input": 16, "scored": 16, "removed": 4},
+        "digit_share": {"version": 1, "input": 12, "scored": 12, "removed": 2},
+    }
+    assert _reasons(store, crawl) == EXPECTED_REASONS
+    ledger = _report(store, crawl, "removal_ledger")["sources"]["web"]
+    assert ledger["removed_per_stage"]["heuristic"] == 7 and ledger["kept"] == 10
+    assert ledger["filters"] == {"mentions_word": 4, "digit_share": 2}
+    # The ledger's score is the filter's score: how many times the word occurs, the digit share.
+    t = store.read_table(plan_task(store, crawl, "removal_ledger", None).output_dir, "ledger").to_pylist()
+    scores = {r["record_id"]: r["score"] for r in t}
+    assert scores["w0"] == 1.0 and scores["both"] == 1.0
+    assert scores["d1"] == pytest.approx(sum(c.isdigit() for c in corpus()["d1"]) / len(corpus()["d1"]))
+
+
+def test_scores_are_cached_and_versions_rekey(
+    tmp_path: Path, web: Path, site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(str(tmp_path / "data"))
+    first = spec(web, ENTRY_FILTERS)
+    execute_crawl(store, first)
+    # A kwarg that only keep() reads (keep_kwargs): a new decision from cached scores.
+    looser = spec(web, [ENTRY_FILTERS[0], {"filter": "digit_share", "kwargs": {"max_share": 0.085}}])
+    assert looser.keys()[("filtered_documents", "web")] != first.keys()[("filtered_documents", "web")]
+    execute(store, looser, "raw_documents", "web")
+    execute(store, looser, "document_languages", "web")
+    execute(store, looser, "filtered_documents", "web")
+    heur = _report(store, looser, "filtered_documents", "web")
+    assert heur["custom_filters"]["digit_share"] == {"version": 1, "input": 12, "scored": 0, "removed": 1}
+    assert heur["custom_filters"]["mentions_word"]["scored"] == 0
+    # A kwarg the score depends on: scored again.
+    other_word = spec(web, [{"filter": "mentions_word", "kwargs": {"word": "weevil"}}])
+    execute(store, other_word, "filtered_documents", "web")
+    assert _report(store, other_word, "filtered_documents", "web")["custom_filters"]["mentions_word"] == {
+        "version": 1, "input": 16, "scored": 16, "removed": 4}
+    # A version bump re-keys this stage and everything after it, and scores again.
+    from curate_plugin_filters import MentionsWord
+
+    before = first.keys()
+    monkeypatch.setattr(MentionsWord, "version", 2)
+    bumped = spec(web, ENTRY_FILTERS)
+    after = bumped.keys()
+    changed = {part for part in before if before[part] != after[part]}
+    assert ("raw_documents", "web") not in changed and ("document_languages", "web") not in changed
+    assert {("filtered_documents", "web"), ("exact_duplicates", None), ("curated_documents", "web"),
+            ("removal_ledger", None)} <= changed
+    assert bumped.program_params("filtered_documents").canonical()["filters"][0]["version"] == 2
+    execute(store, bumped, "filtered_documents", "web")
+    assert _report(store, bumped, "filtered_documents", "web")["custom_filters"]["mentions_word"]["scored"] == 16
+
+
+def test_a_filter_that_raises_fails_the_partition_naming_it_and_the_document(
+    tmp_path: Path, web: Path, site: Path
+) -> None:
+    store = Store(str(tmp_path / "data"))
+    crawl = spec(web, [{"filter": "fragile", "kwargs": {"marker": "zyzzyva"}}])
+    execute(store, crawl, "raw_documents", "web")
+    execute(store, crawl, "document_languages", "web")
+    with pytest.raises(FilterFailed) as info:
+        execute(store, crawl, "filtered_documents", "web")
+    assert str(info.value).startswith("custom filter 'fragile' raised ValueError on document ")
+    assert str(info.value).endswith(": cannot score a text with zyzzyva")
+    assert "(record w0)" in str(info.value)  # the first planted one, in input order
+    assert store.read_manifest(plan_task(store, crawl, "filtered_documents", "web").output_dir) is None
+
+
+RAY_SCRIPT = """
+import json, sys
+from pathlib import Path
+from stages.filters import FilterFailed
+from stages.params import ExecutionParams
+from stages.store import Store
+from stages.execute import execute_crawl
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+tmp, web = Path(sys.argv[1]), sys.argv[2]
+out = {}
+for name, flt in (("ok", {"filter": "curate_plugin_filters:MentionsWord", "kwargs": {"word": "zyzzyva"}}),
+                  ("fails", {"filter": "curate_plugin_filters:Fragile", "kwargs": {"marker": "zyzzyva"}})):
+    spec = CrawlSpec(crawl=name, sources={"web": {"url": web}}, stages=("heuristic",),
+                     params={"filtered_documents": {"filters": [flt]}})
+    store = Store(str(tmp / "data"))
+    try:
+        execute_crawl(store, spec, ExecutionParams(executor="ray", workers=2))
+        out[name] = store.read_manifest(plan_task(store, spec, "filtered_documents", "web").output_dir).report
+    except FilterFailed as exc:
+        out[name] = str(exc)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_filters_on_ray_workers(tmp_path: Path, web: Path) -> None:
+    # A fresh process: its Ray workers find the package as a cluster's would (installed, here on
+    # PYTHONPATH), and a failure in a Ray task is still the filter's one line, not a traceback.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGIN), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", RAY_SCRIPT, str(tmp_path), str(web)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ok"]["custom_filters"] == {"mentions_word": {"version": 1, "input": 16, "scored": 16, "removed": 4}}
+    assert out["fails"].startswith("custom filter 'fragile' raised ValueError on document ")
+    assert out["fails"].endswith("(record w0): cannot score a text with zyzzyva")
+
+
+def test_filters_that_cannot_be_used_say_so_in_one_line(site: Path) -> None:
+    cases = {
+        "no_such_module:X": "custom filter 'no_such_module:X' cannot be imported: ModuleNotFoundError: "
+                            "No module named 'no_such_module'",
+        "curate_plugin_filters:Nope": "custom filter 'curate_plugin_filters:Nope' cannot be imported: "
+                                      "AttributeError: module 'curate_plugin_filters' has no attribute 'Nope'",
+        "not_registered": "custom filter 'not_registered' cannot be imported: LookupError: no entry point "
+                          "'not_registered' in group 'curation_dagster.filters' (nor module:Class)",
+    }
+    for ref, message in cases.items():
+        with pytest.raises(FilterError) as info:
+            FilteredDocumentsParams(filters=[{"filter": ref}])
+        assert str(info.value) == message
+    with pytest.raises(FilterError, match=r"does not take kwargs \{'wrd': 'x'\}"):
+        FilteredDocumentsParams(filters=[{"filter": "mentions_word", "kwargs": {"wrd": "x"}}])
+    with pytest.raises(FilterError, match="name 'digit_share' is taken by another filter"):
+        FilteredDocumentsParams(filters=["digit_share", {"filter": "curate_plugin_filters:DigitShare"}])
+    # Two of one class under their own names; a disabled stage imports nothing.
+    two = FilteredDocumentsParams(filters=["digit_share", {"filter": "digit_share", "name": "digits_10",
+                                                           "kwargs": {"max_share": 0.1}}])
+    assert [(f.name, f.version, f.keep_kwargs) for f in two.filters] == [
+        ("digit_share", 1, ("max_share",)), ("digits_10", 1, ("max_share",))]
+    off = FilteredDocumentsParams(enabled=False, filters=["no_such_module:X"])
+    assert (off.filters[0].filter, off.filters[0].name) == ("no_such_module:X", "")
+    with pytest.raises(FilterError, match="a custom filter is 'module:Class', an entry point name or"):
+        FilteredDocumentsParams(filters=[7])
+    assert isinstance(filters.build("digit_share", {}), filters.DocumentFilter)
+
+
+def test_curate_run_with_a_module_class_filter(tmp_path: Path, web: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(PLUGIN))  # a module on sys.path, named as module:Class
+    config = tmp_path / "crawl.json"
+    config.write_text(json.dumps({"sources": {"web": {"url": str(web)}}, "stages": ["heuristic"], "params": {
+        "filtered_documents": {"filters": [
+            {"filter": "curate_plugin_filters:MentionsWord", "kwargs": {"word": "zyzzyva"}},
+            {"filter": "curate_plugin_filters:DigitShare"}]}}}))
+    with fast_tmp(tmp_path / "wd") as wd:
+        assert cli.main(["run", "--workdir", str(wd), "--crawl", "c1", "--config", str(config), "--quiet"]) == 0
+        printed = capsys.readouterr().out
+        assert "↳ mentions_word" in printed and "↳ digit_share" in printed  # beside HEURISTIC
+        assert cli.main(["report", "--workdir", str(wd), "--crawl", "c1", "--json"]) == 0
+        web_row = json.loads(capsys.readouterr().out)["sources"]["web"]
+        assert web_row["filters"] == {"mentions_word": 4, "digit_share": 2}
+        assert web_row["removed"]["heuristic"] == 7 and web_row["kept"] == 10
+        assert cli.main(["ledger", "--workdir", str(wd), "--crawl", "c1", "--out", str(tmp_path / "l.parquet")]) == 0
+        ledger = pq.read_table(tmp_path / "l.parquet").to_pylist()
+        assert Counter(r["reason"] for r in ledger) == {"filter:mentions_word": 4, "filter:digit_share": 2,
+                                                        "min_words": 1}
+        assert {r["record_id"]: r["reason"] for r in ledger} == EXPECTED_REASONS
+        # The waterfall in the removal_ledger's metadata has a column per filter beside heuristic.
+        with dg.DagsterInstance.from_config(str(wd / "dagster")) as instance:
+            records = instance.fetch_materializations(dg.AssetKey("removal_ledger"), limit=1).records
+            mat = records[0].asset_materialization
+            assert mat is not None
+            table = mat.metadata["waterfall_table"]
+        assert isinstance(table, dg.TableMetadataValue)
+        names = [c.name for c in table.schema.columns]
+        assert names.index("heuristic") < names.index("heuristic:digit_share") < names.index("kept")
+        rows = {r.data["source"]: r.data for r in table.records}
+        assert (rows["web"]["heuristic"], rows["web"]["heuristic:mentions_word"], rows["web"]["heuristic:digit_share"],
+                rows["web"]["kept"]) == (7, 4, 2, 10)
+        # A filter that raises: the run stops with one line naming the filter and the document.
+        config.write_text(json.dumps({"sources": {"web": {"url": str(web)}}, "stages": ["heuristic"], "params": {
+            "filtered_documents": {"filters": [{"filter": "curate_plugin_filters:Fragile",
+                                                "kwargs": {"marker": "zyzzyva"}}]}}}))
+        capsys.readouterr()
+        assert cli.main(["run", "--workdir", str(wd), "--crawl", "c2", "--config", str(config), "--quiet"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        assert "filtered_documents[web]: custom filter 'fragile' raised ValueError on document " in err
+        assert "(record w0): cannot score a text with zyzzyva" in err
+        # A filter that cannot be imported: one line, before any run.
+        config.write_text(json.dumps({"sources": {"web": {"url": str(web)}}, "stages": ["heuristic"], "params": {
+            "filtered_documents": {"filters": ["no_such_module:X"]}}}))
+        assert cli.main(["run", "--workdir", str(wd), "--crawl", "c3", "--config", str(config), "--quiet"]) == 1
+        assert capsys.readouterr().err.strip() == ("curate: error: custom filter 'no_such_module:X' cannot be "
+                                                   "imported: ModuleNotFoundError: No module named 'no_such_module'")

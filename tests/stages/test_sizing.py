@@ -1,0 +1,133 @@
+"""``curate plan``'s arithmetic (``stages.sizing``) against values worked out by hand.
+
+The reference crawl: 1,000,000 documents of 2,000 characters, 260 hashes in 20 bands x 13 rows,
+a 10% duplicate rate at Jaccard 0.9, 0.25 tokens per character, MiniLM (22,713,216 parameters)
+cut at 256 tokens, a GPU at 150 TFLOP/s and a third of it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from curation_dagster.plan import parse_model, sizing
+from stages.sizing import (
+    MINILM,
+    Assumptions,
+    Crawl,
+    Model,
+    Setting,
+    candidate_probability,
+    flops_per_document,
+    gpu_hours,
+    plan,
+    setting_from_config,
+)
+from tests.support.tiny_corpus import curate
+
+SEED = Setting(num_perm=260, bands=20, rows=13)
+CRAWL = Crawl(docs=1_000_000, mean_chars=2000)
+# 0.9 ** 13 = 0.2541865828; 1 - (1 - 0.2541865828) ** 20 = 0.9971646685
+S_POW_R = 0.2541865828329001
+P_DUP = 0.9971646685128354
+
+
+def test_signature_table_and_band_keys() -> None:
+    s = plan(CRAWL, SEED)
+    assert s.signatures == {"rows": 1_000_000, "bytes": 1_000_000 * (4 * 260 + 36)}  # 1.076 GB
+    assert s.band_keys == {"keys": 20_000_000, "bytes": 1_000_000 * 8 * 21}  # 168 MB
+
+
+def test_candidates_at_the_lsh_setting() -> None:
+    c = plan(CRAWL, SEED).candidates
+    assert c["threshold"] == pytest.approx(0.7941833348, rel=1e-9)  # (1/20)^(1/13)
+    assert c["p_candidate"] == pytest.approx(P_DUP, rel=1e-12)
+    assert candidate_probability(0.9, 20, 13) == pytest.approx(P_DUP, rel=1e-12)
+    assert c["duplicate_pairs"] == pytest.approx(100_000)
+    assert c["candidate_pairs"] == pytest.approx(99_716.46685, rel=1e-9)
+    assert c["band_edges"] == pytest.approx(100_000 * 20 * S_POW_R, rel=1e-12)  # 508,373 anchor edges
+
+
+def test_verification_text_and_spill() -> None:
+    v = plan(CRAWL, SEED).verification
+    assert v["documents"] == pytest.approx(199_432.9337, rel=1e-9)
+    assert v["text_bytes"] == pytest.approx(398_865_867.4, rel=1e-9)
+    assert v["spill_bytes"] == 0.0  # under text_block_bytes = 512 MiB = 536,870,912
+    longer = plan(Crawl(1_000_000, 4000), SEED).verification
+    assert longer["text_bytes"] == pytest.approx(797_731_734.8, rel=1e-9)
+    assert longer["spill_bytes"] == pytest.approx(2 * 797_731_734.8, rel=1e-9)  # gathered + block files
+    off = plan(CRAWL, Setting(bands=20, rows=13, verify=False)).verification
+    assert off == {"documents": 0.0, "text_bytes": 0.0, "spill_bytes": 0.0}
+
+
+def test_embedding_flops_and_gpu_hours() -> None:
+    e = plan(CRAWL, SEED).embeddings[MINILM.name]
+    assert e["tokens_per_document"] == 256  # min(2000 x 0.25, 256)
+    assert e["flops_per_document"] == 2 * 22_713_216 * 256  # 1.163e10
+    assert e["documents"] == pytest.approx(1_000_000 - 99_716.46685, rel=1e-9)  # fuzzy's removals not embedded
+    assert e["flops"] == pytest.approx(1.0469547187e16, rel=1e-9)
+    assert e["gpu_hours"] == pytest.approx(1.0469547187e16 / 50e12 / 3600, rel=1e-9)  # 0.058 h
+
+
+def test_the_seeds_classifier_example() -> None:
+    """The seeds: a 140M-parameter encoder over 512 tokens is ~1.4e11 FLOPs per document, 7e19
+    over 500M documents, ~130 GPU-hours at 150 TFLOP/s and ~400 at a third of it."""
+    model = Model("classifier", 140_000_000, 512)
+    per_doc = flops_per_document(model, mean_chars=4000, tokens_per_char=0.25)
+    assert per_doc == 2 * 140e6 * 512 == 1.4336e11
+    assert per_doc * 500e6 == pytest.approx(7.168e19)
+    assert gpu_hours(per_doc * 500e6, 150, 1.0) == pytest.approx(132.74, rel=1e-4)
+    assert gpu_hours(per_doc * 500e6, 150, 1 / 3) == pytest.approx(398.2, rel=1e-4)
+    s = plan(Crawl(500_000_000, 4000), Setting(models=(model,)), Assumptions(dup_rate=0.0))
+    assert s.embeddings["classifier"]["gpu_hours"] == pytest.approx(398.2, rel=1e-4)
+
+
+def test_memory_per_stage_pod() -> None:
+    m = plan(CRAWL, SEED).memory_bytes
+    assert m["lsh_buckets"] == 1_000_000 * (8 + 72) + 1_000_000 * 8 * 5  # nodes + one task's 5 columns
+    assert m["exact_duplicates"] == 2 * 1_000_000 * 52
+    assert m["semantic_clusters"] == pytest.approx((1_000_000 - 99_716.46685) * 384 * 6, rel=1e-9)
+    assert m["document_embeddings"] == 22_713_216 * 4 + 20_000 * 2000
+
+
+def test_setting_from_config() -> None:
+    default = setting_from_config({})
+    assert (default.bands, default.rows, default.num_perm, default.verify) == (26, 10, 260, True)
+    assert default.models == (MINILM,)
+    cfg = {"stages": ["heuristic", "exact", "fuzzy"],
+           "params": {"lsh_buckets": {"preset": "seed"}, "minhash_signatures": {"num_perm": 128},
+                      "duplicate_components": {"verify": "none"}}}
+    s = setting_from_config(cfg, (parse_model("clf=140M:512"),))
+    assert (s.bands, s.rows, s.num_perm, s.verify) == (20, 13, 128, False)
+    assert s.models == (Model("clf", 140_000_000, 512),)  # no semantic stage: no embedding model
+    with pytest.raises(ValueError, match="no known parameter count"):
+        setting_from_config({"params": {"document_embeddings": {"model": "/models/other"}}})
+    assert setting_from_config({"params": {"document_embeddings": {"model": "other"}}},
+                               (parse_model("other=1e8"),)).models == (Model("other", 100_000_000, 512),)
+
+
+def test_parse_model_errors() -> None:
+    with pytest.raises(ValueError, match="NAME=PARAMS"):
+        parse_model("justaname")
+    with pytest.raises(ValueError, match=">= 0"):
+        sizing(-1, 10, {}, Assumptions())
+
+
+def test_cli_plan(tmp_path: Path) -> None:
+    config = tmp_path / "curate.json"
+    config.write_text(json.dumps({"params": {"lsh_buckets": {"preset": "seed"}}}))
+    code, out, err = curate("plan", "--docs", "1000000", "--mean-chars", "2000", "--config", str(config),
+                            "--dup-rate", "0.1", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["signatures"]["bytes"] == 1_076_000_000
+    assert got["candidates"]["candidate_pairs"] == pytest.approx(99_716.46685, rel=1e-9)
+    assert got["assumptions"]["dup_rate"] == 0.1 and got["assumptions"]["tokens_per_char"] == 0.25
+    assert got["memory_gib"]["lsh_buckets"]["requested"] == 8.0
+    code, out, err = curate("plan", "--docs", "1000000", "--mean-chars", "2000")
+    assert code == 0, err
+    for words in ("signature table", "band keys", "candidate pairs", "verification spill", "GPU-hours",
+                  "memory per stage pod", "assumptions"):
+        assert words in out
