@@ -7,6 +7,7 @@ subprocess speaking Dagster Pipes, a process pool or a Ray cluster), never in as
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from stages.cli import PARENT_PID_ENV
 from stages.credentials import STORAGE_OPTIONS_ENV, storage_options
 from stages.dataroot import DataRoot, UnknownCrawl, data_root_url
 from stages.errors import StageError
@@ -139,6 +141,9 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
             command, env = self.pod_command(program, crawl, source)
             if self.options():
                 env[STORAGE_OPTIONS_ENV] = json.dumps(self.options())
+            # A run worker that dies (SIGKILL, OOM) takes its stage subprocess with it: the run's
+            # retry writes the partition again, and must find no writer of it still running.
+            env[PARENT_PID_ENV] = str(os.getpid())
             result = PipesSubprocessClient(env=env).run(context=context, command=command)
             return result.get_materialize_result()
         if self.mode == "k8s":

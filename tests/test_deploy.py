@@ -5,9 +5,13 @@ webserver and gRPC code server as separate processes; runs queued and launched a
 each asset partition a Pipes subprocess with the stage pod's command line) on an S3 data root
 served by moto on 127.0.0.1. A 3-source crawl submitted with `curate submit --wait` gives the same
 report and ledger as `curate run` of the same sources, every asset partition materialized once
-and only after its inputs; a failing source fails `submit --wait` with one line naming the asset
-partition and the reason; SIGTERM to `curate deploy` mid-run leaves no process behind. The
-deployment's curate.yaml turns the automation sensor off, so that every run is the backfill's.
+and only after its inputs, although mid-crawl a run worker is SIGKILLed while its stage
+subprocess runs (the run is retried) and then the daemon is SIGKILLed (`curate deploy` starts
+it again); no two runs ever execute one asset partition at once (the step windows in the event
+log); the UI's runs pages, in headless Chromium, show the crawl's runs; a failing source fails
+`submit --wait` with one line naming the asset partition and the reason; SIGTERM to `curate
+deploy` mid-run leaves no process behind. The deployment's curate.yaml turns the automation
+sensor off, so that every run is the backfill's.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 import tiny_corpus as T
+from browser import CHROMIUM, Browser
 from moto_s3 import moto_s3
 
 from curation_dagster import cli, k8s
@@ -44,12 +50,15 @@ from curation_dagster.deploy import (
     postgres_bindir,
 )
 from curation_dagster.resources import CurationResource
+from stages.lease import TTL_ENV
 from stages.registry import PROGRAMS
 
 BUCKET = "curation-deploy"
 KEY_ID = "AKIADEPLOYTEST"
 SECRET = "deploy-secret-never-written"
 STAGES = "heuristic,exact,fuzzy"
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+LEASE_TTL_S = "10"  # the retry of the killed run waits for its partition's lease to expire (default 60 s)
 
 
 def _postgres_or_skip() -> None:
@@ -107,6 +116,32 @@ def test_the_deployments_instance_config(tmp_path: Path) -> None:
     assert ref.settings["run_monitoring"]["enabled"] is True
     grpc = yaml.safe_load(workspace.read_text())["load_from"][0]["grpc_server"]
     assert grpc == {"host": "127.0.0.1", "port": 4321, "location_name": "curation"}
+
+
+def test_the_helm_charts_postgres_storage_uses_the_driver_the_images_carry(tmp_path: Path) -> None:
+    """k8s/values.yaml's postgresql section as the chart (1.13.27, templates/helpers/instance/
+    _postgresql.tpl) renders it into dagster.yaml: valid for Dagster, and its URL names psycopg2,
+    the driver dagster-postgres brings into the images (SQLAlchemy 2.1 reads a plain
+    ``postgresql://`` as psycopg 3, which none carries)."""
+    import importlib.metadata
+
+    import yaml
+    from dagster._core.instance.config import dagster_instance_config
+    from dagster_postgres.utils import get_conn_string
+    from sqlalchemy.engine import make_url
+
+    values = yaml.safe_load((Path(__file__).resolve().parents[1] / "k8s" / "values.yaml").read_text())["postgresql"]
+    db = {"username": values["postgresqlUsername"], "password": {"env": "DAGSTER_PG_PASSWORD"},
+          "hostname": values["postgresqlHost"] or "dagster-postgresql", "db_name": values["postgresqlDatabase"],
+          "port": values["service"]["port"], "params": values.get("postgresqlParams", {}),
+          **({"scheme": values["postgresqlScheme"]} if values.get("postgresqlScheme") else {})}
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({"storage": {"postgres": {"postgres_db": db}}}))
+    dagster_instance_config(str(tmp_path))  # raises on a config the schema refuses
+    url = get_conn_string(db["username"], "x", db["hostname"], db["db_name"], str(db["port"]),
+                          scheme=db.get("scheme", "postgresql"))
+    assert make_url(url).get_dialect().driver == "psycopg2"
+    assert any(r.startswith("psycopg2") for r in importlib.metadata.requires("dagster-postgres") or [])
+    assert make_url("postgresql://u@h/d").get_dialect().driver != "psycopg2"  # why the scheme is needed
 
 
 def test_submit_and_deploy_mistakes_are_one_line(tmp_path: Path) -> None:
@@ -287,20 +322,87 @@ def backfill_runs(url: str, backfill_id: str) -> list[dict[str, Any]]:
     return graphql_post(url, query, {"id": backfill_id})["runsOrError"]["results"]  # type: ignore[no-any-return]
 
 
-def assert_dependency_order(runs: list[dict[str, Any]], crawl: str, sources: tuple[str, ...]) -> None:
-    """Every asset partition of the crawl materialized by exactly one successful run, which
-    started after the runs of all its inputs (across the source x crawl / crawl levels) ended."""
-    by_partition: dict[tuple[str, str], dict[str, Any]] = {}
+RUN_EVENTS = """query($id: ID!, $after: String) { logsForRun(runId: $id, afterCursor: $after, limit: 5000) {
+    __typename ... on EventConnection { cursor hasMore events { __typename
+      ... on MessageEvent { timestamp stepKey message }
+      ... on MaterializationEvent { assetKey { path } partition } } } } }"""
+
+
+def run_events(url: str, run_id: str) -> list[dict[str, Any]]:
+    """Every event of a run, oldest first."""
+    events: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page = graphql_post(url, RUN_EVENTS, {"id": run_id, "after": after})["logsForRun"]
+        assert page["__typename"] == "EventConnection", page
+        events += page["events"]
+        if not page["hasMore"]:
+            return events
+        after = page["cursor"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One execution of one asset partition, as the event log records it."""
+
+    run_id: str
+    asset: str
+    partition: str
+    start: float  # seconds since the epoch
+    end: float  # its success or failure event, else the end of its run (whose worker died)
+    materialized: bool
+
+
+def steps(url: str, runs: list[dict[str, Any]]) -> list[Step]:
+    out = []
     for run in runs:
-        assert run["status"] == "SUCCESS", run
         partition = next(t["value"] for t in run["tags"] if t["key"] == "dagster/partition")
-        for key in run["assetSelection"]:
-            assert (key["path"][0], partition) not in by_partition, f"{key['path'][0]}[{partition}] ran twice"
-            by_partition[(key["path"][0], partition)] = run
+        started: dict[str, float] = {}
+        ended: dict[str, float] = {}
+        materialized: set[str] = set()
+        for event in run_events(url, run["runId"]):
+            key, at = event.get("stepKey"), float(event.get("timestamp") or 0) / 1000
+            if event["__typename"] == "ExecutionStepStartEvent" and key in PROGRAMS:
+                started[key] = at
+            elif event["__typename"] in ("ExecutionStepSuccessEvent", "ExecutionStepFailureEvent") and key in PROGRAMS:
+                ended[key] = at
+            elif event["__typename"] == "MaterializationEvent":
+                assert event["partition"] == partition, event
+                materialized.add(event["assetKey"]["path"][0])
+        assert materialized <= set(started), run
+        for key, at in started.items():
+            end = ended.get(key, run["endTime"])
+            assert end is not None and end >= at, (run, key)
+            out.append(Step(run["runId"], key, partition, at, end, key in materialized))
+    return out
+
+
+def assert_one_writer_at_a_time(executed: list[Step]) -> None:
+    """No two runs ever executed one asset partition at once (a killed run's step lasts until
+    its run was failed: its stage subprocess died with its worker before that)."""
+    by_partition: dict[tuple[str, str], list[Step]] = {}
+    for step in executed:
+        by_partition.setdefault((step.asset, step.partition), []).append(step)
+    for (asset, partition), group in by_partition.items():
+        group.sort(key=lambda step: step.start)
+        for a, b in pairwise(group):
+            assert a.end <= b.start, f"{asset}[{partition}] executed by runs {a.run_id} and {b.run_id} at once"
+
+
+def assert_dependency_order(executed: list[Step], crawl: str, sources: tuple[str, ...]) -> None:
+    """Every asset partition of the crawl materialized exactly once (in whichever run, a retry
+    included), and only after every one of its inputs (across the source x crawl / crawl levels)
+    was."""
+    by_partition: dict[tuple[str, str], Step] = {}
+    for step in executed:
+        if step.materialized:
+            key = (step.asset, step.partition)
+            assert key not in by_partition, f"{step.asset}[{step.partition}] materialized twice"
+            by_partition[key] = step
     want = {(p, f"{crawl}|{s}" if prog.level == "source" else crawl)
             for p, prog in PROGRAMS.items() for s in (sources if prog.level == "source" else ("",))}
     assert set(by_partition) == want
-    for (program, partition), run in by_partition.items():
+    for (program, partition), step in by_partition.items():
         for dep in PROGRAMS[program].deps:
             if PROGRAMS[dep].level == PROGRAMS[program].level:
                 inputs = [partition]
@@ -309,14 +411,101 @@ def assert_dependency_order(runs: list[dict[str, Any]], crawl: str, sources: tup
             else:
                 inputs = [f"{crawl}|{s}" for s in sources]
             for key in inputs:
-                parent = by_partition[(dep, key)]
-                if parent is not run:
-                    assert parent["endTime"] <= run["startTime"], f"{program}[{partition}] before {dep}[{key}]"
+                assert by_partition[(dep, key)].end <= step.start, f"{program}[{partition}] before {dep}[{key}]"
+
+
+RUNS_STARTED = """{ runsOrError(filter: {statuses: [STARTED]}) { ... on Runs { results { runId } } } }"""
+RUN_STATUS = """query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"""
+
+
+class Faults(threading.Thread):
+    """Beside ``curate submit --wait``, mid-crawl: SIGKILL the run worker of a ``target`` partition
+    while its stage subprocess runs (found in the process table, confirmed by the run's
+    ``Started process for run (pid: N)`` event); once the code server has failed that run, SIGKILL
+    the daemon, before it launches the retry. ``curate deploy`` starts a new daemon, which does."""
+
+    def __init__(self, root: int, url: str, deploy_log: Path, target: str = "minhash_signatures") -> None:
+        super().__init__(daemon=True)
+        self.root, self.url, self.deploy_log, self.target = root, url, deploy_log, target
+        self.killed_run = ""
+        self.stage = ""
+        self.daemon_pid = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            self._kill_a_run_worker()
+            self._kill_the_daemon()
+        except BaseException as exc:  # reported by the test's thread
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _kill_a_run_worker(self) -> None:
+        deadline = time.monotonic() + 600
+        while True:
+            assert time.monotonic() < deadline, f"no {self.target} stage subprocess seen"
+            procs = tree(self.root)
+            stage = next((p for p in procs.values() if role(p, procs, self.root) == "stage subprocess"
+                          and f"-m stages {self.target} " in p.cmd and p.ppid in procs
+                          and role(procs[p.ppid], procs, self.root) == "run worker"), None)
+            if stage is not None:
+                break
+            time.sleep(0.1)
+        worker = procs[stage.ppid]
+        for run in graphql_post(self.url, RUNS_STARTED)["runsOrError"]["results"]:
+            messages = [e.get("message") or "" for e in run_events(self.url, run["runId"])]
+            if f"Started process for run (pid: {worker.pid})." in messages:
+                self.killed_run = run["runId"]
+                break
+        assert self.killed_run, f"no started run has worker pid {worker.pid}"
+        os.kill(worker.pid, signal.SIGKILL)
+        self.stage = stage.cmd
+        deadline = time.monotonic() + 10
+        while alive(stage):  # PR_SET_PDEATHSIG: the stage subprocess dies with its run worker
+            assert time.monotonic() < deadline, f"the stage subprocess outlived its run worker: {stage.cmd}"
+            time.sleep(0.1)
+
+    def _kill_the_daemon(self) -> None:
+        deadline = time.monotonic() + 120
+        while graphql_post(self.url, RUN_STATUS, {"id": self.killed_run})["runOrError"]["status"] != "FAILURE":
+            assert time.monotonic() < deadline, f"run {self.killed_run} not failed after its worker was killed"
+            time.sleep(0.2)
+        procs = tree(self.root)
+        (daemon,) = [p for p in procs.values() if role(p, procs, self.root) == "daemon"]
+        os.kill(daemon.pid, signal.SIGKILL)
+        self.daemon_pid = daemon.pid
+        deadline = time.monotonic() + 60
+        while "daemon exited with code -9" not in self.deploy_log.read_text():
+            assert time.monotonic() < deadline, "curate deploy did not restart its daemon"
+            time.sleep(0.2)
+
+
+def assert_the_ui_shows_the_runs(url: str, backfill_id: str, run_ids: list[str], user_data: Path) -> None:
+    """Headless Chromium on the webserver: the backfill's runs tab lists every run of the crawl,
+    the runs page the backfill; screenshots of both in tests/artifacts/."""
+    graphql_post(url, "mutation { setNuxSeen }")  # no "join the community" dialog
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser = Browser(user_data, 1600, 1000)
+    try:
+        browser.open(f"{url}/runs/b/{backfill_id}?tab=runs")
+        missing = run_ids
+        deadline = time.monotonic() + 90
+        while missing and time.monotonic() < deadline:
+            time.sleep(1)
+            dom = browser.dom()
+            missing = [r for r in run_ids if f"/runs/{r}" not in dom]
+        assert not missing, f"the backfill's runs tab does not show runs {missing}"
+        assert f"crawl {T.CRAWL}" in dom  # the backfill's title
+        browser.screenshot(ARTIFACTS / "deploy_backfill_runs.png")
+        browser.open(f"{url}/runs")
+        browser.wait_for(f"document.documentElement.outerHTML.includes('/runs/b/{backfill_id}')", timeout=90)
+        browser.screenshot(ARTIFACTS / "deploy_runs.png")
+    finally:
+        browser.close()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leaves_nothing(
+def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_and_sigterm_leaves_nothing(
     s3: dict[str, Any], base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _postgres_or_skip()
@@ -327,21 +516,45 @@ def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leave
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
-    deploy = start_deploy(base / "work", deployed, {**os.environ, "CURATE_STORAGE_OPTIONS": options}, port)
+    deploy = start_deploy(base / "work", deployed, {**os.environ, "CURATE_STORAGE_OPTIONS": options,
+                                                    TTL_ENV: LEASE_TTL_S}, port)
     started = time.monotonic() - t0
+    deploy_log = base / "deploy.out"
     try:
         code, _, err = curate("deploy", "--workdir", str(base / "work"), "--data-root", deployed, "--port",
                               str(free_port()))
         assert code == 1 and "is running already (pid " in err and err.count("\n") == 1
         with Sampler(deploy.pid) as sampler:
+            faults = Faults(deploy.pid, url, deploy_log)
+            faults.start()
             t0 = time.monotonic()
             code, out, err = curate("submit", "--dagster", url, "--crawl", T.CRAWL, "--config", str(config),
                                     "--stages", STAGES, "--wait", "--timeout", "720")
             submitted = time.monotonic() - t0
+            faults.join(60)
+            assert faults.error is None, faults.error
             assert code == 0, out + err
             assert f"{url}/runs/b/" in out  # the UI link of the backfill
             backfill_id = out.split(f"{url}/runs/b/")[1].split("?")[0]
-            assert_dependency_order(backfill_runs(url, backfill_id), T.CRAWL, T.SOURCES)
+
+            # The killed run failed and was retried, by the daemon started in place of the killed one.
+            runs = backfill_runs(url, backfill_id)
+            tags = {run["runId"]: {t["key"]: t["value"] for t in run["tags"]} for run in runs}
+            status = {run["runId"]: run["status"] for run in runs}
+            retries = [r for r in runs if tags[r["runId"]].get("dagster/parent_run_id")]
+            assert status.pop(faults.killed_run) == "FAILURE"
+            assert set(status.values()) == {"SUCCESS"}
+            (retry,) = [r["runId"] for r in retries if tags[r["runId"]]["dagster/parent_run_id"] == faults.killed_run]
+            assert tags[faults.killed_run].get("dagster/auto_retry_run_id") == retry
+            restarted = [line for line in deploy_log.read_text().splitlines() if "daemon exited with code -9" in line]
+            assert len(restarted) == 1 and "restarted it (pid " in restarted[0]
+            executed = steps(url, runs)
+            assert_one_writer_at_a_time(executed)
+            assert_dependency_order(executed, T.CRAWL, T.SOURCES)
+            killed = [s for s in executed if s.run_id == faults.killed_run and s.asset == faults.target]
+            assert len(killed) == 1 and not killed[0].materialized  # it was killed mid-partition
+            if CHROMIUM is not None:  # Debian's chromium (make chromium)
+                assert_the_ui_shows_the_runs(url, backfill_id, [r["runId"] for r in runs], base / "chrome")
 
             code, out, err = curate("status", "--dagster", url, "--crawl", T.CRAWL)
             assert code == 0, err
@@ -410,4 +623,5 @@ def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leave
     assert ledgers[0].num_rows > 0 and ledgers[0].equals(ledgers[1])
     with capsys.disabled():
         print(f"\ncurate deploy: ready in {started:.1f}s, stopped in {stopped:.1f}s; crawl {T.CRAWL} "
-              f"({STAGES}): curate submit --wait {submitted:.1f}s, curate run {ran:.1f}s\n{sampler.table()}")
+              f"({STAGES}): curate submit --wait {submitted:.1f}s (a run worker and the daemon SIGKILLed, "
+              f"{len(runs)} runs, {len(retries)} retried), curate run {ran:.1f}s\n{sampler.table()}")
