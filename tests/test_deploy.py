@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -161,6 +162,41 @@ def test_submit_and_deploy_mistakes_are_one_line(tmp_path: Path) -> None:
                                 "--port", str(taken))
     assert code == 1 and err == f"curate: error: port {taken} on 127.0.0.1 is in use: choose another with --port\n"
     assert not (tmp_path / "w").exists()  # nothing started, nothing written
+
+
+def test_the_supervisor_restarts_a_daemon_that_died_and_stops_on_a_crash_loop_or_a_code_server_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon (or webserver) that exits is started again with its command line, logged, and
+    deployment.json names the new pid; one that keeps exiting, or a code server that exits, stops
+    the deployment with one line."""
+    import curation_dagster.deploy as deploy_module
+
+    monkeypatch.setattr(deploy_module, "MAX_RESTARTS", 2)
+    lines: list[str] = []
+    dep = Deployment(tmp_path, str(tmp_path / "data"), log=lines.append)
+    (dep.base / "logs").mkdir(parents=True)
+    dep.spawn("daemon", [sys.executable, "-c", "print('daemon gone'); raise SystemExit(3)"])
+    try:
+        with pytest.raises(DeployError) as exc:
+            dep.supervise()
+        restarted = r"daemon exited with code 3: daemon gone( \| daemon gone)* \(log: .*/logs/daemon\.log\): " \
+                    r"restarted it \(pid \d+\)"
+        assert len(lines) == 2 and all(re.fullmatch(restarted, line) for line in lines)
+        assert str(exc.value).startswith("daemon exited with code 3: daemon gone") and \
+            str(exc.value).endswith("; restarted 2 times in 300s already")
+        (daemon,) = dep.children
+        assert lines[-1].endswith(f"(pid {daemon.proc.pid})")
+        assert json.loads((dep.base / "deployment.json").read_text())["processes"] == {"daemon": daemon.proc.pid}
+
+        dep.stop()
+        lines.clear()
+        dep.spawn("code-server", [sys.executable, "-c", "raise SystemExit(4)"])
+        with pytest.raises(DeployError, match=r"^code-server exited with code 4: "):
+            dep.supervise()
+        assert lines == []
+    finally:
+        dep.stop()
 
 
 # --- the process tree ------------------------------------------------------------------------------
