@@ -9,11 +9,13 @@
 
 Every process is started here, each in its own process group, and stopped here: Ctrl-C or SIGTERM
 stops the Dagster processes (SIGTERM to their groups, SIGKILL after a timeout), then PostgreSQL
-(fast shutdown), then reaps what was orphaned (this process is a child subreaper). The state lives
-in ``<workdir>/deploy/``: the PostgreSQL cluster (``postgres/``, created with ``initdb`` and run as a
-non-root user: root cannot run postgres), the Dagster home (``dagster/``: ``dagster.yaml``,
-``workspace.yaml``, compute logs), one log per process (``logs/``) and, while it runs,
-``deployment.json`` (URLs, pids). Outputs and crawl specs live in the data root only.
+(fast shutdown), then reaps what was orphaned (this process is a child subreaper). Meanwhile it
+supervises them: a daemon or webserver that dies is started again (and logged), anything else
+that exits stops the deployment. The state lives in ``<workdir>/deploy/``: the PostgreSQL cluster
+(``postgres/``, created with ``initdb`` and run as a non-root user: root cannot run postgres), the
+Dagster home (``dagster/``: ``dagster.yaml``, ``workspace.yaml``, compute logs), one log per
+process (``logs/``) and, while it runs, ``deployment.json`` (URLs, pids). Outputs and crawl specs
+live in the data root only.
 """
 
 from __future__ import annotations
@@ -397,7 +399,11 @@ class Deployment:
         """Until asked to stop: a daemon or webserver that exits on its own is started again (and
         that is logged); any other process that exits, or one of those in a crash loop, stops the
         deployment."""
+        ticks = 0
         while not self.stopping.wait(0.5):
+            ticks += 1
+            if self.subreaper and ticks % 10 == 0:
+                _reap_exited_orphans({c.proc.pid for c in self.children})
             for child in list(self.children):
                 if child.proc.poll() is None:
                     continue
@@ -501,6 +507,24 @@ def _subreaper() -> bool:
         return int(ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         return False
+
+
+def _reap_exited_orphans(own: set[int]) -> None:
+    """Reap the orphans reparented here that have exited (the stage subprocess of a run worker
+    that was killed), leaving this process's own children to ``Popen``, which reads their exit
+    codes: no zombies pile up in a long-running deployment."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in own:
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        if state == "Z" and int(ppid) == me:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(entry), os.WNOHANG)
 
 
 def _reap_orphans() -> None:
