@@ -454,13 +454,15 @@ def assert_dependency_order(executed: list[Step], crawl: str, sources: tuple[str
 
 RUNS_STARTED = """{ runsOrError(filter: {statuses: [STARTED]}) { ... on Runs { results { runId } } } }"""
 RUN_STATUS = """query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"""
+RUN_TAGS = """query($id: ID!) { runOrError(runId: $id) { ... on Run { tags { key value } } } }"""
 
 
 class Faults(threading.Thread):
     """Beside ``curate submit --wait``, mid-crawl: SIGKILL the run worker of a ``target`` partition
     while its stage subprocess runs (found in the process table, confirmed by the run's
-    ``Started process for run (pid: N)`` event); once the code server has failed that run, SIGKILL
-    the daemon, before it launches the retry. ``curate deploy`` starts a new daemon, which does."""
+    ``Started process for run (pid: N)`` event); as soon as the code server has failed that run,
+    SIGKILL the daemon (its run-retry pass runs every 5 s, so this is mostly before it launched the
+    retry: then the new daemon that ``curate deploy`` starts launches it)."""
 
     def __init__(self, root: int, url: str, deploy_log: Path, target: str = "minhash_signatures") -> None:
         super().__init__(daemon=True)
@@ -468,6 +470,7 @@ class Faults(threading.Thread):
         self.killed_run = ""
         self.stage = ""
         self.daemon_pid = 0
+        self.retried_by = ""  # the daemon that launched the retry: the killed one, or the new one
         self.error: str | None = None
 
     def run(self) -> None:
@@ -511,6 +514,9 @@ class Faults(threading.Thread):
         (daemon,) = [p for p in procs.values() if role(p, procs, self.root) == "daemon"]
         os.kill(daemon.pid, signal.SIGKILL)
         self.daemon_pid = daemon.pid
+        tags = graphql_post(self.url, RUN_TAGS, {"id": self.killed_run})["runOrError"]["tags"]
+        self.retried_by = "the new daemon" if not any(t["key"] == "dagster/auto_retry_run_id" for t in tags) \
+            else "the killed daemon"
         deadline = time.monotonic() + 60
         while "daemon exited with code -9" not in self.deploy_log.read_text():
             assert time.monotonic() < deadline, "curate deploy did not restart its daemon"
@@ -544,20 +550,27 @@ def assert_the_ui_shows_the_runs(url: str, backfill_id: str, run_ids: list[str],
     the runs page the backfill; screenshots of both in tests/artifacts/."""
     graphql_post(url, "mutation { setNuxSeen }")  # no "join the community" dialog
     ARTIFACTS.mkdir(exist_ok=True)
-    browser = Browser(user_data, 1600, 1000)
-    try:
-        browser.open(f"{url}/runs/b/{backfill_id}?tab=runs")
-        missing = run_ids
+    browser = Browser(user_data, 1600, 1400)
+
+    def shows(page: str, wanted: list[str], every: bool = True) -> None:
+        """Wait until the page's DOM holds every (or any) string in ``wanted``."""
+        browser.open(page)
+        missing, dom = wanted, ""
         deadline = time.monotonic() + 90
-        while missing and time.monotonic() < deadline:
+        while (missing if every else len(missing) == len(wanted)) and time.monotonic() < deadline:
             time.sleep(1)
-            dom = browser.dom()
-            missing = [r for r in run_ids if f"/runs/{r}" not in dom]
-        assert not missing, f"the backfill's runs tab does not show runs {missing}"
-        assert f"crawl {T.CRAWL}" in dom or backfill_id in dom  # the backfill's title, or its id
+            with contextlib.suppress(RuntimeError):  # no document yet while the page loads
+                dom = browser.dom()
+            missing = [w for w in wanted if w not in dom]
+        assert not (missing if every else len(missing) == len(wanted)), f"{page} does not show {missing}"
+
+    try:
+        # The backfill's runs tab: every run of the crawl, a link each, under the backfill's id.
+        shows(f"{url}/runs/b/{backfill_id}?tab=runs", [backfill_id] + [f"/runs/{r}" for r in run_ids])
         browser.screenshot(ARTIFACTS / "deploy_backfill_runs.png")
-        browser.open(f"{url}/runs")
-        browser.wait_for(f"document.documentElement.outerHTML.includes('/runs/b/{backfill_id}')", timeout=90)
+        # The runs page: the crawl's backfill (runs within a backfill are folded into it by
+        # default), or its runs.
+        shows(f"{url}/runs", [f"/runs/b/{backfill_id}"] + [f"/runs/{r}" for r in run_ids], every=False)
         browser.screenshot(ARTIFACTS / "deploy_runs.png")
     finally:
         browser.close()
@@ -687,4 +700,5 @@ def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_a
     with capsys.disabled():
         print(f"\ncurate deploy: ready in {started:.1f}s, stopped in {stopped:.1f}s; crawl {T.CRAWL} "
               f"({STAGES}): curate submit --wait {submitted:.1f}s (a run worker and the daemon SIGKILLed, "
-              f"{len(runs)} runs, {len(retries)} retried), curate run {ran:.1f}s\n{sampler.table()}")
+              f"{len(runs)} runs, {len(retries)} retried, by {faults.retried_by}), curate run {ran:.1f}s\n"
+              f"{sampler.table()}")
