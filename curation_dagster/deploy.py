@@ -9,11 +9,13 @@
 
 Every process is started here, each in its own process group, and stopped here: Ctrl-C or SIGTERM
 stops the Dagster processes (SIGTERM to their groups, SIGKILL after a timeout), then PostgreSQL
-(fast shutdown), then reaps what was orphaned (this process is a child subreaper). The state lives
-in ``<workdir>/deploy/``: the PostgreSQL cluster (``postgres/``, created with ``initdb`` and run as a
-non-root user: root cannot run postgres), the Dagster home (``dagster/``: ``dagster.yaml``,
-``workspace.yaml``, compute logs), one log per process (``logs/``) and, while it runs,
-``deployment.json`` (URLs, pids). Outputs and crawl specs live in the data root only.
+(fast shutdown), then reaps what was orphaned (this process is a child subreaper). Meanwhile it
+supervises them: a daemon or webserver that dies is started again (and logged), anything else
+that exits stops the deployment. The state lives in ``<workdir>/deploy/``: the PostgreSQL cluster
+(``postgres/``, created with ``initdb`` and run as a non-root user: root cannot run postgres), the
+Dagster home (``dagster/``: ``dagster.yaml``, ``workspace.yaml``, compute logs), one log per
+process (``logs/``) and, while it runs, ``deployment.json`` (URLs, pids). Outputs and crawl specs
+live in the data root only.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ LOCATION = "curation"  # the code location's name, as on Kubernetes (k8s/values.
 PG_USER = "dagster"  # the database role and database of the instance
 PG_PASSWORD_ENV = "CURATE_DEPLOY_PG_PASSWORD"  # read by dagster.yaml; never written into it
 STOP_TIMEOUT_S = 20.0
+# Services holding no state of their own (it is all in PostgreSQL): one that dies is started again.
+# The code server is not among them (its run workers die with it), nor PostgreSQL (the state).
+RESTARTABLE = ("daemon", "webserver")
+RESTART_WINDOW_S, MAX_RESTARTS = 300.0, 5  # more restarts than this within the window: a crash loop
 
 DAGSTER_YAML = """\
 # Written by `curate deploy` at every start (the ports change): edit curation_dagster/deploy.py.
@@ -189,6 +195,9 @@ class Child:
     proc: subprocess.Popen[bytes]
     log: Path
     stop_signal: int = signal.SIGTERM
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    restarts: list[float] = field(default_factory=list)  # time.monotonic() of each restart
 
     def tail(self, lines: int = 3) -> str:
         try:
@@ -212,6 +221,8 @@ class Deployment:
     stopping: threading.Event = field(default_factory=threading.Event)
     subreaper: bool = False
     owns_state: bool = False  # deployment.json is this one's (a refused second start must not remove it)
+    pg_port: int = 0
+    grpc_port: int = 0
 
     @property
     def base(self) -> Path:
@@ -234,7 +245,7 @@ class Deployment:
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True, cwd=self.workdir, **kwargs)
-        child = Child(name, proc, log, stop_signal)
+        child = Child(name, proc, log, stop_signal, argv, env)
         self.children.append(child)
         return child
 
@@ -363,7 +374,8 @@ class Deployment:
         web = self.spawn("webserver", [_script(bindir, "dagster-webserver"), "-w", str(workspace), "-h", "127.0.0.1",
                                        "-p", str(self.port)], env)
         self.wait_for("the webserver", lambda: _location_loaded(self.url), web, 180)
-        self._write_state(pg_port, grpc_port)
+        self.pg_port, self.grpc_port = pg_port, grpc_port
+        self._write_state()
 
     def _refuse_second(self) -> None:
         """One deployment per workdir: a second would share its PostgreSQL cluster."""
@@ -376,20 +388,43 @@ class Deployment:
             raise DeployError(f"a deployment of {self.workdir} is running already (pid {old['pid']}, "
                               f"{old.get('url')}): stop it first")
 
-    def _write_state(self, pg_port: int, grpc_port: int) -> None:
-        state = {"url": self.url, "data_root": self.data_root, "workdir": str(self.workdir), "postgres_port": pg_port,
-                 "grpc_port": grpc_port, "pid": os.getpid(),
+    def _write_state(self) -> None:
+        state = {"url": self.url, "data_root": self.data_root, "workdir": str(self.workdir),
+                 "postgres_port": self.pg_port, "grpc_port": self.grpc_port, "pid": os.getpid(),
                  "processes": {c.name: c.proc.pid for c in self.children}}
         (self.base / "deployment.json").write_text(json.dumps(state, indent=1))
         self.owns_state = True
 
     def supervise(self) -> None:
-        """Until asked to stop: a process that exits on its own stops the deployment."""
+        """Until asked to stop: a daemon or webserver that exits on its own is started again (and
+        that is logged); any other process that exits, or one of those in a crash loop, stops the
+        deployment."""
+        ticks = 0
         while not self.stopping.wait(0.5):
-            for child in self.children:
-                if child.proc.poll() is not None:
-                    raise DeployError(f"{child.name} exited with code {child.proc.returncode}: {child.tail()} "
-                                      f"(log: {child.log})")
+            ticks += 1
+            if self.subreaper and ticks % 10 == 0:
+                _reap_exited_orphans({c.proc.pid for c in self.children})
+            for child in list(self.children):
+                if child.proc.poll() is None:
+                    continue
+                why = f"{child.name} exited with code {child.proc.returncode}: {child.tail()} (log: {child.log})"
+                now = time.monotonic()
+                recent = [t for t in child.restarts if now - t < RESTART_WINDOW_S]
+                if child.name not in RESTARTABLE or len(recent) >= MAX_RESTARTS:
+                    raise DeployError(why if child.name not in RESTARTABLE else
+                                      f"{why}; restarted {len(recent)} times in {RESTART_WINDOW_S:.0f}s already")
+                new = self.restart(child, [*recent, now])
+                self.log(f"{why}: restarted it (pid {new.proc.pid})")
+
+    def restart(self, child: Child, restarts: list[float]) -> Child:
+        """Start ``child``'s command again in place of the exited one (whose group is killed
+        first: nothing of the old one may run beside the new one)."""
+        _kill_group(child)
+        self.children.remove(child)
+        new = self.spawn(child.name, child.argv, child.env, child.stop_signal)
+        new.restarts = restarts
+        self._write_state()
+        return new
 
     def stop(self) -> None:
         """Stop the Dagster processes (their whole groups: run workers and stage subprocesses too),
@@ -472,6 +507,24 @@ def _subreaper() -> bool:
         return int(ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         return False
+
+
+def _reap_exited_orphans(own: set[int]) -> None:
+    """Reap the orphans reparented here that have exited (the stage subprocess of a run worker
+    that was killed), leaving this process's own children to ``Popen``, which reads their exit
+    codes: no zombies pile up in a long-running deployment."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in own:
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        if state == "Z" and int(ppid) == me:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(entry), os.WNOHANG)
 
 
 def _reap_orphans() -> None:

@@ -21,6 +21,7 @@ from pydantic import Field
 from curation_dagster.k8s_spec import K8sSettings, pod_arguments
 from curation_dagster.launchers import inprocess, pipes
 from curation_dagster.location import workdir_from
+from stages.cli import PARENT_PID_ENV
 from stages.credentials import STORAGE_OPTIONS_ENV, storage_options
 from stages.dataroot import DATA_ROOT_ENV, DataRoot, UnknownCrawl, data_root_url
 from stages.params import ExecutionParams, workdir_tuning
@@ -136,6 +137,9 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
             command, env = self.pod_command(program, crawl, source)
             if self.options():
                 env[STORAGE_OPTIONS_ENV] = json.dumps(self.options())
+            # A run worker that dies (SIGKILL, OOM) takes its stage subprocess with it: the run's
+            # retry writes the partition again, and must find no writer of it still running.
+            env[PARENT_PID_ENV] = str(os.getpid())
             return pipes.launch(context, command, env)
         if self.mode == "k8s":
             from curation_dagster.launchers import k8s  # imports kubernetes only here

@@ -22,7 +22,12 @@ from stages.dataroot import DataRoot, NoDataRoot, UnknownCrawl
 from stages.errors import StageError
 from stages.execute import execute, metadata
 from stages.filters import FilterError
+from stages.parallel import die_with_parent
 from stages.params import ExecutionParams, ExecutionTuning, workdir_tuning
+
+# Set by a launcher whose death should end this process (a Dagster run worker running it as a
+# Pipes subprocess): the pid of that launcher.
+PARENT_PID_ENV = "CURATE_PARENT_PID"
 
 
 def _stderr(line: str) -> None:
@@ -47,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                              "gpu when torch sees a CUDA device (docs/gpu.md)")
     parser.add_argument("--force", action="store_true", help="recompute even if up to date")
     args = parser.parse_args(argv)
+    if os.environ.get(PARENT_PID_ENV):
+        die_with_parent(int(os.environ[PARENT_PID_ENV]))
     # Storage options (credentials, endpoint_url) come as JSON in $CURATE_STORAGE_OPTIONS, never
     # as arguments; without them s3fs reads the standard AWS environment, profile or pod identity.
     try:

@@ -45,7 +45,7 @@ def map_ordered(
         return
     from concurrent.futures import Future, ProcessPoolExecutor
 
-    with ProcessPoolExecutor(workers, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+    with ProcessPoolExecutor(workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         pending: deque[Future[R]] = deque()
         for item in items:
             pending.append(pool.submit(fn, item))
@@ -55,9 +55,10 @@ def map_ordered(
             yield pending.popleft().result()
 
 
-def _die_with_parent(parent: int) -> None:
-    """Pool worker initializer: the worker is killed when the process that started it dies
-    (SIGKILL, the OOM killer), instead of waiting forever on the pool's queue with its memory."""
+def die_with_parent(parent: int) -> None:
+    """Have this process killed (SIGKILL) when ``parent``, the process that started it, dies (SIGKILL,
+    the OOM killer): a pool worker would wait forever on the pool's queue with its memory, a
+    Pipes subprocess would go on writing a partition that its dead run's retry writes again."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal

@@ -5,9 +5,13 @@ webserver and gRPC code server as separate processes; runs queued and launched a
 each asset partition a Pipes subprocess with the stage pod's command line) on an S3 data root
 served by moto on 127.0.0.1. A 3-source crawl submitted with `curate submit --wait` gives the same
 report and ledger as `curate run` of the same sources, every asset partition materialized once
-and only after its inputs; a failing source fails `submit --wait` with one line naming the asset
-partition and the reason; SIGTERM to `curate deploy` mid-run leaves no process behind. The
-deployment's curate.yaml turns the automation sensor off, so that every run is the backfill's.
+and only after its inputs, although mid-crawl a run worker is SIGKILLed while its stage
+subprocess runs (the run is retried) and then the daemon is SIGKILLed (`curate deploy` starts
+it again); no two runs ever execute one asset partition at once (the step windows in the event
+log); the UI's runs pages, in headless Chromium, show the crawl's runs; a failing source fails
+`submit --wait` with one line naming the asset partition and the reason; SIGTERM to `curate
+deploy` mid-run leaves no process behind. The deployment's curate.yaml turns the automation
+sensor off, so that every run is the backfill's.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +30,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +50,16 @@ from curation_dagster.deploy import (
 from curation_dagster.launchers import k8s
 from curation_dagster.resources import CurationResource
 from stages.catalog import PROGRAMS
+from stages.lease import TTL_ENV
 from tests.support import tiny_corpus as T
+from tests.support.browser import CHROMIUM, Browser
 
 BUCKET = "curation-deploy"
 KEY_ID = "AKIADEPLOYTEST"
 SECRET = "deploy-secret-never-written"
 STAGES = "heuristic,exact,fuzzy"
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+LEASE_TTL_S = "10"  # the retry of the killed run waits for its partition's lease to expire (default 60 s)
 
 
 def _postgres_or_skip() -> None:
@@ -109,6 +119,32 @@ def test_the_deployments_instance_config(tmp_path: Path) -> None:
     assert grpc == {"host": "127.0.0.1", "port": 4321, "location_name": "curation"}
 
 
+def test_the_helm_charts_postgres_storage_uses_the_driver_the_images_carry(tmp_path: Path) -> None:
+    """k8s/values.yaml's postgresql section as the chart (1.13.27, templates/helpers/instance/
+    _postgresql.tpl) renders it into dagster.yaml: valid for Dagster, and its URL names psycopg2,
+    the driver dagster-postgres brings into the images (SQLAlchemy 2.1 reads a plain
+    ``postgresql://`` as psycopg 3, which none carries)."""
+    import importlib.metadata
+
+    import yaml
+    from dagster._core.instance.config import dagster_instance_config
+    from dagster_postgres.utils import get_conn_string
+    from sqlalchemy.engine import make_url
+
+    values = yaml.safe_load((Path(__file__).resolve().parents[1] / "k8s" / "values.yaml").read_text())["postgresql"]
+    db = {"username": values["postgresqlUsername"], "password": {"env": "DAGSTER_PG_PASSWORD"},
+          "hostname": values["postgresqlHost"] or "dagster-postgresql", "db_name": values["postgresqlDatabase"],
+          "port": values["service"]["port"], "params": values.get("postgresqlParams", {}),
+          **({"scheme": values["postgresqlScheme"]} if values.get("postgresqlScheme") else {})}
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({"storage": {"postgres": {"postgres_db": db}}}))
+    dagster_instance_config(str(tmp_path))  # raises on a config the schema refuses
+    url = get_conn_string(db["username"], "x", db["hostname"], db["db_name"], str(db["port"]),
+                          scheme=db.get("scheme", "postgresql"))
+    assert make_url(url).get_dialect().driver == "psycopg2"
+    assert any(r.startswith("psycopg2") for r in importlib.metadata.requires("dagster-postgres") or [])
+    assert make_url("postgresql://u@h/d").get_dialect().driver != "psycopg2"  # why the scheme is needed
+
+
 def test_submit_and_deploy_mistakes_are_one_line(tmp_path: Path) -> None:
     port = free_port()
     code, out, err = curate("submit", "--dagster", f"http://127.0.0.1:{port}", "--crawl", "c1", "--source", "a=b")
@@ -126,6 +162,41 @@ def test_submit_and_deploy_mistakes_are_one_line(tmp_path: Path) -> None:
                                 "--port", str(taken))
     assert code == 1 and err == f"curate: error: port {taken} on 127.0.0.1 is in use: choose another with --port\n"
     assert not (tmp_path / "w").exists()  # nothing started, nothing written
+
+
+def test_the_supervisor_restarts_a_daemon_that_died_and_stops_on_a_crash_loop_or_a_code_server_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon (or webserver) that exits is started again with its command line, logged, and
+    deployment.json names the new pid; one that keeps exiting, or a code server that exits, stops
+    the deployment with one line."""
+    import curation_dagster.deploy as deploy_module
+
+    monkeypatch.setattr(deploy_module, "MAX_RESTARTS", 2)
+    lines: list[str] = []
+    dep = Deployment(tmp_path, str(tmp_path / "data"), log=lines.append)
+    (dep.base / "logs").mkdir(parents=True)
+    dep.spawn("daemon", [sys.executable, "-c", "print('daemon gone'); raise SystemExit(3)"])
+    try:
+        with pytest.raises(DeployError) as exc:
+            dep.supervise()
+        restarted = r"daemon exited with code 3: daemon gone( \| daemon gone)* \(log: .*/logs/daemon\.log\): " \
+                    r"restarted it \(pid \d+\)"
+        assert len(lines) == 2 and all(re.fullmatch(restarted, line) for line in lines)
+        assert str(exc.value).startswith("daemon exited with code 3: daemon gone") and \
+            str(exc.value).endswith("; restarted 2 times in 300s already")
+        (daemon,) = dep.children
+        assert lines[-1].endswith(f"(pid {daemon.proc.pid})")
+        assert json.loads((dep.base / "deployment.json").read_text())["processes"] == {"daemon": daemon.proc.pid}
+
+        dep.stop()
+        lines.clear()
+        dep.spawn("code-server", [sys.executable, "-c", "raise SystemExit(4)"])
+        with pytest.raises(DeployError, match=r"^code-server exited with code 4: "):
+            dep.supervise()
+        assert lines == []
+    finally:
+        dep.stop()
 
 
 # --- the process tree ------------------------------------------------------------------------------
@@ -236,11 +307,13 @@ class Sampler:
 
 
 def alive(p: Proc) -> bool:
+    """Still running (an exited process not yet reaped, a zombie, is not)."""
     try:
         stat = Path(f"/proc/{p.pid}/stat").read_text()
     except OSError:
         return False
-    return int(stat[stat.rindex(")") + 2:].split()[19]) == p.start
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19]) == p.start and fields[0] != "Z"
 
 
 # --- the deployment --------------------------------------------------------------------------------
@@ -281,20 +354,87 @@ def backfill_runs(url: str, backfill_id: str) -> list[dict[str, Any]]:
     return graphql_post(url, query, {"id": backfill_id})["runsOrError"]["results"]  # type: ignore[no-any-return]
 
 
-def assert_dependency_order(runs: list[dict[str, Any]], crawl: str, sources: tuple[str, ...]) -> None:
-    """Every asset partition of the crawl materialized by exactly one successful run, which
-    started after the runs of all its inputs (across the source x crawl / crawl levels) ended."""
-    by_partition: dict[tuple[str, str], dict[str, Any]] = {}
+RUN_EVENTS = """query($id: ID!, $after: String) { logsForRun(runId: $id, afterCursor: $after, limit: 5000) {
+    __typename ... on EventConnection { cursor hasMore events { __typename
+      ... on MessageEvent { timestamp stepKey message }
+      ... on MaterializationEvent { assetKey { path } partition } } } } }"""
+
+
+def run_events(url: str, run_id: str) -> list[dict[str, Any]]:
+    """Every event of a run, oldest first."""
+    events: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page = graphql_post(url, RUN_EVENTS, {"id": run_id, "after": after})["logsForRun"]
+        assert page["__typename"] == "EventConnection", page
+        events += page["events"]
+        if not page["hasMore"]:
+            return events
+        after = page["cursor"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One execution of one asset partition, as the event log records it."""
+
+    run_id: str
+    asset: str
+    partition: str
+    start: float  # seconds since the epoch
+    end: float  # its success or failure event, else the end of its run (whose worker died)
+    materialized: bool
+
+
+def steps(url: str, runs: list[dict[str, Any]]) -> list[Step]:
+    out = []
     for run in runs:
-        assert run["status"] == "SUCCESS", run
         partition = next(t["value"] for t in run["tags"] if t["key"] == "dagster/partition")
-        for key in run["assetSelection"]:
-            assert (key["path"][0], partition) not in by_partition, f"{key['path'][0]}[{partition}] ran twice"
-            by_partition[(key["path"][0], partition)] = run
+        started: dict[str, float] = {}
+        ended: dict[str, float] = {}
+        materialized: set[str] = set()
+        for event in run_events(url, run["runId"]):
+            key, at = event.get("stepKey"), float(event.get("timestamp") or 0) / 1000
+            if event["__typename"] == "ExecutionStepStartEvent" and key in PROGRAMS:
+                started[key] = at
+            elif event["__typename"] in ("ExecutionStepSuccessEvent", "ExecutionStepFailureEvent") and key in PROGRAMS:
+                ended[key] = at
+            elif event["__typename"] == "MaterializationEvent":
+                assert event["partition"] == partition, event
+                materialized.add(event["assetKey"]["path"][0])
+        assert materialized <= set(started), run
+        for key, at in started.items():
+            end = ended.get(key, run["endTime"])
+            assert end is not None and end >= at, (run, key)
+            out.append(Step(run["runId"], key, partition, at, end, key in materialized))
+    return out
+
+
+def assert_one_writer_at_a_time(executed: list[Step]) -> None:
+    """No two runs ever executed one asset partition at once (a killed run's step lasts until
+    its run was failed: its stage subprocess died with its worker before that)."""
+    by_partition: dict[tuple[str, str], list[Step]] = {}
+    for step in executed:
+        by_partition.setdefault((step.asset, step.partition), []).append(step)
+    for (asset, partition), group in by_partition.items():
+        group.sort(key=lambda step: step.start)
+        for a, b in pairwise(group):
+            assert a.end <= b.start, f"{asset}[{partition}] executed by runs {a.run_id} and {b.run_id} at once"
+
+
+def assert_dependency_order(executed: list[Step], crawl: str, sources: tuple[str, ...]) -> None:
+    """Every asset partition of the crawl materialized exactly once (in whichever run, a retry
+    included), and only after every one of its inputs (across the source x crawl / crawl levels)
+    was."""
+    by_partition: dict[tuple[str, str], Step] = {}
+    for step in executed:
+        if step.materialized:
+            key = (step.asset, step.partition)
+            assert key not in by_partition, f"{step.asset}[{step.partition}] materialized twice"
+            by_partition[key] = step
     want = {(p, f"{crawl}|{s}" if prog.level == "source" else crawl)
             for p, prog in PROGRAMS.items() for s in (sources if prog.level == "source" else ("",))}
     assert set(by_partition) == want
-    for (program, partition), run in by_partition.items():
+    for (program, partition), step in by_partition.items():
         for dep in PROGRAMS[program].deps:
             if PROGRAMS[dep].level == PROGRAMS[program].level:
                 inputs = [partition]
@@ -303,14 +443,144 @@ def assert_dependency_order(runs: list[dict[str, Any]], crawl: str, sources: tup
             else:
                 inputs = [f"{crawl}|{s}" for s in sources]
             for key in inputs:
-                parent = by_partition[(dep, key)]
-                if parent is not run:
-                    assert parent["endTime"] <= run["startTime"], f"{program}[{partition}] before {dep}[{key}]"
+                assert by_partition[(dep, key)].end <= step.start, f"{program}[{partition}] before {dep}[{key}]"
+
+
+RUNS_STARTED = """{ runsOrError(filter: {statuses: [STARTED]}) { ... on Runs { results { runId } } } }"""
+RUN_STATUS = """query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"""
+RUN_TAGS = """query($id: ID!) { runOrError(runId: $id) { ... on Run { tags { key value } } } }"""
+
+
+def failure(url: str, run_id: str) -> str:
+    """Why a run failed, on one line: its engine events from the first error on, shortened."""
+    messages = [f"{e['__typename']}: {' '.join((e.get('message') or '').split())[:160]}"
+                for e in run_events(url, run_id) if e["__typename"] in
+                ("EngineEvent", "RunFailureEvent", "ExecutionStepFailureEvent")]
+    return " | ".join(messages[-4:])
+
+
+class Faults(threading.Thread):
+    """Beside ``curate submit --wait``, mid-crawl: SIGKILL the run worker of a ``target`` partition
+    while its stage subprocess runs (found in the process table, confirmed by the run's
+    ``Started process for run (pid: N)`` event); as soon as the code server has failed that run,
+    SIGKILL the daemon (its run-retry pass runs every 5 s, so this is mostly before it launched the
+    retry: then the new daemon that ``curate deploy`` starts launches it)."""
+
+    def __init__(self, root: int, url: str, deploy_log: Path, target: str = "minhash_signatures") -> None:
+        super().__init__(daemon=True)
+        self.root, self.url, self.deploy_log, self.target = root, url, deploy_log, target
+        self.killed_run = ""
+        self.stage = ""
+        self.daemon_pid = 0
+        self.retried_by = ""  # the daemon that launched the retry: the killed one, or the new one
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            self._kill_a_run_worker()
+            self._kill_the_daemon()
+        except BaseException as exc:  # reported by the test's thread
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _kill_a_run_worker(self) -> None:
+        deadline = time.monotonic() + 600
+        while True:
+            assert time.monotonic() < deadline, f"no {self.target} stage subprocess seen"
+            procs = tree(self.root)
+            stage = next((p for p in procs.values() if role(p, procs, self.root) == "stage subprocess"
+                          and f"-m stages {self.target} " in p.cmd and p.ppid in procs
+                          and role(procs[p.ppid], procs, self.root) == "run worker"), None)
+            if stage is not None:
+                break
+            time.sleep(0.1)
+        worker = procs[stage.ppid]
+        for run in graphql_post(self.url, RUNS_STARTED)["runsOrError"]["results"]:
+            messages = [e.get("message") or "" for e in run_events(self.url, run["runId"])]
+            if f"Started process for run (pid: {worker.pid})." in messages:
+                self.killed_run = run["runId"]
+                break
+        assert self.killed_run, f"no started run has worker pid {worker.pid}"
+        os.kill(worker.pid, signal.SIGKILL)
+        self.stage = stage.cmd
+        deadline = time.monotonic() + 10
+        while alive(stage):  # PR_SET_PDEATHSIG: the stage subprocess dies with its run worker
+            assert time.monotonic() < deadline, f"the stage subprocess outlived its run worker: {stage.cmd}"
+            time.sleep(0.1)
+
+    def _kill_the_daemon(self) -> None:
+        deadline = time.monotonic() + 120
+        while graphql_post(self.url, RUN_STATUS, {"id": self.killed_run})["runOrError"]["status"] != "FAILURE":
+            assert time.monotonic() < deadline, f"run {self.killed_run} not failed after its worker was killed"
+            time.sleep(0.2)
+        procs = tree(self.root)
+        (daemon,) = [p for p in procs.values() if role(p, procs, self.root) == "daemon"]
+        os.kill(daemon.pid, signal.SIGKILL)
+        self.daemon_pid = daemon.pid
+        tags = graphql_post(self.url, RUN_TAGS, {"id": self.killed_run})["runOrError"]["tags"]
+        self.retried_by = "the new daemon" if not any(t["key"] == "dagster/auto_retry_run_id" for t in tags) \
+            else "the killed daemon"
+        deadline = time.monotonic() + 60
+        while "daemon exited with code -9" not in self.deploy_log.read_text():
+            assert time.monotonic() < deadline, "curate deploy did not restart its daemon"
+            time.sleep(0.2)
+
+
+class Background(threading.Thread):
+    """``fn(*args)`` in a thread; ``result`` waits for it and raises what it raised."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.args = fn, args
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.fn(*self.args)
+        except BaseException as exc:
+            self.error = exc
+
+    def result(self, timeout: float) -> None:
+        self.join(timeout)
+        assert not self.is_alive(), f"{self.fn.__name__} still running after {timeout:.0f}s"
+        if self.error is not None:
+            raise self.error
+
+
+def assert_the_ui_shows_the_runs(url: str, backfill_id: str, run_ids: list[str], user_data: Path) -> None:
+    """Headless Chromium on the webserver: the backfill's runs tab lists every run of the crawl,
+    the runs page the backfill; screenshots of both in tests/artifacts/."""
+    graphql_post(url, "mutation { setNuxSeen }")  # no "join the community" dialog
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser = Browser(user_data, 1600, 1400)
+
+    def shows(page: str, wanted: list[str], every: bool = True) -> None:
+        """Wait until the page's DOM holds every (or any) string in ``wanted``."""
+        browser.open(page)
+        missing, dom = wanted, ""
+        deadline = time.monotonic() + 90
+        while (missing if every else len(missing) == len(wanted)) and time.monotonic() < deadline:
+            time.sleep(1)
+            with contextlib.suppress(RuntimeError):  # no document yet while the page loads
+                dom = browser.dom()
+            missing = [w for w in wanted if w not in dom]
+        assert not (missing if every else len(missing) == len(wanted)), f"{page} does not show {missing}"
+
+    try:
+        # The backfill's runs tab: every run of the crawl, a link each, under the backfill's id.
+        shows(f"{url}/runs/b/{backfill_id}?tab=runs", [backfill_id] + [f"/runs/{r}" for r in run_ids])
+        browser.screenshot(ARTIFACTS / "deploy_backfill_runs.png")
+        # The runs page: the crawl's backfill (runs within a backfill are folded into it by
+        # default), or its runs.
+        shows(f"{url}/runs", [f"/runs/b/{backfill_id}"] + [f"/runs/{r}" for r in run_ids], every=False)
+        browser.screenshot(ARTIFACTS / "deploy_runs.png")
+    finally:
+        browser.close()
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)
-def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leaves_nothing(
+@pytest.mark.timeout(1800)
+def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_and_sigterm_leaves_nothing(
     s3: dict[str, Any], base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _postgres_or_skip()
@@ -321,21 +591,52 @@ def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leave
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
-    deploy = start_deploy(base / "work", deployed, {**os.environ, "CURATE_STORAGE_OPTIONS": options}, port)
+    deploy = start_deploy(base / "work", deployed, {**os.environ, "CURATE_STORAGE_OPTIONS": options,
+                                                    TTL_ENV: LEASE_TTL_S}, port)
     started = time.monotonic() - t0
+    deploy_log = base / "deploy.out"
     try:
         code, _, err = curate("deploy", "--workdir", str(base / "work"), "--data-root", deployed, "--port",
                               str(free_port()))
         assert code == 1 and "is running already (pid " in err and err.count("\n") == 1
         with Sampler(deploy.pid) as sampler:
+            faults = Faults(deploy.pid, url, deploy_log)
+            faults.start()
             t0 = time.monotonic()
             code, out, err = curate("submit", "--dagster", url, "--crawl", T.CRAWL, "--config", str(config),
-                                    "--stages", STAGES, "--wait", "--timeout", "720")
+                                    "--stages", STAGES, "--wait", "--timeout", "900")
             submitted = time.monotonic() - t0
+            faults.join(60)
+            assert faults.error is None, faults.error
             assert code == 0, out + err
             assert f"{url}/runs/b/" in out  # the UI link of the backfill
             backfill_id = out.split(f"{url}/runs/b/")[1].split("?")[0]
-            assert_dependency_order(backfill_runs(url, backfill_id), T.CRAWL, T.SOURCES)
+
+            # The killed run failed and was retried; so was any other run that failed (a run the
+            # killed daemon was launching, failed by run monitoring): each retry chain ends in success.
+            runs = backfill_runs(url, backfill_id)
+            tags = {run["runId"]: {t["key"]: t["value"] for t in run["tags"]} for run in runs}
+            status = {run["runId"]: run["status"] for run in runs}
+            retries = [r["runId"] for r in runs if tags[r["runId"]].get("dagster/parent_run_id")]
+            failed = {r: failure(url, r) for r, s in status.items() if s == "FAILURE"}
+            assert faults.killed_run in failed and "SIGKILL" in failed[faults.killed_run]
+            assert set(status.values()) <= {"SUCCESS", "FAILURE"}
+            for run_id, why in failed.items():
+                chain = [run_id]
+                while status[chain[-1]] == "FAILURE":
+                    assert tags[chain[-1]].get("dagster/auto_retry_run_id") in status, f"{chain[-1]} not retried: {why}"
+                    chain.append(tags[chain[-1]]["dagster/auto_retry_run_id"])
+                assert tags[chain[1]]["dagster/parent_run_id"] == run_id and status[chain[-1]] == "SUCCESS"
+            restarted = [line for line in deploy_log.read_text().splitlines() if "daemon exited with code -9" in line]
+            assert len(restarted) == 1 and "restarted it (pid " in restarted[0]
+            executed = steps(url, runs)
+            assert_one_writer_at_a_time(executed)
+            assert_dependency_order(executed, T.CRAWL, T.SOURCES)
+            killed = [s for s in executed if s.run_id == faults.killed_run and s.asset == faults.target]
+            assert len(killed) == 1 and not killed[0].materialized  # it was killed mid-partition
+            # The UI, in the browser while the next crawl runs (its backfill's 30 s ticks are idle time).
+            ui = Background(assert_the_ui_shows_the_runs, url, backfill_id, [r["runId"] for r in runs],
+                            base / "chrome") if CHROMIUM is not None else None  # Debian's chromium: make chromium
 
             code, out, err = curate("status", "--dagster", url, "--crawl", T.CRAWL)
             assert code == 0, err
@@ -348,6 +649,8 @@ def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leave
             assert code == 1
             assert err.count("\n") == 1 and err.startswith("curate: error: raw_documents[broken|web]: source URL ")
             assert "matches no JSONL or Parquet file" in err
+            if ui is not None:
+                ui.result(120)
 
             # Resubmitted (every partition up to date): SIGTERM once its first run is under way.
             code, out, err = curate("submit", "--dagster", url, "--crawl", T.CRAWL, "--stages", STAGES)
@@ -374,6 +677,11 @@ def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leave
                 for p in [*tree(deploy.pid).values()]:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(p.pid, signal.SIGKILL)
+        # The deployment's logs outlive the test's folder: tests/artifacts/deploy-logs/.
+        shutil.rmtree(ARTIFACTS / "deploy-logs", ignore_errors=True)
+        with contextlib.suppress(OSError):
+            shutil.copytree(base / "work" / "deploy" / "logs", ARTIFACTS / "deploy-logs")
+            shutil.copy(deploy_log, ARTIFACTS / "deploy-logs" / "curate-deploy.log")
     left = [p for p in sampler.seen.values() if alive(p)]
     assert not left, f"left behind: {left}"
     for pid in state["processes"].values():  # nor any member of their process groups
@@ -404,4 +712,6 @@ def test_a_crawl_submitted_to_the_deployment_equals_curate_run_and_sigterm_leave
     assert ledgers[0].num_rows > 0 and ledgers[0].equals(ledgers[1])
     with capsys.disabled():
         print(f"\ncurate deploy: ready in {started:.1f}s, stopped in {stopped:.1f}s; crawl {T.CRAWL} "
-              f"({STAGES}): curate submit --wait {submitted:.1f}s, curate run {ran:.1f}s\n{sampler.table()}")
+              f"({STAGES}): curate submit --wait {submitted:.1f}s (a run worker and the daemon SIGKILLed, "
+              f"{len(runs)} runs, {len(retries)} retries, the killed run's by {faults.retried_by}), curate run "
+              f"{ran:.1f}s\n{sampler.table()}\nfailed runs:\n" + "\n".join(f"  {r}: {w}" for r, w in failed.items()))
