@@ -37,7 +37,7 @@ from stages.programs.lsh_buckets import BANDS_PER_TASK
 from stages.spec import CrawlSpec
 from stages.store import MANIFEST, Manifest, Store, is_transient, retry
 from tests.support.moto_s3 import moto_s3
-from tests.support.tiny_corpus import TINY, config, fast_tmp
+from tests.support.tiny_corpus import TINY, config, counts, fast_tmp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -373,7 +373,7 @@ def test_curate_run_with_ray_address_and_s3_data_root_matches_local(
         assert ledger_report(store, spec) == ledger_report(ref_store, ref_spec)
         code, out, err = curate("report", "--workdir", str(work), "--crawl", CRAWL, "--json")
         assert code == 0, err
-        assert json.loads(out)["sources"] == ledger_report(ref_store, ref_spec)["sources"]
+        assert counts(json.loads(out)) == counts(ledger_report(ref_store, ref_spec))
         code, _, err = curate("ledger", "--workdir", str(work), "--crawl", CRAWL, "--out", str(work / "l.parquet"))
         assert code == 0, err
         want = ref_store.read_table(plan_task(ref_store, ref_spec, "removal_ledger", None).output_dir, "ledger")
