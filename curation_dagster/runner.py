@@ -50,6 +50,12 @@ from stages.store import Manifest
 QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
+# The materialization tag Dagster reads an asset partition's data version from: what it writes for
+# a step's MaterializeResult(data_version=...), and what a runless materialization must carry
+# (no public name in 1.13; tests/curation_dagster/test_runner.py checks both kinds carry it).
+DATA_VERSION_TAG = "dagster/data_version"
+
+
 class RunFailed(RuntimeError):
     """A Dagster run of the crawl failed; the message is the step's error, on one line."""
 
@@ -201,7 +207,6 @@ def _record_without_run(
     materialization and check evaluations on ``instance`` without a run: it stays one visible,
     checked partition in the UI, for ~30 ms instead of a run's ~0.4 s."""
     from dagster import AssetMaterialization
-    from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
     outcome = execute(resource.store(), spec, program, source, resource.execution())
     key = str(partition_key(spec.crawl, source))

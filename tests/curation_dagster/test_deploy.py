@@ -58,7 +58,7 @@ BUCKET = "curation-deploy"
 KEY_ID = "AKIADEPLOYTEST"
 SECRET = "deploy-secret-never-written"
 STAGES = "heuristic,exact,fuzzy"
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 LEASE_TTL_S = "10"  # the retry of the killed run waits for its partition's lease to expire (default 60 s)
 
 
@@ -131,7 +131,7 @@ def test_the_helm_charts_postgres_storage_uses_the_driver_the_images_carry(tmp_p
     from dagster_postgres.utils import get_conn_string
     from sqlalchemy.engine import make_url
 
-    values = yaml.safe_load((Path(__file__).resolve().parents[1] / "k8s" / "values.yaml").read_text())["postgresql"]
+    values = yaml.safe_load((Path(__file__).resolve().parents[2] / "k8s" / "values.yaml").read_text())["postgresql"]
     db = {"username": values["postgresqlUsername"], "password": {"env": "DAGSTER_PG_PASSWORD"},
           "hostname": values["postgresqlHost"] or "dagster-postgresql", "db_name": values["postgresqlDatabase"],
           "port": values["service"]["port"], "params": values.get("postgresqlParams", {}),

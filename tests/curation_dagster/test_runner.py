@@ -7,16 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
-from dagster._core.event_api import PartitionKeyFilter
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from curation_dagster.checks import CHECK_KINDS
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource
-from curation_dagster.runner import plan, run_crawl, switched_off
+from curation_dagster.runner import DATA_VERSION_TAG, plan, run_crawl, switched_off
 from stages.catalog import PROGRAMS
-from stages.store import Store
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Manifest, Store
 from tests.support.tiny_corpus import CRAWL, fast_tmp, read, run_all, spec
 
 
@@ -42,6 +43,7 @@ def test_switched_off_stages_make_no_run_and_stay_materialized_and_checked(tmp_p
                                   for e in instance.all_logs(r.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
                                   if e.asset_materialization is not None)) for r in runs)
         assert ran == sorted(tuple(sorted(w)) for w, _ in want)
+        want_checks: set[tuple[str, str, str]] = set()
         for program in PROGRAMS:
             for source in crawl.partitions(program):
                 key = str(partition_key(CRAWL, source))
@@ -54,12 +56,17 @@ def test_switched_off_stages_make_no_run_and_stay_materialized_and_checked(tmp_p
                 assert mat is not None
                 enabled = mat.metadata.get("enabled")
                 assert (enabled is not None and enabled.value is False) == (program in off), program
-                for kind in CHECK_KINDS:
-                    if kind.applies(PROGRAMS[program]):
-                        evals = instance.event_log_storage.get_asset_check_execution_history(
-                            AssetCheckKey(AssetKey(program), kind.name), limit=50,
-                            partition_filter=PartitionKeyFilter(key=key))
-                        assert evals, (program, kind.name, source)
+                # Both kinds carry the data version under the tag Dagster reads it from.
+                tags = mat.tags or {}
+                assert tags.get(DATA_VERSION_TAG) == _manifest(resource, crawl, program, source).data_version
+                want_checks |= {(program, kind.name, key) for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])}
+        # Every check of every partition was evaluated: in its run, or without one.
+        evaluated = {(ev.asset_key.to_user_string(), ev.check_name, ev.partition)
+                     for run_id in ["", *(r.run_id for r in runs)]
+                     for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+                     if e.dagster_event is not None
+                     for ev in [e.dagster_event.event_specific_data]}
+        assert want_checks and want_checks <= evaluated
         # The same outputs as the executor alone writes.
         alone = Store(str(tmp_path / "alone"))
         run_all(alone, crawl)
@@ -72,3 +79,10 @@ def _wave(program: str) -> list[str]:
     from stages.catalog import waves
 
     return next(w for w in waves() if program in w)
+
+
+def _manifest(resource: CurationResource, crawl: CrawlSpec, program: str, source: str | None) -> Manifest:
+    store = resource.store()
+    manifest = store.read_manifest(plan_task(store, crawl, program, source).output_dir)
+    assert manifest is not None
+    return manifest

@@ -158,14 +158,19 @@ def jsonl_lines(path: Path) -> list[bytes]:
     return [line for line in data.split(b"\n") if line.strip()]
 
 
-def write_jsonl(path: Path, lines: list[bytes]) -> None:
-    data = b"".join(line + b"\n" for line in lines)
+def write_compressed(path: Path, data: bytes) -> Path:
+    """``data`` at ``path``, gzip- or zstd-compressed as its name says (deterministic bytes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.name.endswith(".gz"):
         data = gzip.compress(data, mtime=0)
     elif path.name.endswith(".zst"):
         data = zstandard.ZstdCompressor().compress(data)
     path.write_bytes(data)
+    return path
+
+
+def write_jsonl(path: Path, lines: list[bytes]) -> None:
+    write_compressed(path, b"".join(line + b"\n" for line in lines))
 
 
 def reshard(dest: Path) -> Path:

@@ -20,7 +20,17 @@ from stages.params import ExecutionParams, RawDocumentsParams
 from stages.programs.raw_documents import NoInputError, list_files
 from stages.spec import CrawlSpec
 from stages.store import Store, UnsafeNameError
-from tests.support.tiny_corpus import EXPECTED, SOURCES, TINY, config, read, reshard, run_all, spec
+from tests.support.tiny_corpus import (
+    EXPECTED,
+    SOURCES,
+    TINY,
+    config,
+    read,
+    reshard,
+    run_all,
+    spec,
+    write_compressed,
+)
 
 
 class Ingested:
@@ -48,14 +58,7 @@ def jsonl(*records: Any) -> bytes:
     return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in records)
 
 
-def write(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.endswith(".gz"):
-        data = gzip.compress(data, mtime=0)
-    elif path.name.endswith(".zst"):
-        data = zstandard.ZstdCompressor().compress(data)
-    path.write_bytes(data)
-    return path
+write = write_compressed
 
 
 GOOD = {"id": "g1", "text": "A perfectly ordinary document."}
