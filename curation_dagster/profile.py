@@ -6,7 +6,9 @@ Per program and partition: documents, bytes, wall time split into read, compute 
 way it ran), the orchestration overhead, and GPU time where a GPU ran. Overhead is what Dagster
 adds around the program: its step's duration in the instance's event log (step start to the
 materialization) minus the program's wall time, so it includes launching the step (a Pipes
-subprocess's interpreter start too), resource set-up, the manifest commit and the metadata; a
+subprocess's interpreter start too), resource set-up, the manifest commit and the metadata. A
+switched-off stage's partition that ``curate run`` recorded without a run carries the overhead
+it measured itself (its time outside the program up to the materialization event); a
 partition with no step in that event log (run by ``python -m stages``, or in a deployment whose
 event log is elsewhere) has ``overhead_s`` null.
 
@@ -113,6 +115,9 @@ def step_overhead(instance: DagsterInstance, program: str, crawl: str, source: s
         version, cached = meta.get("data_version"), meta.get("cached")
         if version is None or version.value != data_version or (cached is not None and cached.value is True):
             continue
+        if not record.run_id:  # recorded without a run (a switched-off stage): curate measured it
+            recorded = meta.get("overhead_s")
+            return recorded.value if recorded is not None and isinstance(recorded.value, float) else None
         start = _step_starts(instance, record.run_id, cache).get(record.event_log_entry.step_key or program)
         return None if start is None else max(record.timestamp - start - wall_s, 0.0)
     return None
