@@ -16,6 +16,10 @@ from stages import params as P
 from stages.catalog import PROGRAMS, STAGES
 from stages.store import check_name
 
+# CrawlSpec.keys() of the most recently used specs, by their JSON (a few crawls at a time).
+_KEYS: dict[str, dict[tuple[str, str | None], str]] = {}
+_KEYS_KEPT = 16
+
 
 class CrawlSpec(BaseModel):
     """Everything that defines one crawl's outputs: its sources and every stage's parameters."""
@@ -71,7 +75,30 @@ class CrawlSpec(BaseModel):
         return out
 
     def keys(self) -> dict[tuple[str, str | None], str]:
-        """params_key of every (program, source) partition of this crawl, in dependency order."""
+        """params_key of every (program, source) partition of this crawl, in dependency order.
+
+        Every plan of a partition needs them and they cost O(sources) to derive (26 ms at 200
+        sources, paid by each step, check and up-to-date test of a crawl: O(sources^2) per crawl),
+        so they are derived once per distinct spec and copied out. Distinct: its JSON with what
+        else a key hashes, each program's params as validated now (model and benchmark files'
+        content fingerprints, ``stages.fingerprint``, cached by file identity), params version and
+        code versions (``stages.versions``); none of them depends on the source but ingestion's."""
+        from stages.versions import code_versions
+
+        validated = [None if p.name == "raw_documents" else
+                     self.program_params(p.name, (self.partitions(p.name) or [None])[0]).canonical()
+                     for p in PROGRAMS.values()]
+        versions = [(p.params.version, code_versions(p.name)) for p in PROGRAMS.values()]
+        ident = self.model_dump_json() + repr(validated) + repr(versions)
+        cached = _KEYS.pop(ident, None)
+        if cached is None:
+            cached = self._derive_keys()
+        _KEYS[ident] = cached  # most recent last
+        while len(_KEYS) > _KEYS_KEPT:
+            del _KEYS[next(iter(_KEYS))]
+        return dict(cached)
+
+    def _derive_keys(self) -> dict[tuple[str, str | None], str]:
         keys: dict[tuple[str, str | None], str] = {}
         for name in PROGRAMS:  # PROGRAMS is in topological order
             for source in self.partitions(name):
