@@ -89,6 +89,16 @@ def _lineage(curation: CurationResource, program: str, crawl: str, source: str |
     return ledger_metadata(read_as(manifest, RemovalLedgerReport))
 
 
+def asset_metadata(
+    curation: CurationResource, program: str, crawl: str, source: str | None, meta: dict[str, Any]
+) -> dict[str, Any]:
+    """A partition's materialization metadata: ``meta`` (``stages.execute.metadata`` and the
+    profile's ``overhead_s``) after the lineage that explains a shrinking source, the waterfall
+    first: it is what the materialization's page shows at the top. An asset step and a wave run
+    (``curation_dagster.waves``) record the same."""
+    return {**_lineage(curation, program, crawl, source), **meta}
+
+
 def build_asset(program: Program) -> AssetsDefinition:
     res = program.resources
     part_of = getattr(program, "part_of", None)
@@ -117,11 +127,9 @@ def build_asset(program: Program) -> AssetsDefinition:
         result = curation.materialize(context, program.name, crawl, source)
         if (result.metadata or {}).get("in_crawl") is False:
             return result
-        extra = _lineage(curation, program.name, crawl, source)
         overhead = materialization_overhead(context, result.metadata or {})  # beside wall_s, for the Plots tab
-        # The waterfall first: it is what the materialization's page shows at the top.
-        meta = {**extra, **(result.metadata or {}), **overhead}
-        return result._replace(metadata=meta) if extra or overhead else result
+        return result._replace(metadata=asset_metadata(curation, program.name, crawl, source,
+                                                       {**(result.metadata or {}), **overhead}))
 
     return _asset
 

@@ -342,19 +342,33 @@ CHECK_KINDS: tuple[CheckKind, ...] = (
 )
 
 
-def evaluate(curation: CurationResource, kind: CheckKind, program: str, crawl: str, source: str | None) -> Verdict:
-    """One check on one partition, with the workdir's current bounds."""
+Judge = Callable[[CheckKind, str, str | None], Verdict]
+
+
+def evaluator(curation: CurationResource, crawl: str) -> Judge:
+    """``(kind, program, source) -> Verdict`` for partitions of ``crawl`` with the workdir's bounds
+    and the crawl's spec as they are now, read once (a step that checks many partitions)."""
     root = curation.dataroot()
     record = root.record(crawl)
-    if record is None:
-        return Verdict(False, f"crawl {crawl!r} is not registered in {root.url}", "WARN")
-    spec = record.spec
-    if source is not None and source not in spec.sources:
-        return Verdict(True, f"source {source!r} is not part of crawl {crawl!r}", metadata={"in_crawl": False})
-    try:
-        return kind.evaluate(root.store, spec, program, source, load_config(curation.workdir).checks)
-    except NotMaterialized as exc:
-        return Verdict(False, str(exc), "WARN", {"materialized": False})
+    checks = load_config(curation.workdir).checks
+
+    def judge(kind: CheckKind, program: str, source: str | None) -> Verdict:
+        if record is None:
+            return Verdict(False, f"crawl {crawl!r} is not registered in {root.url}", "WARN")
+        spec = record.spec
+        if source is not None and source not in spec.sources:
+            return Verdict(True, f"source {source!r} is not part of crawl {crawl!r}", metadata={"in_crawl": False})
+        try:
+            return kind.evaluate(root.store, spec, program, source, checks)
+        except NotMaterialized as exc:
+            return Verdict(False, str(exc), "WARN", {"materialized": False})
+
+    return judge
+
+
+def evaluate(curation: CurationResource, kind: CheckKind, program: str, crawl: str, source: str | None) -> Verdict:
+    """One check on one partition, with the workdir's current bounds."""
+    return evaluator(curation, crawl)(kind, program, source)
 
 
 def _metadata(verdict: Verdict) -> dict[str, Any]:
@@ -426,13 +440,17 @@ def report_runless_check(
     from sqlalchemy.exc import IntegrityError  # a dagster dependency, used by its storages
 
     try:
-        instance.report_runless_asset_event(AssetCheckEvaluation(
-            asset_key=AssetKey(program), check_name=kind.name, passed=verdict.passed,
-            severity=_severity(verdict), description=verdict.description, metadata=_metadata(verdict),
-            blocking=kind.blocking, partition=partition,
-        ))
+        instance.report_runless_asset_event(evaluation(program, kind, verdict, partition))
     except IntegrityError:
         pass
+
+
+def evaluation(program: str, kind: CheckKind, verdict: Verdict, partition: str) -> AssetCheckEvaluation:
+    """One check's evaluation of a partition, as a run's step or ``curate run`` records it."""
+    return AssetCheckEvaluation(
+        asset_key=AssetKey(program), check_name=kind.name, passed=verdict.passed, severity=_severity(verdict),
+        description=verdict.description, metadata=_metadata(verdict), blocking=kind.blocking, partition=partition,
+    )
 
 
 def record_checks(
@@ -442,10 +460,11 @@ def record_checks(
     """Evaluate every check of one partition and record each on ``instance`` without a run (for a
     partition ``curate run`` recorded without one); return the blocking ones that fail."""
     failed = []
+    judge = evaluator(curation, crawl)
     for kind in CHECK_KINDS:
         if not kind.applies(PROGRAMS[program]):
             continue
-        verdict = evaluate(curation, kind, program, crawl, source)
+        verdict = judge(kind, program, source)
         report_runless_check(instance, program, kind, verdict, partition)
         if kind.blocking and not verdict.passed and verdict.severity == "ERROR":
             failed.append((kind.name, verdict))

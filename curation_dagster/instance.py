@@ -1,14 +1,12 @@
 """The workdir's Dagster instance: ``<workdir>/dagster/dagster.yaml``, written for a new workdir.
 
 The embedded default is SQLite in that folder with runs in-process, and one event-log database
-for all runs (``ConsolidatedSqliteEventLogStorage``): Dagster's default opens a new database per
-run, ~0.4 s each, and a crawl is dozens of short runs (one per wave of assets and partition
-key). That storage takes an absolute path, so a workdir that was copied or moved gets its file
-pointed at its own folder again (only a file this module wrote; an edited one is left alone).
-
-That storage is named by its private module path, ``dagster._core.storage.event_log``: Dagster
-exports no public name for it, and its own docstring configures it so. dagster is pinned
-(pyproject.toml), and tests/curation_dagster/test_dagster_tools.py fails if the class moves or stops loading.
+for all runs on pooled connections (``curation_dagster.event_log.PooledSqliteEventLogStorage``):
+Dagster's default opens a new database per run (~0.4 s each), and its consolidated one a new
+connection per statement (~12 ms per stored event). That storage takes an absolute path, so a
+workdir that was copied or moved gets its file pointed at its own folder again, and a file an
+earlier version wrote gets this version's storage (only a file this module wrote; an edited one
+is left alone).
 """
 
 from __future__ import annotations
@@ -21,6 +19,18 @@ HEADER = "# The embedded default: SQLite storage in this folder, runs in-process
 DAGSTER_YAML = HEADER + """
 telemetry:
   enabled: false
+# One event-log database for all runs, on pooled connections: the default opens a new database
+# per run (~0.4 s), Dagster's consolidated storage a new connection per statement (~12 ms an event).
+event_log_storage:
+  module: curation_dagster.event_log
+  class: PooledSqliteEventLogStorage
+  config:
+    base_dir: {history}
+"""
+# What earlier versions wrote: recognized as ours, and rewritten with this version's storage.
+EARLIER_YAML = (HEADER + """
+telemetry:
+  enabled: false
 # One event-log database for all runs: the default opens a new database per run, which costs
 # ~0.4 s per run, and a crawl is dozens of short runs (one per asset partition).
 event_log_storage:
@@ -28,7 +38,7 @@ event_log_storage:
   class: ConsolidatedSqliteEventLogStorage
   config:
     base_dir: {history}
-"""
+""",)
 _BASE_DIR = re.compile(r"^    base_dir: (.*)$", re.MULTILINE)
 
 
@@ -47,8 +57,9 @@ def ensure_instance_config(home: Path) -> Path:
         return home
     text = path.read_text()
     found = _BASE_DIR.search(text)
-    if text != want and found and text == DAGSTER_YAML.format(history=found.group(1)):
-        path.write_text(want)  # ours, written for another folder: this workdir was copied or moved
+    ours = found is not None and any(text == t.format(history=found.group(1)) for t in (DAGSTER_YAML, *EARLIER_YAML))
+    if text != want and ours:
+        path.write_text(want)  # ours, for another folder (the workdir was copied or moved) or version
     return home
 
 

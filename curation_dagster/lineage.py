@@ -115,13 +115,27 @@ def waterfall_rows(report: RemovalLedgerReport) -> list[dict[str, Any]]:
     return out
 
 
+# The most sources the chart draws: a bar each, the crawl's sources that kept the least beyond it
+# (the table has every source; a chart of a 1,000-source crawl would be 400 inches tall).
+CHART_SOURCES = 40
+
+
+def charted_sources(report: RemovalLedgerReport, most: int = CHART_SOURCES) -> list[str]:
+    """The sources the chart draws, sorted: all, or the ``most`` that kept the smallest share."""
+    if len(report.sources) <= most:
+        return sorted(report.sources)
+    share = {n: r.kept / r.input if r.input else 0.0 for n, r in report.sources.items()}
+    return sorted(sorted(report.sources, key=lambda n: (share[n], n))[:most])
+
+
 def waterfall_png(report: RemovalLedgerReport, dpi: int = 90) -> bytes:
-    """PNG: one horizontal 100 % bar per source (kept, quarantined, each stage's removals)."""
+    """PNG: one horizontal 100 % bar per source (kept, quarantined, each stage's removals), for at
+    most ``CHART_SOURCES`` sources (``charted_sources``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     stages = stages_of(report)
-    names = sorted(report.sources)
+    names = charted_sources(report)
     segments = [("kept", KEPT_COLOR), (QUARANTINE, QUARANTINE_COLOR)] + [
         (s, STAGE_COLORS[i % len(STAGE_COLORS)]) for i, s in enumerate(stages)
     ]
@@ -145,7 +159,10 @@ def waterfall_png(report: RemovalLedgerReport, dpi: int = 90) -> bytes:
     ax.set_xticks([0, 25, 50, 75, 100])
     ax.set_xlabel("% of the source's input documents")
     ax.invert_yaxis()
-    ax.set_title(f"crawl {report.crawl}: where each source's documents went", fontsize=10)
+    title = f"crawl {report.crawl}: where each source's documents went" if len(names) == len(report.sources) else \
+        f"crawl {report.crawl}: where the documents went in the {len(names)} of {len(report.sources):,} sources " \
+        "that kept the least"
+    ax.set_title(title, fontsize=10)
     fig.legend(*ax.get_legend_handles_labels(), ncols=min(len(segments), 8), fontsize=8, loc="lower center",
                frameon=False)
     fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))

@@ -95,9 +95,10 @@ def _step_starts(instance: DagsterInstance, run_id: str, cache: dict[str, dict[s
 
 def step_overhead(instance: DagsterInstance, program: str, crawl: str, source: str | None, data_version: str,
                   wall_s: float, cache: dict[str, dict[str, float]] | None = None) -> float | None:
-    """Seconds between the start of the step that computed this output (the newest
-    materialization of its data version that was not up to date already) and its
-    materialization, minus the program's wall time; None when the event log has no such step."""
+    """The orchestration overhead of the partition's newest materialization of its data version
+    that was not up to date already: the ``overhead_s`` it recorded (its time outside the program,
+    up to the materialization), else the seconds between its step's start and it, minus the
+    program's wall time; None when the event log has neither."""
     from dagster import AssetKey, AssetRecordsFilter
 
     from curation_dagster.partitions import partition_key
@@ -115,9 +116,13 @@ def step_overhead(instance: DagsterInstance, program: str, crawl: str, source: s
         version, cached = meta.get("data_version"), meta.get("cached")
         if version is None or version.value != data_version or (cached is not None and cached.value is True):
             continue
-        if not record.run_id:  # recorded without a run (a switched-off stage): curate measured it
-            recorded = meta.get("overhead_s")
-            return recorded.value if recorded is not None and isinstance(recorded.value, float) else None
+        # What the step, the wave run or ``curate run`` measured for it (the partition's own time
+        # outside the program, up to its materialization); a wave run's step runs many partitions.
+        recorded = meta.get("overhead_s")
+        if recorded is not None and isinstance(recorded.value, float):
+            return recorded.value
+        if not record.run_id:
+            return None
         start = _step_starts(instance, record.run_id, cache).get(record.event_log_entry.step_key or program)
         return None if start is None else max(record.timestamp - start - wall_s, 0.0)
     return None

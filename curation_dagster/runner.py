@@ -3,19 +3,21 @@
 Per-source and crawl-level assets have different partitions, so a crawl is materialized as a
 sequence of Dagster runs in dependency order: one per wave (``stages.catalog.waves``: the assets
 of one level, per source or per crawl, whose inputs are materialized by then; the recrawl sensor's
-first runs are the first wave) and partition. Each run shows in the UI like a run launched there,
-with one step per asset. A partition whose committed output is already up to date (same
-parameters, same input data) and whose materialization the instance has recorded is skipped
-without a run; an up-to-date asset after a stale one of its wave goes into the run, where its
-step finds the output up to date and records it without recomputing.
+first runs are the first wave). A wave run (``curation_dagster.waves``) has one step per asset of
+the wave, and each step runs the wave's stale partitions of its asset side by side on a pool of
+worker processes, recording each partition as its own materialization and check evaluations as it
+finishes: a crawl of N sources makes at most 10 runs, not one per wave and partition (each of
+which cost ~0.4-0.7 s of Dagster's own, one after another). A resource that runs partitions in a
+Pipes subprocess or a pod (``mode``) gets a run per wave and partition instead, each step the
+asset's own.
 
-Why waves: a Dagster run costs ~0.4 s of its own (events written to the SQLite instance), which a
-small crawl paid 6 x sources + 8 times with one run per asset partition; with waves it is
-4 x (sources + 1). A wave whose programs all belong to switched-off stages (``--stages``) only
-writes empty outputs: ``curate run`` writes them itself and records their materializations and
-check evaluations on the instance without a run (``AssetMaterialization`` and
-``AssetCheckEvaluation`` events, visible in the UI like any other), so a fuzzy-only crawl of N
-sources makes 3 x N + 2 runs, not 5 x N + 5.
+A partition whose committed output is already up to date (same parameters, same input data) and
+whose materialization the instance has recorded is skipped without a run; an up-to-date asset
+after a stale one of its wave goes into the run, where its step finds the output up to date and
+records it without recomputing. A wave whose programs all belong to switched-off stages
+(``--stages``) only writes empty outputs: ``curate run`` writes them itself and records their
+materializations and check evaluations on the instance without a run (``AssetMaterialization``
+and ``AssetCheckEvaluation`` events, visible in the UI like any other).
 """
 
 from __future__ import annotations
@@ -27,17 +29,25 @@ from typing import Any
 from dagster import (
     AssetCheckSeverity,
     AssetKey,
-    AssetRecordsFilter,
     DagsterEventType,
     DagsterInstance,
     materialize,
 )
+from rich.markup import escape
 
 from curation_dagster.assets import ASSETS
-from curation_dagster.checks import CHECKS, blocking_failures, record_checks, report_stale_dependents
+from curation_dagster.checks import (
+    CHECK_KINDS,
+    CHECKS,
+    Verdict,
+    blocking_failures,
+    record_checks,
+    report_stale_dependents,
+)
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource
+from curation_dagster.waves import DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG, Done, PartitionPool, wave_job
 from stages.catalog import waves
 from stages.execute import Outcome, execute, metadata
 from stages.plan import data_version, plan_task
@@ -50,12 +60,6 @@ from stages.store import Manifest
 QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
-# The materialization tag Dagster reads an asset partition's data version from: what it writes for
-# a step's MaterializeResult(data_version=...), and what a runless materialization must carry
-# (no public name in 1.13; tests/curation_dagster/test_runner.py checks both kinds carry it).
-DATA_VERSION_TAG = "dagster/data_version"
-
-
 class RunFailed(RuntimeError):
     """A Dagster run of the crawl failed; the message is the step's error, on one line."""
 
@@ -66,7 +70,9 @@ def plan(spec: CrawlSpec) -> list[tuple[list[str], str | None]]:
 
 
 def _up_to_date(instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec,
-                program: str, source: str | None) -> bool:
+                program: str, source: str | None, recorded: dict[str, set[str]]) -> bool:
+    """The partition's committed output is current and the instance recorded its materialization
+    (``recorded``: each program's materialized partitions, one query per program and crawl run)."""
     store = resource.store()
     try:
         task = plan_task(store, spec, program, source)
@@ -75,11 +81,9 @@ def _up_to_date(instance: DagsterInstance, resource: CurationResource, spec: Cra
             return False
     except FileNotFoundError:
         return False
-    records = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[str(partition_key(spec.crawl, source))]),
-        limit=1,
-    ).records
-    return bool(records)
+    if program not in recorded:
+        recorded[program] = instance.get_materialized_partitions(AssetKey(program))
+    return str(partition_key(spec.crawl, source)) in recorded[program]
 
 
 def _failure(result: Any) -> tuple[str | None, str]:
@@ -118,8 +122,7 @@ def run_crawl(
     resource: CurationResource | None = None,
 ) -> RemovalLedgerReport:
     """Register ``spec`` in the resource's data root, materialize every partition of its crawl
-    and return the report of its ledger."""
-    from rich.markup import escape
+    and return the report of its ledger. ``force``: recompute every partition, up to date or not."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     resource = resource or CurationResource(workdir=str(workdir))
@@ -127,71 +130,146 @@ def run_crawl(
     instance = DagsterInstance.from_config(str(ensure_instance_config(home)))
     instance.add_dynamic_partitions(CRAWL, [spec.crawl])
     instance.add_dynamic_partitions(SOURCE, sorted(spec.sources))
-    steps = plan(spec)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), disable=quiet, transient=False,
-    ) as progress:
-        bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(wave) for wave, _ in steps))
-        for wave, source in steps:
-            todo: list[str] = []
-            for program in wave:
-                name = _name(spec, program, source)
-                label = escape(name)
-                progress.update(bar, description=f"{label:<40}")
-                # Only a prefix of the wave is skipped: a program after a stale one may read its
-                # new output, so it is judged by its step, after the stale one has run.
-                if todo or force or not _up_to_date(instance, resource, spec, program, source):
-                    todo.append(program)
+    ) as progress, PartitionPool(resource, spec, force) as pool:
+        bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(wave) for wave, _ in plan(spec)))
+        recorded: dict[str, set[str]] = {}
+        for wave in waves():
+            stale: dict[str | None, list[str]] = {}  # source -> its programs of the wave to run
+            for source in spec.partitions(wave[0]):
+                todo = _stale(instance, resource, spec, wave, source, force, recorded, progress, bar)
+                if not todo:
                     continue
-                # An up-to-date partition is not rerun, but its blocking checks still hold the
-                # crawl back until their bound is raised or the stage fixed.
-                for check, verdict in blocking_failures(resource, program, spec.crawl, source):
-                    raise RunFailed(f"{name}: check {check} failed: {verdict.description}")
-                progress.console.print(f"  = {label} up to date")
-                progress.advance(bar)
-            if not todo:
+                if switched_off(spec, todo, source):
+                    # A wave of switched-off stages only writes empty outputs: recorded without a run.
+                    for program in todo:
+                        outcome = _record_without_run(instance, resource, spec, program, source)
+                        _print(progress, spec, Done(program, source, outcome, None, 0.0), "(stage off: no run)")
+                        progress.advance(bar)
+                    continue
+                stale[source] = todo
+            if not stale:
                 continue
-            if switched_off(spec, todo, source):
-                # A wave of switched-off stages only writes empty outputs: recorded without a run.
-                for program in todo:
-                    label = escape(_name(spec, program, source))
-                    outcome = _record_without_run(instance, resource, spec, program, source)
-                    progress.console.print(f"  + {label} {_summary(read(outcome.manifest))} (stage off: no run)")
-                    progress.advance(bar)
-                continue
-            t0 = time.perf_counter()
-            result = materialize(
-                [*ASSETS, *CHECKS], selection=todo, partition_key=partition_key(spec.crawl, source),
-                instance=instance, resources={"curation": resource}, raise_on_error=False,
-                run_config=QUIET_LOGS, tags={"curate/crawl": spec.crawl},
-            )
-            failed_checks = [e for e in result.get_asset_check_evaluations() if not e.passed]
-            for failed in failed_checks:
-                if failed.severity == AssetCheckSeverity.ERROR and failed.blocking:
-                    raise RunFailed(f"{_name(spec, failed.asset_key.to_user_string(), source)}: "
-                                    f"check {failed.check_name} failed: {failed.description}")
-            if not result.success:
-                step, msg = _failure(result)
-                name = _name(spec, step, source) if step else ", ".join(_name(spec, p, source) for p in todo)
-                raise RunFailed(msg if msg.startswith(name) else f"{name}: {msg}")
-            seconds = _step_seconds(result)
-            for program in todo:
-                label = escape(_name(spec, program, source))
-                for failed in failed_checks:
-                    if failed.asset_key.to_user_string() == program:
-                        progress.console.print(f"  ! {label} check {failed.check_name} ({failed.severity.value}): "
-                                               f"{escape(failed.description or '')}")
-                if _cached(result, program):
-                    progress.console.print(f"  = {label} up to date")
-                else:
-                    report = read(_manifest(resource, spec, program, source))
-                    took = seconds.get(program, time.perf_counter() - t0)
-                    progress.console.print(f"  + {label} {_summary(report)} ({took:.1f}s)")
-                progress.advance(bar)
+            if resource.mode == "in_process":
+                _wave_run(instance, resource, spec, wave, stale, pool, progress, bar)
+            else:  # a Pipes subprocess or a pod per partition: the asset's own step, a run per partition
+                for source, todo in stale.items():
+                    _partition_run(instance, resource, spec, todo, source, progress, bar)
     # Later crawls deduplicated against this crawl's old outputs: their check fails in the UI now.
     report_stale_dependents(instance, resource, spec.crawl)
     return read_as(_manifest(resource, spec, "removal_ledger", None), RemovalLedgerReport)
+
+
+def _stale(
+    instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, wave: list[str], source: str | None,
+    force: bool, recorded: dict[str, set[str]], progress: Any, bar: Any,
+) -> list[str]:
+    """The programs of ``wave`` to run for ``source``; the up-to-date ones before them are
+    reported (and their blocking checks still hold the crawl back)."""
+    todo: list[str] = []
+    for program in wave:
+        # Only a prefix of the wave is skipped: a program after a stale one may read its new
+        # output, so it is judged by its step, after the stale one has run.
+        if todo or force or not _up_to_date(instance, resource, spec, program, source, recorded):
+            todo.append(program)
+            continue
+        # An up-to-date partition is not rerun, but its blocking checks still hold the crawl back
+        # until their bound is raised or the stage fixed.
+        for check, verdict in blocking_failures(resource, program, spec.crawl, source):
+            raise RunFailed(f"{_name(spec, program, source)}: check {check} failed: {verdict.description}")
+        progress.console.print(f"  = {_label(spec, program, source)} up to date")
+        progress.advance(bar)
+    return todo
+
+
+def _wave_run(
+    instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, wave: list[str],
+    stale: dict[str | None, list[str]], pool: PartitionPool, progress: Any, bar: Any,
+) -> None:
+    """One Dagster run for the wave's stale partitions (``curation_dagster.waves``)."""
+    work = [(p, [s for s, todo in stale.items() if p in todo]) for p in wave]
+    work = [(p, sources) for p, sources in work if sources]
+    blocked: list[tuple[int, int, str]] = []  # (program's place, source's place, message)
+    order = list(stale)
+
+    def on_done(done: Done, failed: list[tuple[str, Verdict]]) -> None:
+        if done.outcome is not None:
+            for check, verdict in failed:
+                print_check(progress, spec, done.program, done.source, check, verdict)
+                if verdict.severity == "ERROR" and next(k for k in CHECK_KINDS if k.name == check).blocking:
+                    blocked.append((wave.index(done.program), order.index(done.source),
+                                    f"{_name(spec, done.program, done.source)}: check {check} failed: "
+                                    f"{verdict.description}"))
+            _print(progress, spec, done)
+        progress.advance(bar)
+
+    result = wave_job(work, pool, on_done).execute_in_process(
+        instance=instance, raise_on_error=False, run_config=QUIET_LOGS,
+        tags={"curate/crawl": spec.crawl, "curate/wave": ",".join(p for p, _ in work)},
+    )
+    if blocked:
+        raise RunFailed(min(blocked)[2])
+    if not result.success:
+        _, msg = _failure(result)
+        raise RunFailed(msg)
+
+
+def _partition_run(
+    instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, todo: list[str], source: str | None,
+    progress: Any, bar: Any,
+) -> None:
+    """One Dagster run of the assets ``todo`` for one partition, each step its asset's own."""
+    t0 = time.perf_counter()
+    result = materialize(
+        [*ASSETS, *CHECKS], selection=todo, partition_key=partition_key(spec.crawl, source),
+        instance=instance, resources={"curation": resource}, raise_on_error=False,
+        run_config=QUIET_LOGS, tags={"curate/crawl": spec.crawl},
+    )
+    failed_checks = [e for e in result.get_asset_check_evaluations() if not e.passed]
+    for failed in failed_checks:
+        if failed.severity == AssetCheckSeverity.ERROR and failed.blocking:
+            raise RunFailed(f"{_name(spec, failed.asset_key.to_user_string(), source)}: "
+                            f"check {failed.check_name} failed: {failed.description}")
+    if not result.success:
+        step, msg = _failure(result)
+        name = _name(spec, step, source) if step else ", ".join(_name(spec, p, source) for p in todo)
+        raise RunFailed(msg if msg.startswith(name) else f"{name}: {msg}")
+    seconds = _step_seconds(result)
+    for program in todo:
+        for failed in failed_checks:
+            if failed.asset_key.to_user_string() == program:
+                progress.console.print(f"  ! {_label(spec, program, source)} check {failed.check_name} "
+                                       f"({failed.severity.value}): {escape(failed.description or '')}")
+        if _cached(result, program):
+            progress.console.print(f"  = {_label(spec, program, source)} up to date")
+        else:
+            report = read(_manifest(resource, spec, program, source))
+            took = seconds.get(program, time.perf_counter() - t0)
+            progress.console.print(f"  + {_label(spec, program, source)} {_summary(report)} ({took:.1f}s)")
+        progress.advance(bar)
+
+
+def print_check(progress: Any, spec: CrawlSpec, program: str, source: str | None, check: str, verdict: Verdict) -> None:
+    severity = "ERROR" if verdict.severity == "ERROR" else "WARN"
+    progress.console.print(f"  ! {_label(spec, program, source)} check {check} ({severity}): "
+                           f"{escape(verdict.description or '')}")
+
+
+def _print(progress: Any, spec: CrawlSpec, done: Done, note: str | None = None) -> None:
+    """A partition's line: ``= name up to date`` or ``+ name counts (seconds)``."""
+    assert done.outcome is not None
+    label = _label(spec, done.program, done.source)
+    if done.outcome.skipped and note is None:
+        progress.console.print(f"  = {label} up to date")
+        return
+    tail = note or f"({done.outcome.seconds:.1f}s)"
+    progress.console.print(f"  + {label} {_summary(read(done.outcome.manifest))} {tail}")
+
+
+def _label(spec: CrawlSpec, program: str, source: str | None) -> str:
+    return escape(_name(spec, program, source))
 
 
 def switched_off(spec: CrawlSpec, programs: list[str], source: str | None) -> bool:
@@ -215,7 +293,8 @@ def _record_without_run(
     if "wall_s" in meta:  # the profile's overhead: this process's time outside the program, to here
         meta["overhead_s"] = round(max(time.perf_counter() - t0 - float(meta["wall_s"]), 0.0), 4)
     instance.report_runless_asset_event(AssetMaterialization(
-        asset_key=program, partition=key, metadata=meta, tags={DATA_VERSION_TAG: outcome.manifest.data_version},
+        asset_key=program, partition=key, metadata=meta, tags={DATA_VERSION_TAG: outcome.manifest.data_version,
+                                                                 DATA_VERSION_IS_USER_PROVIDED_TAG: "true"},
     ))
     for check, verdict in record_checks(instance, resource, program, spec.crawl, source, key):
         raise RunFailed(f"{_name(spec, program, source)}: check {check} failed: {verdict.description}")

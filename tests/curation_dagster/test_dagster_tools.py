@@ -92,15 +92,27 @@ def test_dagster_dev_without_dagster_home_says_the_instance_is_empty() -> None:
     assert "DAGSTER_HOME is not set: this is a temporary, empty instance" in log.stdout + log.stderr
 
 
-def test_the_instance_storage_named_by_its_private_module_loads(tmp_path: Path) -> None:
-    """The one private name kept (curation_dagster/instance.py): Dagster exports none for the
-    consolidated SQLite event log. If a Dagster upgrade moves it, this fails before a user does."""
+def test_the_instance_storage_on_a_private_base_loads_and_upgrades_earlier_files(tmp_path: Path) -> None:
+    """The one private name kept (curation_dagster/event_log.py): Dagster exports none for the
+    consolidated SQLite event log it extends. If a Dagster upgrade moves it, this fails before a
+    user does. A dagster.yaml an earlier version wrote gets the pooled storage."""
+    from curation_dagster.event_log import PooledSqliteEventLogStorage
+    from curation_dagster.instance import EARLIER_YAML
+
     config = yaml.safe_load(DAGSTER_YAML.format(history='"x"'))["event_log_storage"]
-    assert config["module"] == "dagster._core.storage.event_log"
-    assert config["class"] == "ConsolidatedSqliteEventLogStorage"
-    home = ensure_instance_config(tmp_path / "dagster")
+    assert (config["module"], config["class"]) == ("curation_dagster.event_log", "PooledSqliteEventLogStorage")
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(EARLIER_YAML[0].format(history=json.dumps(str(home / "history"))))
+    home = ensure_instance_config(home)
+    assert (home / "dagster.yaml").read_text() == DAGSTER_YAML.format(history=json.dumps(str(home / "history")))
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        assert type(instance.event_log_storage).__name__ == config["class"]
+        assert type(instance.event_log_storage) is PooledSqliteEventLogStorage
+        for i in range(3):
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset_key="a", metadata={"i": i}))
+    with dg.DagsterInstance.from_config(str(home)) as again:  # committed: another instance reads them
+        records = again.fetch_materializations(dg.AssetKey("a"), limit=10).records
+        assert [r.asset_materialization.metadata["i"].value for r in records if r.asset_materialization] == [2, 1, 0]
     assert (home / "history").is_dir()
 
 
@@ -109,7 +121,9 @@ def test_no_private_dagster_imports() -> None:
     # of Dagster's error messages that a test compares.
     private = re.compile(r"^\s*(from|import)\s+dagster\._|module:\s*dagster\._")
     allowed = {
-        # the event-log storage above, in its YAML (pinned and tested above)
+        # the event-log storage above, extending Dagster's (pinned and tested above)
+        "curation_dagster/event_log.py",
+        # the YAML earlier versions wrote, which it recognizes to upgrade (it names that storage)
         "curation_dagster/instance.py",
         # dagster_instance_config / InstanceRef validate the deployment's dagster.yaml, whose
         # PostgreSQL storage cannot be built without a server; Dagster has no public validator

@@ -41,6 +41,22 @@ def test_waterfall_chart_is_a_png() -> None:
     assert (width, height) == (720, int(90 * (1.4 + 0.4 * 2)))  # 8 in x (1.4 + 0.4 per source) at 90 dpi
 
 
+def test_the_chart_of_many_sources_draws_those_that_kept_the_least() -> None:
+    from curation_dagster.lineage import CHART_SOURCES, charted_sources
+
+    row = REPORT.sources["news"]
+    many = RemovalLedgerReport.model_validate({"crawl": "c1", "sources": {
+        f"s{i:04d}": {**row.model_dump(), "kept": i % 97, "removed": row.removed + row.kept - i % 97}
+        for i in range(1000)}})
+    chosen = charted_sources(many)
+    assert len(chosen) == CHART_SOURCES and chosen == sorted(chosen)
+    kept = sorted(r.kept for r in many.sources.values())
+    assert sorted(many.sources[n].kept for n in chosen) == kept[:CHART_SOURCES]
+    png = waterfall_png(many)
+    assert abs(int.from_bytes(png[20:24], "big") - 90 * (1.4 + 0.4 * CHART_SOURCES)) <= 1  # not 1,000 bars tall
+    assert charted_sources(REPORT) == ["blog", "news"]
+
+
 def test_ledger_metadata_embeds_the_chart_as_a_data_uri() -> None:
     meta = ledger_metadata(REPORT)
     assert list(meta)[:2] == ["waterfall", "waterfall_chart"]

@@ -1,12 +1,14 @@
-"""``curate run``'s runs: a wave of switched-off stages is recorded without a Dagster run, yet
-every partition keeps one materialization and its check evaluations on the instance, and the
-outputs equal those of the executor alone (no Dagster)."""
+"""``curate run``'s runs: one Dagster run per wave, with a step per program and a materialization
+per partition; a wave of switched-off stages is recorded without a run, yet every partition keeps
+one materialization and its check evaluations on the instance, and the outputs equal those of the
+executor alone (no Dagster)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from curation_dagster.checks import CHECK_KINDS
@@ -14,7 +16,8 @@ from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource
 from curation_dagster.runner import DATA_VERSION_TAG, plan, run_crawl, switched_off
-from stages.catalog import PROGRAMS
+from curation_dagster.waves import WAVE_JOB
+from stages.catalog import PROGRAMS, waves
 from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
@@ -35,14 +38,19 @@ def test_switched_off_stages_make_no_run_and_stay_materialized_and_checked(tmp_p
         run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         runs = instance.get_runs()
-        # One run per wave and partition that has a switched-on program; none for the others.
-        want = [(wave, s) for wave, s in plan(crawl) if not switched_off(crawl, wave, s)]
-        assert want == [(wave, s) for wave, s in plan(crawl) if set(wave) - off]
-        assert len(runs) == len(want) == 3 * len(crawl.sources) + 2
-        ran = sorted(tuple(sorted(e.asset_materialization.asset_key.to_user_string()
-                                  for e in instance.all_logs(r.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
-                                  if e.asset_materialization is not None)) for r in runs)
-        assert ran == sorted(tuple(sorted(w)) for w, _ in want)
+        # One run per wave that has a switched-on program, with a step per program of the wave
+        # and a materialization per partition of each; none for the others.
+        want = [wave for wave in waves() if any(not switched_off(crawl, wave, s) for s in crawl.partitions(wave[0]))]
+        assert [w for w in want if set(w) - off] == want
+        assert len(runs) == len(want) == 5 < len(plan(crawl))
+        for run, wave in zip(sorted(runs, key=lambda r: _order(r.tags["curate/wave"])), want, strict=True):
+            assert run.job_name == WAVE_JOB and run.tags["curate/crawl"] == CRAWL
+            steps = [e.step_key for e in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)]
+            assert steps == wave
+            ran = sorted((e.asset_materialization.asset_key.to_user_string(), e.asset_materialization.partition)
+                         for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+                         if e.asset_materialization is not None)
+            assert ran == sorted((p, str(partition_key(CRAWL, s))) for p in wave for s in crawl.partitions(p))
         want_checks: set[tuple[str, str, str]] = set()
         for program in PROGRAMS:
             for source in crawl.partitions(program):
@@ -59,6 +67,8 @@ def test_switched_off_stages_make_no_run_and_stay_materialized_and_checked(tmp_p
                 # Both kinds carry the data version under the tag Dagster reads it from.
                 tags = mat.tags or {}
                 assert tags.get(DATA_VERSION_TAG) == _manifest(resource, crawl, program, source).data_version
+                overhead = mat.metadata.get("overhead_s")  # what `curate profile` reports for it
+                assert overhead is not None and 0.0 <= overhead.value < 60.0, (program, source)
                 want_checks |= {(program, kind.name, key) for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])}
         # Every check of every partition was evaluated: in its run, or without one.
         evaluated = {(ev.asset_key.to_user_string(), ev.check_name, ev.partition)
@@ -75,6 +85,12 @@ def test_switched_off_stages_make_no_run_and_stay_materialized_and_checked(tmp_p
             _sorted(read(alone, crawl, "removal_ledger", "ledger")))
 
 
+def _order(wave: str) -> int:
+    from stages.catalog import waves
+
+    return [",".join(w) for w in waves()].index(wave)
+
+
 def _wave(program: str) -> list[str]:
     from stages.catalog import waves
 
@@ -86,3 +102,44 @@ def _manifest(resource: CurationResource, crawl: CrawlSpec, program: str, source
     manifest = store.read_manifest(plan_task(store, crawl, program, source).output_dir)
     assert manifest is not None
     return manifest
+
+
+def test_a_failed_partition_fails_its_wave_once_the_others_are_recorded(tmp_path: Path) -> None:
+    """The wave's other partitions run to the end and stay materialized: the rerun after the fix
+    runs only the failed one."""
+    import shutil
+
+    from curation_dagster.runner import RunFailed
+    from tests.support.tiny_corpus import SOURCES, TINY
+
+    root = tmp_path / "corpus"
+    shutil.copytree(TINY, root)
+    crawl = spec(root, stages=["fuzzy"])
+    broken = crawl.sources["news"].url
+    shutil.move(broken, tmp_path / "away")
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work))
+        with pytest.raises(RunFailed) as err:
+            run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
+        assert str(err.value) == f"raw_documents[news]: source URL {broken!r} matches no JSONL or Parquet file"
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        (run,) = instance.get_runs()
+        assert run.job_name == WAVE_JOB and not run.is_success
+
+        def recorded(program: str) -> set[str]:
+            return {str(r.partition_key) for r in instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(program)), limit=100).records}
+
+        others = {str(partition_key(CRAWL, s)) for s in SOURCES if s != "news"}
+        assert recorded("raw_documents") == others
+        assert recorded("document_languages") == set()  # the wave's next step did not run
+        shutil.move(tmp_path / "away", broken)
+        run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
+        second = [r for r in instance.get_runs() if r.run_id != run.run_id]
+        first_wave = next(r for r in second if r.tags["curate/wave"].startswith("raw_documents"))
+        ran = {(e.asset_materialization.asset_key.to_user_string(), e.asset_materialization.partition)
+               for e in instance.all_logs(first_wave.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+               if e.asset_materialization is not None}
+        assert {p for p, part in ran if p == "raw_documents"} == {"raw_documents"}
+        assert {part for p, part in ran if p == "raw_documents"} == {str(partition_key(CRAWL, "news"))}
+        assert recorded("removal_ledger") == {CRAWL}
