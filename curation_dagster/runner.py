@@ -1,23 +1,18 @@
 """Drive one crawl through the asset graph on a real Dagster instance, with a progress display.
 
-Per-source and crawl-level assets have different partitions, so a crawl is materialized as a
-sequence of Dagster runs in dependency order: one per wave (``stages.catalog.waves``: the assets
-of one level, per source or per crawl, whose inputs are materialized by then; the recrawl sensor's
-first runs are the first wave). A wave run (``curation_dagster.waves``) has one step per asset of
-the wave, and each step runs the wave's stale partitions of its asset side by side on a pool of
-worker processes, recording each partition as its own materialization and check evaluations as it
-finishes: a crawl of N sources makes at most 10 runs, not one per wave and partition (each of
-which cost ~0.4-0.7 s of Dagster's own, one after another). A resource that runs partitions in a
-Pipes subprocess or a pod (``mode``) gets a run per wave and partition instead, each step the
-asset's own.
+``curate run`` plans the crawl first: a partition is stale when its committed output is not up to
+date (other parameters, other input data), when the instance has no materialization of it, or
+when a partition it reads is stale. Then it makes one Dagster run of the stale partitions
+(``curation_dagster.crawl_run``): a step per program in dependency order (``stages.catalog.waves``),
+each running its stale partitions side by side on a pool of worker processes and recording every
+partition as its own materialization and check evaluations as it finishes. A crawl that is up to
+date makes no run; one where only switched-off stages (``--stages``) are stale writes their empty
+outputs itself and records their materializations and check evaluations on the instance without a
+run (``AssetMaterialization`` and ``AssetCheckEvaluation`` events, visible in the UI like any other).
 
-A partition whose committed output is already up to date (same parameters, same input data) and
-whose materialization the instance has recorded is skipped without a run; an up-to-date asset
-after a stale one of its wave goes into the run, where its step finds the output up to date and
-records it without recomputing. A wave whose programs all belong to switched-off stages
-(``--stages``) only writes empty outputs: ``curate run`` writes them itself and records their
-materializations and check evaluations on the instance without a run (``AssetMaterialization``
-and ``AssetCheckEvaluation`` events, visible in the UI like any other).
+A resource that runs partitions in a Pipes subprocess or a pod (``mode``) gets a run per wave (the
+assets of one level whose inputs are materialized by then) and partition instead, each step the
+asset's own, as the deployment's sensors launch them.
 """
 
 from __future__ import annotations
@@ -44,11 +39,17 @@ from curation_dagster.checks import (
     record_checks,
     report_stale_dependents,
 )
+from curation_dagster.crawl_run import (
+    DATA_VERSION_IS_USER_PROVIDED_TAG,
+    DATA_VERSION_TAG,
+    Done,
+    PartitionPool,
+    crawl_job,
+)
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource
-from curation_dagster.waves import DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG, Done, PartitionPool, wave_job
-from stages.catalog import waves
+from stages.catalog import PROGRAMS, waves
 from stages.execute import Outcome, execute, metadata
 from stages.plan import data_version, plan_task
 from stages.reports import RemovalLedgerReport, Report, SourceCounts, read, read_as
@@ -62,11 +63,6 @@ QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 class RunFailed(RuntimeError):
     """A Dagster run of the crawl failed; the message is the step's error, on one line."""
-
-
-def plan(spec: CrawlSpec) -> list[tuple[list[str], str | None]]:
-    """(programs, source) runs of a crawl in dependency order: each wave, once per partition."""
-    return [(wave, source) for wave in waves() for source in spec.partitions(wave[0])]
 
 
 def _up_to_date(instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec,
@@ -133,33 +129,84 @@ def run_crawl(
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), disable=quiet, transient=False,
-    ) as progress, PartitionPool(resource, spec, force) as pool:
-        bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(wave) for wave, _ in plan(spec)))
-        recorded: dict[str, set[str]] = {}
-        for wave in waves():
-            stale: dict[str | None, list[str]] = {}  # source -> its programs of the wave to run
-            for source in spec.partitions(wave[0]):
-                todo = _stale(instance, resource, spec, wave, source, force, recorded, progress, bar)
-                if not todo:
-                    continue
-                if switched_off(spec, todo, source):
-                    # A wave of switched-off stages only writes empty outputs: recorded without a run.
-                    for program in todo:
-                        outcome = _record_without_run(instance, resource, spec, program, source)
-                        _print(progress, spec, Done(program, source, outcome, None, 0.0), "(stage off: no run)")
-                        progress.advance(bar)
-                    continue
-                stale[source] = todo
-            if not stale:
-                continue
-            if resource.mode == "in_process":
-                _wave_run(instance, resource, spec, wave, stale, pool, progress, bar)
-            else:  # a Pipes subprocess or a pod per partition: the asset's own step, a run per partition
-                for source, todo in stale.items():
-                    _partition_run(instance, resource, spec, todo, source, progress, bar)
+    ) as progress:
+        bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(spec.partitions(p)) for p in PROGRAMS))
+        if resource.mode == "in_process":
+            _run_in_process(instance, resource, spec, force, progress, bar)
+        else:
+            _run_per_partition(instance, resource, spec, force, progress, bar)
     # Later crawls deduplicated against this crawl's old outputs: their check fails in the UI now.
     report_stale_dependents(instance, resource, spec.crawl)
     return read_as(_manifest(resource, spec, "removal_ledger", None), RemovalLedgerReport)
+
+
+def _run_in_process(
+    instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, force: bool, progress: Any, bar: Any,
+) -> None:
+    """One Dagster run of the crawl's stale partitions (``curation_dagster.crawl_run``), none when
+    only switched-off stages are stale; then the blocking check that stopped the plan, if one did."""
+    todo, blocked = _plan(instance, resource, spec, force, progress, bar)
+    work = [(p, todo[p]) for wave in waves() for p in wave if p in todo]
+    if any(not switched_off(spec, [p], s) for p, sources in work for s in sources):
+        with PartitionPool(resource, spec, force) as pool:
+            _crawl_run(instance, resource, spec, work, pool, progress, bar)
+    else:  # switched-off stages only write empty outputs: recorded without a run
+        for program, sources in work:
+            for source in sources:
+                outcome = _record_without_run(instance, resource, spec, program, source)
+                _print(progress, spec, Done(program, source, outcome), "(stage off: no run)")
+                progress.advance(bar)
+    if blocked:
+        raise RunFailed(blocked)
+
+
+def _plan(
+    instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, force: bool, progress: Any, bar: Any,
+) -> tuple[dict[str, list[str | None]], str | None]:
+    """The stale partitions of the crawl, by program: a partition is stale when ``force``d, when
+    one it reads is stale (its step finds it up to date if the new input is the same), or when its
+    output or its recorded materialization is not current. The up-to-date ones are reported, and
+    one whose blocking check fails stops the plan before its wave (the error, returned)."""
+    stale: set[tuple[str, str | None]] = set()
+    todo: dict[str, list[str | None]] = {}
+    recorded: dict[str, set[str]] = {}
+    for wave in waves():
+        this: dict[str, list[str | None]] = {}
+        for source in spec.partitions(wave[0]):
+            for program in wave:
+                if force or any(u in stale for u in spec.upstream(program, source)) \
+                        or not _up_to_date(instance, resource, spec, program, source, recorded):
+                    stale.add((program, source))
+                    this.setdefault(program, []).append(source)
+                    continue
+                # An up-to-date partition is not rerun, but its blocking checks still hold the crawl
+                # back until their bound is raised or the stage fixed.
+                for check, verdict in blocking_failures(resource, program, spec.crawl, source):
+                    return todo, f"{_name(spec, program, source)}: check {check} failed: {verdict.description}"
+                progress.console.print(f"  = {_label(spec, program, source)} up to date")
+                progress.advance(bar)
+        todo.update(this)
+    return todo, None
+
+
+def _run_per_partition(
+    instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, force: bool, progress: Any, bar: Any,
+) -> None:
+    """A run per wave and partition, each step its asset's own (a Pipes subprocess or a pod)."""
+    recorded: dict[str, set[str]] = {}
+    for wave in waves():
+        for source in spec.partitions(wave[0]):
+            todo = _stale(instance, resource, spec, wave, source, force, recorded, progress, bar)
+            if not todo:
+                continue
+            if switched_off(spec, todo, source):
+                # A wave of switched-off stages only writes empty outputs: recorded without a run.
+                for program in todo:
+                    outcome = _record_without_run(instance, resource, spec, program, source)
+                    _print(progress, spec, Done(program, source, outcome), "(stage off: no run)")
+                    progress.advance(bar)
+                continue
+            _partition_run(instance, resource, spec, todo, source, progress, bar)
 
 
 def _stale(
@@ -184,30 +231,31 @@ def _stale(
     return todo
 
 
-def _wave_run(
-    instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, wave: list[str],
-    stale: dict[str | None, list[str]], pool: PartitionPool, progress: Any, bar: Any,
+def _crawl_run(
+    instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec,
+    work: list[tuple[str, list[str | None]]], pool: PartitionPool, progress: Any, bar: Any,
 ) -> None:
-    """One Dagster run for the wave's stale partitions (``curation_dagster.waves``)."""
-    work = [(p, [s for s, todo in stale.items() if p in todo]) for p in wave]
-    work = [(p, sources) for p, sources in work if sources]
+    """The crawl's one Dagster run: a step per program of ``work``, each on its stale partitions."""
+    order = [p for p, _ in work]
     blocked: list[tuple[int, int, str]] = []  # (program's place, source's place, message)
-    order = list(stale)
+    sources = spec.partitions("raw_documents")
 
-    def on_done(done: Done, failed: list[tuple[str, Verdict]]) -> None:
+    def on_done(done: Done) -> None:
         if done.outcome is not None:
-            for check, verdict in failed:
+            for check, verdict in done.verdicts:
+                if verdict.passed:
+                    continue
                 print_check(progress, spec, done.program, done.source, check, verdict)
                 if verdict.severity == "ERROR" and next(k for k in CHECK_KINDS if k.name == check).blocking:
-                    blocked.append((wave.index(done.program), order.index(done.source),
+                    place = sources.index(done.source) if done.source in sources else -1
+                    blocked.append((order.index(done.program), place,
                                     f"{_name(spec, done.program, done.source)}: check {check} failed: "
                                     f"{verdict.description}"))
             _print(progress, spec, done)
         progress.advance(bar)
 
-    result = wave_job(work, pool, on_done).execute_in_process(
-        instance=instance, raise_on_error=False, run_config=QUIET_LOGS,
-        tags={"curate/crawl": spec.crawl, "curate/wave": ",".join(p for p, _ in work)},
+    result = crawl_job(work, pool, on_done).execute_in_process(
+        instance=instance, raise_on_error=False, run_config=QUIET_LOGS, tags={"curate/crawl": spec.crawl},
     )
     if blocked:
         raise RunFailed(min(blocked)[2])

@@ -1,7 +1,7 @@
-"""``curate run``'s runs: one Dagster run per wave, with a step per program and a materialization
-per partition; a wave of switched-off stages is recorded without a run, yet every partition keeps
-one materialization and its check evaluations on the instance, and the outputs equal those of the
-executor alone (no Dagster)."""
+"""``curate run``'s run: one Dagster run for the crawl, with a step per program and a
+materialization and check evaluations per partition (switched-off stages included), outputs equal
+to those of the executor alone (no Dagster); a failed partition fails the run once the others are
+recorded, and the rerun runs it alone."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from curation_dagster.checks import CHECK_KINDS
+from curation_dagster.crawl_run import CRAWL_JOB
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource
-from curation_dagster.runner import DATA_VERSION_TAG, plan, run_crawl, switched_off
-from curation_dagster.waves import WAVE_JOB
+from curation_dagster.runner import DATA_VERSION_TAG, run_crawl
 from stages.catalog import PROGRAMS, waves
 from stages.plan import plan_task
 from stages.spec import CrawlSpec
@@ -28,7 +28,7 @@ def _sorted(t: pa.Table) -> pa.Table:
     return t.sort_by([("doc_id", "ascending"), ("source", "ascending")])
 
 
-def test_switched_off_stages_make_no_run_and_stay_materialized_and_checked(tmp_path: Path) -> None:
+def test_one_run_materializes_and_checks_every_partition(tmp_path: Path) -> None:
     crawl = spec(stages=["fuzzy"])
     off = {p for p in PROGRAMS if not getattr(crawl.program_params(p, crawl.partitions(p)[0]), "enabled", True)}
     assert {"document_languages", "filtered_documents", "exact_duplicates", "document_embeddings",
@@ -38,19 +38,16 @@ def test_switched_off_stages_make_no_run_and_stay_materialized_and_checked(tmp_p
         run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         runs = instance.get_runs()
-        # One run per wave that has a switched-on program, with a step per program of the wave
-        # and a materialization per partition of each; none for the others.
-        want = [wave for wave in waves() if any(not switched_off(crawl, wave, s) for s in crawl.partitions(wave[0]))]
-        assert [w for w in want if set(w) - off] == want
-        assert len(runs) == len(want) == 5 < len(plan(crawl))
-        for run, wave in zip(sorted(runs, key=lambda r: _order(r.tags["curate/wave"])), want, strict=True):
-            assert run.job_name == WAVE_JOB and run.tags["curate/crawl"] == CRAWL
-            steps = [e.step_key for e in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)]
-            assert steps == wave
-            ran = sorted((e.asset_materialization.asset_key.to_user_string(), e.asset_materialization.partition)
-                         for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
-                         if e.asset_materialization is not None)
-            assert ran == sorted((p, str(partition_key(CRAWL, s))) for p in wave for s in crawl.partitions(p))
+        # One run for the crawl, with a step per program in dependency order and a
+        # materialization per partition of each (switched-off stages included).
+        (run,) = runs
+        assert run.job_name == CRAWL_JOB and run.tags["curate/crawl"] == CRAWL
+        steps = [e.step_key for e in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)]
+        assert steps == [p for wave in waves() for p in wave]
+        ran = sorted((e.asset_materialization.asset_key.to_user_string(), e.asset_materialization.partition)
+                     for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+                     if e.asset_materialization is not None)
+        assert ran == sorted((p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in crawl.partitions(p))
         want_checks: set[tuple[str, str, str]] = set()
         for program in PROGRAMS:
             for source in crawl.partitions(program):
@@ -59,7 +56,7 @@ def test_switched_off_stages_make_no_run_and_stay_materialized_and_checked(tmp_p
                     AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[key]), limit=10).records
                 assert len(records) == 1, (program, source)
                 entry = records[0].event_log_entry
-                assert (entry.run_id == "") == (program in off and not (set(_wave(program)) - off)), program
+                assert entry.run_id == run.run_id, program
                 mat = entry.asset_materialization
                 assert mat is not None
                 enabled = mat.metadata.get("enabled")
@@ -83,18 +80,6 @@ def test_switched_off_stages_make_no_run_and_stay_materialized_and_checked(tmp_p
         mine = resource.store()
         assert _sorted(read(mine, crawl, "removal_ledger", "ledger")).equals(
             _sorted(read(alone, crawl, "removal_ledger", "ledger")))
-
-
-def _order(wave: str) -> int:
-    from stages.catalog import waves
-
-    return [",".join(w) for w in waves()].index(wave)
-
-
-def _wave(program: str) -> list[str]:
-    from stages.catalog import waves
-
-    return next(w for w in waves() if program in w)
 
 
 def _manifest(resource: CurationResource, crawl: CrawlSpec, program: str, source: str | None) -> Manifest:
@@ -124,7 +109,7 @@ def test_a_failed_partition_fails_its_wave_once_the_others_are_recorded(tmp_path
         assert str(err.value) == f"raw_documents[news]: source URL {broken!r} matches no JSONL or Parquet file"
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         (run,) = instance.get_runs()
-        assert run.job_name == WAVE_JOB and not run.is_success
+        assert run.job_name == CRAWL_JOB and not run.is_success
 
         def recorded(program: str) -> set[str]:
             return {str(r.partition_key) for r in instance.fetch_materializations(
@@ -135,11 +120,9 @@ def test_a_failed_partition_fails_its_wave_once_the_others_are_recorded(tmp_path
         assert recorded("document_languages") == set()  # the wave's next step did not run
         shutil.move(tmp_path / "away", broken)
         run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
-        second = [r for r in instance.get_runs() if r.run_id != run.run_id]
-        first_wave = next(r for r in second if r.tags["curate/wave"].startswith("raw_documents"))
+        (second,) = [r for r in instance.get_runs() if r.run_id != run.run_id]
         ran = {(e.asset_materialization.asset_key.to_user_string(), e.asset_materialization.partition)
-               for e in instance.all_logs(first_wave.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+               for e in instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
                if e.asset_materialization is not None}
-        assert {p for p, part in ran if p == "raw_documents"} == {"raw_documents"}
         assert {part for p, part in ran if p == "raw_documents"} == {str(partition_key(CRAWL, "news"))}
         assert recorded("removal_ledger") == {CRAWL}

@@ -25,7 +25,7 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInsta
 from curation_dagster import cli
 from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource, load_spec
-from curation_dagster.runner import plan, run_crawl, switched_off
+from curation_dagster.runner import run_crawl
 from stages.catalog import PROGRAMS, QUARANTINE, waves
 from stages.kernels.exact import normalize
 from stages.kernels.heuristics import RULE_TABLE, score_text
@@ -300,17 +300,14 @@ def test_waves_order_the_graph() -> None:
 
 def test_instance_records_a_materialization_per_asset_partition(base: Workdir) -> None:
     instance = DagsterInstance.from_config(str(base.path / "dagster"))
-    # One run per wave that has a switched-on program, with one step per asset of the wave and a
-    # materialization per partition of each.
-    runs = instance.get_runs()
-    planned = [(wave, source) for wave, source in plan(base.spec) if not switched_off(base.spec, wave, source)]
-    waves_run = [wave for wave in waves() if any(w == wave for w, _ in planned)]
-    assert len(runs) == len(waves_run) < len(planned)  # the tiny crawl switches semantic etc. off
-    materialized = [sorted((e.asset_materialization.asset_key.to_user_string(), e.asset_materialization.partition)
-                           for e in instance.all_logs(r.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
-                           if e.asset_materialization is not None) for r in runs]
-    assert sorted(materialized) == sorted(sorted((p, str(partition_key(CRAWL, s))) for p in wave
-                                                 for s in base.spec.partitions(p)) for wave in waves_run)
+    # One run for the crawl, with one step per asset and a materialization per partition of each.
+    (run,) = instance.get_runs()
+    steps = [e.step_key for e in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)]
+    assert steps == [p for wave in waves() for p in wave]
+    materialized = sorted((e.asset_materialization.asset_key.to_user_string(), e.asset_materialization.partition)
+                          for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+                          if e.asset_materialization is not None)
+    assert materialized == sorted((p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in base.spec.partitions(p))
     keys = base.spec.keys()
     for program in PROGRAMS:
         for source in base.spec.partitions(program):

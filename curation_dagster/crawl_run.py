@@ -1,21 +1,21 @@
-"""``curate run``'s wave runs: one Dagster run per wave of the crawl, its partitions side by side.
+"""``curate run``'s Dagster run: one run for the crawl, its partitions side by side.
 
-A wave (``stages.catalog.waves``) is a run of programs of one level whose inputs are
-materialized by then. ``curate run`` makes one Dagster run per wave, with one step per program
-(named after it, in the wave's order). A step runs every stale partition of its program on a
-pool of worker processes (``PartitionPool``: as many as the execution settings' workers, each
-partition's kernels on its share of the cores), and records each partition as it finishes as
-its own materialization (the asset's metadata, ``overhead_s`` included) and its own check
-evaluations, so the UI shows every partition materialized and checked as a run per partition
-would. A run per partition costs ~0.4-0.7 s of Dagster's own (run storage, compute-log capture,
-the input data versions of every upstream partition), paid one after another; a crawl of many
-small sources spent most of its time there.
+``curate run`` plans which partitions of the crawl are stale (``curation_dagster.runner``) and
+makes one Dagster run of them, with one step per program (named after it, in dependency order:
+``stages.catalog.waves`` flattened). A step runs its program's stale partitions on a pool of
+worker processes (``PartitionPool``: as many as the execution settings' workers, each partition's
+kernels on its share of the cores; a partition's checks are evaluated where it ran) and records
+each partition as it finishes as its own materialization (the asset's metadata, ``overhead_s``
+included) and its own check evaluations, so the UI shows every partition materialized and
+checked as a run per partition would. A run per partition cost ~0.4-0.7 s of Dagster's own (run
+storage, compute-log capture, the input data versions of every upstream partition), paid one
+after another: a crawl of many small sources spent most of its time there.
 
 A step fails after its other partitions finish and are recorded (a resumed crawl does not redo
 them), with the first failed partition's error on one line; a blocking check that failed fails
-the step too, as an asset step's does, and the wave's later steps do not run. Programs that
-want a GPU, and the Ray executor (its cluster is the parallelism), run their partitions one at a
-time in this process.
+the step too, as an asset step's does, and the later steps do not run. Programs that want a GPU,
+and the Ray executor (its cluster is the parallelism), run their partitions one at a time in
+this process.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
@@ -52,7 +52,7 @@ from stages.params import ExecutionParams
 from stages.spec import CrawlSpec
 from stages.store import Store
 
-WAVE_JOB = "curate_wave"
+CRAWL_JOB = "curate_run"
 # The materialization tags Dagster reads an asset partition's data version from: what it writes
 # for a step's MaterializeResult(data_version=...) (no public names in 1.13;
 # tests/curation_dagster/test_runner.py checks both kinds of materialization carry them).
@@ -62,14 +62,34 @@ DATA_VERSION_IS_USER_PROVIDED_TAG = "dagster/data_version_is_user_provided"
 
 @dataclass(frozen=True)
 class Done:
-    """One partition's end: its outcome, or its error on one line; ``started`` is the wall-clock
-    time (``time.time()``) its work began, in whichever process ran it."""
+    """One partition's end: its outcome, its materialization metadata and check verdicts (each
+    check that applies: name, verdict), or its error on one line. ``busy``: the seconds its work
+    took outside the program (planning, commit, metadata, checks), wherever it ran."""
 
     program: str
     source: str | None
-    outcome: Outcome | None
-    error: str | None
-    started: float
+    outcome: Outcome | None = None
+    error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
+    busy: float = 0.0
+
+
+def finish(resource: CurationResource, store: Store, spec: CrawlSpec, program: str, source: str | None,
+           execution: ExecutionParams, force: bool) -> Done:
+    """Run one partition and describe it: what a pool worker or this process does for each."""
+    t0 = time.perf_counter()
+    try:
+        outcome = execute(store, spec, program, source, execution, force=force)
+        meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
+        judge = evaluator(resource, spec.crawl)
+        kinds = [kind for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
+        verdicts = [(kind.name, judge(kind, program, source)) for kind in kinds]
+    except Exception as exc:
+        return Done(program, source, error=one_line(exc))
+    wall = meta.get("wall_s")
+    busy = time.perf_counter() - t0 - (float(wall) if isinstance(wall, int | float) else outcome.seconds)
+    return Done(program, source, outcome, None, meta, verdicts, max(busy, 0.0))
 
 
 def one_line(exc: BaseException) -> str:
@@ -78,30 +98,25 @@ def one_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-# A worker's store and crawl, set by the pool's initializer.
+# A worker's resource, store and crawl, set by the pool's initializer.
 _WORKER: dict[str, Any] = {}
 # What a worker has imported when the pool's fork server forks it: the executor and the programs.
-PRELOAD = ["curation_dagster.waves", *(f"stages.programs.{name}" for name in PROGRAMS)]
+PRELOAD = ["curation_dagster.crawl_run", *(f"stages.programs.{name}" for name in PROGRAMS)]
 
 
 def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec) -> None:
     die_with_parent(os.getppid())  # the fork server: it exits when the process that started it does
-    _WORKER["store"] = CurationResource(**resource_fields).store()
-    _WORKER["spec"] = spec
+    resource = CurationResource(**resource_fields)
+    _WORKER.update(resource=resource, store=resource.store(), spec=spec)
 
 
 def _work(program: str, source: str | None, execution: ExecutionParams, force: bool) -> Done:
-    started = time.time()
-    try:
-        outcome = execute(_WORKER["store"], _WORKER["spec"], program, source, execution, force=force)
-    except Exception as exc:
-        return Done(program, source, None, one_line(exc), started)
-    return Done(program, source, outcome, None, started)
+    return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force)
 
 
 class PartitionPool:
     """Worker processes that run partitions of one crawl side by side, started once per
-    ``curate run`` and reused by every wave: ``workers`` processes at most; a step of k partitions
+    ``curate run`` and reused by every step: ``workers`` processes at most; a step of k partitions
     gives each ``workers // min(k, workers)`` cores (its ``ExecutionParams.workers``: its process
     pools and numba threads)."""
 
@@ -142,13 +157,7 @@ class PartitionPool:
         """Every partition of ``program`` in ``sources``, each yielded as it finishes."""
         if not self.side_by_side(program, len(sources)):
             for source in sources:
-                started = time.time()
-                try:
-                    outcome = execute(self.store, self.spec, program, source, self.execution, force=self.force)
-                except Exception as exc:
-                    yield Done(program, source, None, one_line(exc), started)
-                    continue
-                yield Done(program, source, outcome, None, started)
+                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force)
             return
         assert self._pool is not None
         share = max(1, self.execution.resolved_workers() // min(len(sources), self.workers))
@@ -158,53 +167,48 @@ class PartitionPool:
             yield future.result()
 
 
-# What ``curate run`` is told of each partition a wave run records: (done, its failed checks).
-OnDone = Callable[[Done, list[tuple[str, Verdict]]], None]
+# What ``curate run`` is told of each partition its run recorded (or that failed).
+OnDone = Callable[[Done], None]
+KINDS = {kind.name: kind for kind in CHECK_KINDS}
 
 
 def _step(program: str, sources: list[str | None], pool: PartitionPool, on_done: OnDone, first: bool) -> OpDefinition:
-    spec, resource = pool.spec, pool.resource
+    spec = pool.spec
 
     @op(name=program, ins={} if first else {"after": In(Nothing)}, out=Out(Nothing),
-        description=f"{program}: {len(sources)} partition(s) of crawl {spec.crawl}, side by side")
+        description=f"{program}: {len(sources)} partition(s) of crawl {spec.crawl}")
     def _op() -> Iterator[Any]:
         errors: dict[str | None, str] = {}
-        judge = evaluator(resource, spec.crawl)  # the bounds and the spec, read once per step
         for done in pool.run(program, sources):
+            received = time.perf_counter()
             if done.outcome is None:
                 errors[done.source] = str(done.error)
-                on_done(done, [])
+                on_done(done)
                 continue
             key = str(partition_key(spec.crawl, done.source))
-            meta = metadata(done.outcome)
-            if "wall_s" in meta:  # the profile's overhead: its time outside the program, to its record
-                meta["overhead_s"] = round(max(time.time() - done.started - float(meta["wall_s"]), 0.0), 4)
+            meta = dict(done.meta)
+            if "wall_s" in meta:  # the profile's overhead: its time outside the program, to its record here
+                meta["overhead_s"] = round(done.busy + time.perf_counter() - received, 4)
             yield AssetMaterialization(
-                asset_key=program, partition=key,
-                metadata=asset_metadata(resource, program, spec.crawl, done.source, meta),
+                asset_key=program, partition=key, metadata=meta,
                 tags={DATA_VERSION_TAG: done.outcome.manifest.data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"},
             )
-            failed = []
-            for kind in CHECK_KINDS:
-                if kind.applies(PROGRAMS[program]):
-                    verdict = judge(kind, program, done.source)
-                    yield evaluation(program, kind, verdict, key)
-                    if not verdict.passed:
-                        failed.append((kind.name, verdict))
-            on_done(done, failed)
+            for name, verdict in done.verdicts:
+                yield evaluation(program, KINDS[name], verdict, key)
+            on_done(done)
         if errors:
             first_failed = min(errors, key=lambda s: sources.index(s))
             raise Failure(description=f"{_name(spec, program, first_failed)}: {errors[first_failed]}")
-        yield Output(None)  # the wave's next step waits on it
+        yield Output(None)  # the next step waits on it
 
     return _op
 
 
-def wave_job(work: list[tuple[str, list[str | None]]], pool: PartitionPool, on_done: OnDone) -> JobDefinition:
-    """The job of one wave run: a step per (program, its stale partitions), in the wave's order."""
+def crawl_job(work: list[tuple[str, list[str | None]]], pool: PartitionPool, on_done: OnDone) -> JobDefinition:
+    """The job of a crawl's run: a step per (program, its stale partitions), in dependency order."""
     steps = [_step(program, sources, pool, on_done, i == 0) for i, (program, sources) in enumerate(work)]
 
-    @job(name=WAVE_JOB, description="curate run: one wave of a crawl, its partitions side by side")
+    @job(name=CRAWL_JOB, description="curate run: the stale partitions of a crawl, a step per program")
     def _job() -> None:
         after = None
         for step in steps:
