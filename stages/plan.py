@@ -23,7 +23,7 @@ def plan_task(store: Store, spec: CrawlSpec, program: str, source: str | None) -
         raise KeyError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
     if PROGRAMS[program].level == "source" and source not in spec.sources:
         raise KeyError(f"source {source!r} is not part of crawl {spec.crawl!r}")
-    keys = spec.keys()
+    keys = spec.key_map()
     input_dirs: dict[str, dict[str | None, str]] = {}
     for dep, s in spec.upstream(program, source):
         input_dirs.setdefault(dep, {})[s] = store.partition_dir(dep, keys[(dep, s)], spec.crawl, s)

@@ -8,9 +8,11 @@ parameter re-keys that output and everything below it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from stages import params as P
 from stages.catalog import PROGRAMS, STAGES
@@ -37,6 +39,7 @@ class CrawlSpec(BaseModel):
     # Accept sources with damaged files (their records before the damage): the ``input_complete``
     # check then passes with a warning instead of holding the crawl back. Keys no output.
     allow_damaged_files: bool = False
+    _json: str | None = PrivateAttr(default=None)  # model_dump_json(), once: the spec is frozen
 
     def model_post_init(self, __context: Any) -> None:
         check_name("crawl", self.crawl)
@@ -83,20 +86,32 @@ class CrawlSpec(BaseModel):
         else a key hashes, each program's params as validated now (model and benchmark files'
         content fingerprints, ``stages.fingerprint``, cached by file identity), params version and
         code versions (``stages.versions``); none of them depends on the source but ingestion's."""
+        return dict(self.key_map())
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> CrawlSpec:
+        """pydantic's copy, without the JSON of the spec it was copied from."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._json = None
+        return copy
+
+    def key_map(self) -> Mapping[tuple[str, str | None], str]:
+        """``keys()`` without the copy, read-only (a plan's few lookups)."""
         from stages.versions import code_versions
 
+        if self._json is None:  # O(sources): 2 ms at 1,000 sources, paid by every plan otherwise
+            self._json = self.model_dump_json()
         validated = [None if p.name == "raw_documents" else
                      self.program_params(p.name, (self.partitions(p.name) or [None])[0]).canonical()
                      for p in PROGRAMS.values()]
         versions = [(p.params.version, code_versions(p.name)) for p in PROGRAMS.values()]
-        ident = self.model_dump_json() + repr(validated) + repr(versions)
+        ident = self._json + repr(validated) + repr(versions)
         cached = _KEYS.pop(ident, None)
         if cached is None:
             cached = self._derive_keys()
         _KEYS[ident] = cached  # most recent last
         while len(_KEYS) > _KEYS_KEPT:
             del _KEYS[next(iter(_KEYS))]
-        return dict(cached)
+        return MappingProxyType(cached)
 
     def _derive_keys(self) -> dict[tuple[str, str | None], str]:
         keys: dict[tuple[str, str | None], str] = {}

@@ -246,3 +246,13 @@ def test_execution_settings_change_no_key_and_no_output(tmp_path: Path) -> None:
             read(store, crawl, "curated_documents", "documents", s))
     assert read(other, crawl, "removal_ledger", "ledger").equals(read(store, crawl, "removal_ledger", "ledger"))
     assert plan_task(other, crawl, "removal_ledger", None).key == plan_task(store, crawl, "removal_ledger", None).key
+
+
+def test_a_copy_with_other_parameters_has_its_own_keys() -> None:
+    """The keys are cached per spec (its JSON, kept on the frozen instance): a ``model_copy`` with
+    an update must not reuse the JSON of the spec it was copied from."""
+    base = spec(stages=("heuristic", "exact", "fuzzy"))
+    before = base.keys()
+    changed = base.model_copy(update={"params": {"lsh_buckets": {"bands": 10}}})
+    assert rekeyed(base, changed) and ("lsh_buckets", None) in rekeyed(base, changed)
+    assert base.keys() == before and base.key_map()[("lsh_buckets", None)] == before[("lsh_buckets", None)]
