@@ -6,8 +6,10 @@ document (near-duplicates by construction), cut to each shape's megabytes and de
 into that shape's sources (one JSONL file each). Per shape:
 
 - ``curate``: ``curate run --stages fuzzy`` in a fresh workdir, then ``curate profile --json`` for
-  each partition's step time and its orchestration overhead (the Dagster step minus the program);
-  the Dagster runs it made, and the overhead per partition (mean and worst).
+  each partition's step time and its orchestration overhead (its time outside the program up to
+  its materialization); the Dagster runs it made, the overhead per partition (mean, worst and
+  which), and the wall time beyond the steps per partition: (wall - steps / the processes that
+  ran them side by side) / partitions, the whole process's fixed costs included.
 - ``rensa``: a subprocess that reads the same files, shingles (char-24), RMinHash (260 perms) and
   RMinHashLSH (20 bands, threshold 0.8), and writes the removed ids: its time includes reading.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -98,9 +101,14 @@ def run_shape(corpus: Path, work: Path, sources: int, mb: float) -> dict[str, An
                       "--stages", "fuzzy", "--quiet"])
     _, out = _timed([*curate, "profile", "--workdir", str(wd), "--crawl", "bench", "--json"])
     profile = json.loads(out)
-    overhead = [p["overhead_s"] for parts in profile["programs"].values() for p in parts.values()
-                if p.get("overhead_s") is not None]
-    steps = sum(p["wall_s"] for parts in profile["programs"].values() for p in parts.values())
+    rows = {f"{program}[{part}]": p for program, parts in profile["programs"].items() for part, p in parts.items()}
+    overhead = [p["overhead_s"] for p in rows.values() if p.get("overhead_s") is not None]
+    worst = max((name for name in rows if rows[name].get("overhead_s") is not None),
+                key=lambda name: rows[name]["overhead_s"], default=None)
+    steps = sum(p["wall_s"] for p in rows.values())
+    # What the crawl cost beyond its steps, per partition: the wall time minus the steps' time
+    # spread over the processes that ran them side by side (one per core, at most one per source).
+    side_by_side = min(os.cpu_count() or 1, sources)
     with sqlite3.connect(wd / "dagster" / "history" / "runs.db") as db:  # the SQLite instance's run table
         runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     rensa, _ = _timed([sys.executable, __file__, "--rensa", str(data), str(work / "rensa.txt")])
@@ -110,7 +118,8 @@ def run_shape(corpus: Path, work: Path, sources: int, mb: float) -> dict[str, An
         "partitions": sum(len(parts) for parts in profile["programs"].values()),
         "steps_s": round(steps, 2),
         "overhead_mean_ms": round(1000 * sum(overhead) / len(overhead), 1) if overhead else None,
-        "overhead_max_ms": round(1000 * max(overhead), 1) if overhead else None,
+        "overhead_max_ms": round(1000 * max(overhead), 1) if overhead else None, "worst": worst,
+        "beyond_steps_ms": round(1000 * (ours - steps / side_by_side) / len(rows), 1),
     }
 
 
@@ -135,11 +144,12 @@ def main() -> None:
             rows.append(run_shape(root / "corpus", root / f"shape{i}", sources, mb))
             print(json.dumps(rows[-1]), flush=True)
     print(f"{'sources':>7} {'docs':>7} {'MB':>6} {'curate s':>9} {'rensa s':>8} {'ratio':>6} {'runs':>5} "
-          f"{'partitions':>10} {'steps s':>8} {'overhead/partition ms (mean, max)':>34}")
+          f"{'partitions':>10} {'steps s':>8} {'overhead/partition ms (mean, max)':>34} {'beyond steps ms':>15}  worst")
     for r in rows:
         print(f"{r['sources']:>7} {r['docs']:>7} {r['mb']:>6} {r['curate_s']:>9} {r['rensa_s']:>8} {r['ratio']:>6} "
               f"{r['runs']:>5} {r['partitions']:>10} {r['steps_s']:>8} "
-              f"{str(r['overhead_mean_ms']) + ', ' + str(r['overhead_max_ms']):>34}")
+              f"{str(r['overhead_mean_ms']) + ', ' + str(r['overhead_max_ms']):>34} {r['beyond_steps_ms']:>15}  "
+              f"{r['worst']}")
     ratios = [r["ratio"] for r in rows]
     print(f"ratio rensa/curate: worst {min(ratios)}, best {max(ratios)}")
 

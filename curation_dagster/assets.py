@@ -95,7 +95,7 @@ def asset_metadata(
     """A partition's materialization metadata: ``meta`` (``stages.execute.metadata`` and the
     profile's ``overhead_s``) after the lineage that explains a shrinking source, the waterfall
     first: it is what the materialization's page shows at the top. An asset step and a wave run
-    (``curation_dagster.waves``) record the same."""
+    (``curation_dagster.crawl_run``) record the same."""
     return {**_lineage(curation, program, crawl, source), **meta}
 
 

@@ -347,7 +347,7 @@ Judge = Callable[[CheckKind, str, str | None], Verdict]
 
 def evaluator(curation: CurationResource, crawl: str) -> Judge:
     """``(kind, program, source) -> Verdict`` for partitions of ``crawl`` with the workdir's bounds
-    and the crawl's spec as they are now, read once (a step that checks many partitions)."""
+    and the crawl's spec as they are now, read once for every check it judges."""
     root = curation.dataroot()
     record = root.record(crawl)
     checks = load_config(curation.workdir).checks

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,8 +67,8 @@ DATA_VERSION_IS_USER_PROVIDED_TAG = "dagster/data_version_is_user_provided"
 @dataclass(frozen=True)
 class Done:
     """One partition's end: its outcome, its materialization metadata and check verdicts (each
-    check that applies: name, verdict), or its error on one line. ``busy``: the seconds its work
-    took outside the program (planning, commit, metadata, checks), wherever it ran."""
+    check that applies: name, verdict), or its error on one line and its traceback. ``busy``: the
+    seconds its work took outside the program (planning, commit, metadata, checks), wherever it ran."""
 
     program: str
     source: str | None
@@ -73,20 +77,21 @@ class Done:
     meta: dict[str, Any] = field(default_factory=dict)
     verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
     busy: float = 0.0
+    trace: str = ""
 
 
 def finish(resource: CurationResource, store: Store, spec: CrawlSpec, program: str, source: str | None,
-           execution: ExecutionParams, force: bool) -> Done:
+           execution: ExecutionParams, force: bool, emit: Callable[[str], None] | None = None) -> Done:
     """Run one partition and describe it: what a pool worker or this process does for each."""
     t0 = time.perf_counter()
     try:
-        outcome = execute(store, spec, program, source, execution, force=force)
+        outcome = execute(store, spec, program, source, execution, force=force, emit=emit)
         meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
         judge = evaluator(resource, spec.crawl)
         kinds = [kind for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
         verdicts = [(kind.name, judge(kind, program, source)) for kind in kinds]
     except Exception as exc:
-        return Done(program, source, error=one_line(exc))
+        return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
     wall = meta.get("wall_s")
     busy = time.perf_counter() - t0 - (float(wall) if isinstance(wall, int | float) else outcome.seconds)
     return Done(program, source, outcome, None, meta, verdicts, max(busy, 0.0))
@@ -98,27 +103,67 @@ def one_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
+DIED = "its worker process died (out of memory?)"
 # A worker's resource, store and crawl, set by the pool's initializer.
 _WORKER: dict[str, Any] = {}
 # What a worker has imported when the pool's fork server forks it: the executor and the programs.
 PRELOAD = ["curation_dagster.crawl_run", *(f"stages.programs.{name}" for name in PROGRAMS)]
 
 
-def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec) -> None:
+def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:
     die_with_parent(os.getppid())  # the fork server: it exits when the process that started it does
+    # The fork server's environment is that of the first pool of this process: take this one's.
+    os.environ.clear()
+    os.environ.update(environ)
+    tempfile.tempdir = None  # $TMPDIR (spill space) read again
     resource = CurationResource(**resource_fields)
     _WORKER.update(resource=resource, store=resource.store(), spec=spec)
 
 
 def _work(program: str, source: str | None, execution: ExecutionParams, force: bool) -> Done:
+    _share_cores(execution.resolved_workers())
     return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force)
+
+
+def _share_cores(cores: int) -> None:
+    """Kernels of this worker on its share of the cores: numba's threads (a ``parallel=True``
+    kernel takes every core otherwise) and torch's, where loaded."""
+    import numba
+
+    numba.set_num_threads(max(1, min(cores, numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(cores)
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's CPU set)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _memory_bytes() -> int | None:
+    """Memory available now (Linux ``MemAvailable``), else None."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 class PartitionPool:
     """Worker processes that run partitions of one crawl side by side, started once per
-    ``curate run`` and reused by every step: ``workers`` processes at most; a step of k partitions
-    gives each ``workers // min(k, workers)`` cores (its ``ExecutionParams.workers``: its process
-    pools and numba threads)."""
+    ``curate run`` and reused by every step: ``workers`` processes at most (the execution
+    settings' workers, else the cores this process may use, at most one per source). A step of k
+    partitions runs at most as many at once as the memory available when the pool started holds
+    of its program's requested memory (``Program.resources.memory_gib``), and gives each
+    ``cores // min(k, workers)`` cores: its ``ExecutionParams.workers`` (its process pools) and
+    its numba and torch threads."""
 
     def __init__(self, resource: CurationResource, spec: CrawlSpec, force: bool = False) -> None:
         self.resource = resource
@@ -126,16 +171,20 @@ class PartitionPool:
         self.force = force
         self.store: Store = resource.store()
         self.execution = resource.execution()
-        self.workers = min(self.execution.resolved_workers(), len(spec.sources))
+        self.cores = self.execution.workers or _cores()
+        self.workers = min(self.cores, len(spec.sources))
+        self.memory = _memory_bytes()
         self._pool: ProcessPoolExecutor | None = None
         if self.workers >= 2 and self.execution.executor == "local" and resource.mode == "in_process":
             # Workers are forked from a fork server, a fresh process with the programs imported: not
             # from this one, whose kernels may have started OpenMP threads (fork is unsafe then).
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(PRELOAD)
+            # The data root and its options as resolved here, whatever the workers' environment.
             fields = {name: getattr(resource, name) for name in type(resource).model_fields}
+            fields.update(data_root=resource.root(), storage_options=resource.options())
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
-                                             initargs=(fields, spec))
+                                             initargs=(fields, spec, dict(os.environ)))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -148,23 +197,48 @@ class PartitionPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def side_by_side(self, program: str, partitions: int) -> bool:
-        """Whether ``partitions`` partitions of ``program`` run on the pool (else here, in turn)."""
+    def side_by_side(self, program: str, partitions: int) -> int:
+        """How many partitions of ``program`` run at once on the pool (0: here, in turn)."""
         wants_gpu = PROGRAMS[program].resources.gpu > 0 and self.execution.backend != "cpu"
-        return self._pool is not None and partitions >= 2 and not wants_gpu
+        if self._pool is None or partitions < 2 or wants_gpu:
+            return 0
+        fit = self.workers
+        if self.memory is not None:
+            fit = min(fit, int(self.memory // (PROGRAMS[program].resources.memory_gib * 2**30)))
+        return 0 if fit < 2 else min(fit, partitions)
 
-    def run(self, program: str, sources: list[str | None]) -> Iterator[Done]:
-        """Every partition of ``program`` in ``sources``, each yielded as it finishes."""
-        if not self.side_by_side(program, len(sources)):
+    def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
+            ) -> Iterator[Done]:
+        """Every partition of ``program`` in ``sources``, each yielded as it finishes; a worker
+        process that died (the OOM killer) fails the partitions it had or was given."""
+        at_once = self.side_by_side(program, len(sources))
+        if not at_once:
             for source in sources:
-                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force)
+                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit)
             return
         assert self._pool is not None
-        share = max(1, self.execution.resolved_workers() // min(len(sources), self.workers))
-        execution = self.execution.model_copy(update={"workers": share})
-        futures: list[Future[Done]] = [self._pool.submit(_work, program, s, execution, self.force) for s in sources]
-        for future in as_completed(futures):
-            yield future.result()
+        execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
+        # All at once when the pool's size is the bound (its queue keeps every worker busy while
+        # this process records), else ``at_once`` in flight.
+        in_flight = len(sources) if at_once >= self.workers else at_once
+        queue = list(sources)
+        pending: dict[Future[Done], str | None] = {}
+        while queue or pending:
+            while queue and len(pending) < in_flight:
+                source = queue.pop(0)
+                try:
+                    pending[self._pool.submit(_work, program, source, execution, self.force)] = source
+                except BrokenProcessPool as exc:  # a worker died in an earlier step
+                    yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
+            if not pending:
+                continue
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                source = pending.pop(future)
+                try:
+                    yield future.result()
+                except BrokenProcessPool as exc:
+                    yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
 
 
 # What ``curate run`` is told of each partition its run recorded (or that failed).
@@ -177,28 +251,35 @@ def _step(program: str, sources: list[str | None], pool: PartitionPool, on_done:
 
     @op(name=program, ins={} if first else {"after": In(Nothing)}, out=Out(Nothing),
         description=f"{program}: {len(sources)} partition(s) of crawl {spec.crawl}")
-    def _op() -> Iterator[Any]:
+    def _op(context) -> Iterator[Any]:  # type: ignore[no-untyped-def]  # dagster rejects a string annotation
         errors: dict[str | None, str] = {}
-        for done in pool.run(program, sources):
+        for done in pool.run(program, sources, emit=context.log.info):
             received = time.perf_counter()
+            name = _name(spec, program, done.source)
             if done.outcome is None:
                 errors[done.source] = str(done.error)
+                context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
                 on_done(done)
                 continue
+            context.log.info(f"{name} {'up to date' if done.outcome.skipped else 'materialized'} at "
+                             f"{done.outcome.manifest.params_key} in {done.outcome.seconds:.2f}s")
             key = str(partition_key(spec.crawl, done.source))
             meta = dict(done.meta)
             if "wall_s" in meta:  # the profile's overhead: its time outside the program, to its record here
                 meta["overhead_s"] = round(done.busy + time.perf_counter() - received, 4)
+            # No provenance tags (code version, input data versions): Dagster would take a partial
+            # provenance for changed inputs; the data version is ours (params and input versions).
             yield AssetMaterialization(
                 asset_key=program, partition=key, metadata=meta,
                 tags={DATA_VERSION_TAG: done.outcome.manifest.data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"},
             )
-            for name, verdict in done.verdicts:
-                yield evaluation(program, KINDS[name], verdict, key)
+            for check, verdict in done.verdicts:
+                yield evaluation(program, KINDS[check], verdict, key)
             on_done(done)
         if errors:
-            first_failed = min(errors, key=lambda s: sources.index(s))
-            raise Failure(description=f"{_name(spec, program, first_failed)}: {errors[first_failed]}")
+            failed = sorted(errors, key=sources.index)  # the first in the crawl's order is the one told
+            raise Failure(description=f"{_name(spec, program, failed[0])}: {errors[failed[0]]}",
+                          metadata={"failed": {_name(spec, program, s): errors[s] for s in failed}})
         yield Output(None)  # the next step waits on it
 
     return _op

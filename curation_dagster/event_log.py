@@ -9,7 +9,8 @@ connections pooled (a connection per thread at a time, as SQLite wants), and ope
 ``synchronous=NORMAL``, SQLite's recommended setting for WAL: a commit is atomic and survives the
 process being killed; only the last commits before an OS crash or power loss can be lost, and
 ``curate run`` records those partitions again (their outputs are in the data root). 1.3 ms per
-event. A forked child builds its own engine, never its parent's connections.
+event. A forked child builds its own engine, never its parent's connections. The UI's live run
+logs wake on the write-ahead log as well as the database (``watch``).
 
 Named by its private module path, ``dagster._core.storage.event_log``: Dagster exports no public
 name for the base class; dagster is pinned (pyproject.toml), and
@@ -19,12 +20,14 @@ tests/curation_dagster/test_dagster_tools.py fails if it moves or stops loading.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
 from dagster._core.storage.event_log import ConsolidatedSqliteEventLogStorage
+from watchdog.events import PatternMatchingEventHandler
 
 BUSY_TIMEOUT_S = 30  # as Dagster's SQLite storages wait on a locked database
 
@@ -34,18 +37,34 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
 
     _engine: sa.engine.Engine | None = None
     _engine_pid: int | None = None
+    _engine_lock = threading.Lock()
 
     def engine(self) -> sa.engine.Engine:
-        if self._engine is None or self._engine_pid != os.getpid():
-            if self._engine is not None:  # a forked child: leave the parent's connections alone
-                self._engine.dispose(close=False)
-            engine = sa.create_engine(
-                self._conn_string, pool_size=1, max_overflow=16, pool_pre_ping=False,
-                connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
-            )
-            sa.event.listen(engine, "connect", _on_connect)
-            self._engine, self._engine_pid = engine, os.getpid()
-        return self._engine
+        with self._engine_lock:
+            if self._engine is None or self._engine_pid != os.getpid():
+                if self._engine is not None:  # a forked child: leave the parent's connections alone
+                    self._engine.dispose(close=False)
+                # A few connections kept open (threads of the webserver), any number beyond them.
+                engine = sa.create_engine(
+                    self._conn_string, pool_size=4, max_overflow=-1,
+                    connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
+                )
+                sa.event.listen(engine, "connect", _on_connect)
+                self._engine, self._engine_pid = engine, os.getpid()
+            return self._engine
+
+    def watch(self, run_id: str | None, cursor: str | None, callback: Any) -> None:
+        """As Dagster's, but woken by writes to the write-ahead log too: with connections kept
+        open a commit changes only ``event_log.db-wal`` (the database file changes at a
+        checkpoint, every ~1,000 pages), and the UI streams a run's logs from these callbacks."""
+        if not self._obs:
+            from watchdog.observers import Observer
+
+            observer = Observer()
+            observer.start()
+            observer.schedule(_Watchdog(self), self._base_dir, recursive=True)
+            self._obs = observer  # type: ignore[assignment]  # the base class declares it None
+        self._watchers[run_id][callback] = cursor
 
     @contextmanager
     def _connect(self) -> Iterator[Any]:
@@ -61,3 +80,15 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
 
 def _on_connect(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+
+
+class _Watchdog(PatternMatchingEventHandler):
+    """Calls the storage's ``on_modified`` when its database or its write-ahead log changes."""
+
+    def __init__(self, storage: PooledSqliteEventLogStorage) -> None:
+        self._storage = storage
+        db = storage.get_db_path()
+        super().__init__(patterns=[db, db + "-wal"])
+
+    def on_modified(self, event: Any) -> None:
+        self._storage.on_modified()

@@ -124,7 +124,7 @@ def charted_sources(report: RemovalLedgerReport, most: int = CHART_SOURCES) -> l
     """The sources the chart draws, sorted: all, or the ``most`` that kept the smallest share."""
     if len(report.sources) <= most:
         return sorted(report.sources)
-    share = {n: r.kept / r.input if r.input else 0.0 for n, r in report.sources.items()}
+    share = {n: r.kept / r.input if r.input else 1.0 for n, r in report.sources.items()}  # empty: lost nothing
     return sorted(sorted(report.sources, key=lambda n: (share[n], n))[:most])
 
 

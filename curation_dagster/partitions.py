@@ -5,7 +5,10 @@ Both dimensions are dynamic: ``curate run`` (or a recrawl sensor) adds a crawl a
 
 from __future__ import annotations
 
+import warnings
+
 from dagster import (
+    BetaWarning,
     DynamicPartitionsDefinition,
     MultiPartitionKey,
     MultiPartitionsDefinition,
@@ -22,7 +25,10 @@ source_crawl_partitions = MultiPartitionsDefinition({CRAWL: crawl_partitions, SO
 
 # source x crawl <-> crawl: a crawl-level asset reads every source of its crawl, and a
 # per-source asset reads the crawl-level partition of its own crawl.
-by_crawl = MultiToSingleDimensionPartitionMapping(partition_dimension_name=CRAWL)
+# (beta in dagster 1.13, pinned: quiet in every process that imports this, pool workers included)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", BetaWarning)
+    by_crawl = MultiToSingleDimensionPartitionMapping(partition_dimension_name=CRAWL)
 
 
 def partitions_for(level: str) -> PartitionsDefinition:

@@ -6,13 +6,18 @@ when a partition it reads is stale. Then it makes one Dagster run of the stale p
 (``curation_dagster.crawl_run``): a step per program in dependency order (``stages.catalog.waves``),
 each running its stale partitions side by side on a pool of worker processes and recording every
 partition as its own materialization and check evaluations as it finishes. A crawl that is up to
-date makes no run; one where only switched-off stages (``--stages``) are stale writes their empty
-outputs itself and records their materializations and check evaluations on the instance without a
-run (``AssetMaterialization`` and ``AssetCheckEvaluation`` events, visible in the UI like any other).
+date makes no run. Switched-off stages (``--stages``) are steps of the run like the others: they
+write empty outputs, so every partition stays materialized and checked.
+
+The run's materializations carry no ``dagster/code_version`` and no input provenance tags (a
+partial provenance would show every partition as having changed inputs), and the run logs no
+planned materializations: while ``curate run`` runs, the UI shows a partition as materialized
+when it is, not as in progress before.
 
 A resource that runs partitions in a Pipes subprocess or a pod (``mode``) gets a run per wave (the
 assets of one level whose inputs are materialized by then) and partition instead, each step the
-asset's own, as the deployment's sensors launch them.
+asset's own, as the deployment's sensors launch them; a wave of switched-off stages there is
+recorded without a run (``AssetMaterialization`` and ``AssetCheckEvaluation`` events).
 """
 
 from __future__ import annotations
@@ -144,18 +149,12 @@ def _run_in_process(
     instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, force: bool, progress: Any, bar: Any,
 ) -> None:
     """One Dagster run of the crawl's stale partitions (``curation_dagster.crawl_run``), none when
-    only switched-off stages are stale; then the blocking check that stopped the plan, if one did."""
+    all are up to date; then the blocking check that stopped the plan, if one did."""
     todo, blocked = _plan(instance, resource, spec, force, progress, bar)
     work = [(p, todo[p]) for wave in waves() for p in wave if p in todo]
-    if any(not switched_off(spec, [p], s) for p, sources in work for s in sources):
+    if work:  # (the removal ledger reads every stage: stale whenever anything is)
         with PartitionPool(resource, spec, force) as pool:
             _crawl_run(instance, resource, spec, work, pool, progress, bar)
-    else:  # switched-off stages only write empty outputs: recorded without a run
-        for program, sources in work:
-            for source in sources:
-                outcome = _record_without_run(instance, resource, spec, program, source)
-                _print(progress, spec, Done(program, source, outcome), "(stage off: no run)")
-                progress.advance(bar)
     if blocked:
         raise RunFailed(blocked)
 
@@ -241,7 +240,9 @@ def _crawl_run(
     sources = spec.partitions("raw_documents")
 
     def on_done(done: Done) -> None:
-        if done.outcome is not None:
+        if done.outcome is None:
+            progress.console.print(f"  ! {_label(spec, done.program, done.source)} failed: {escape(str(done.error))}")
+        else:
             for check, verdict in done.verdicts:
                 if verdict.passed:
                     continue

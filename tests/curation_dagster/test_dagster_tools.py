@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -138,3 +139,38 @@ def test_no_private_dagster_imports() -> None:
         for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)
     )
     assert found == []
+
+
+def test_the_event_log_wakes_a_watcher_when_another_process_writes(tmp_path: Path) -> None:
+    """The UI streams a run's logs from ``watch`` callbacks: with pooled connections a commit
+    changes only the write-ahead log, which must wake them as the database file does."""
+    import threading
+    import time
+
+    home = ensure_instance_config(tmp_path / "dagster")
+    seen: list[str] = []
+    woke = threading.Event()
+
+    def callback(entry: Any, _cursor: str) -> None:
+        seen.append(entry.user_message)
+        woke.set()
+
+    with dg.DagsterInstance.from_config(str(home)) as watcher:
+        watcher.event_log_storage.store_event(_entry("before"))  # the watcher's own connection is open
+        watcher.event_log_storage.watch("r1", None, callback)
+        time.sleep(0.5)
+        code = ("import sys, time, dagster as dg\n"
+                "from dagster._core.events.log import EventLogEntry\n"
+                f"i = dg.DagsterInstance.from_config({str(home)!r})\n"
+                "i.event_log_storage.store_event(dg.EventLogEntry(error_info=None, level=20, user_message='from B',"
+                " run_id='r1', timestamp=time.time(), step_key=None, job_name=None, dagster_event=None))\n")
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+        assert woke.wait(20), "no callback after another process wrote"
+        assert "from B" in seen
+
+
+def _entry(message: str) -> Any:
+    import time
+
+    return dg.EventLogEntry(error_info=None, level=20, user_message=message, run_id="r1", timestamp=time.time(),
+                         step_key=None, job_name=None, dagster_event=None)

@@ -89,9 +89,9 @@ def _manifest(resource: CurationResource, crawl: CrawlSpec, program: str, source
     return manifest
 
 
-def test_a_failed_partition_fails_its_wave_once_the_others_are_recorded(tmp_path: Path) -> None:
-    """The wave's other partitions run to the end and stay materialized: the rerun after the fix
-    runs only the failed one."""
+def test_a_failed_partition_fails_the_run_once_the_others_are_recorded(tmp_path: Path) -> None:
+    """The step's other partitions run to the end and stay materialized, the next steps do not
+    run, and the rerun after the fix runs only the failed one."""
     import shutil
 
     from curation_dagster.runner import RunFailed
@@ -117,7 +117,7 @@ def test_a_failed_partition_fails_its_wave_once_the_others_are_recorded(tmp_path
 
         others = {str(partition_key(CRAWL, s)) for s in SOURCES if s != "news"}
         assert recorded("raw_documents") == others
-        assert recorded("document_languages") == set()  # the wave's next step did not run
+        assert recorded("document_languages") == set()  # the next step did not run
         shutil.move(tmp_path / "away", broken)
         run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
         (second,) = [r for r in instance.get_runs() if r.run_id != run.run_id]
@@ -126,3 +126,47 @@ def test_a_failed_partition_fails_its_wave_once_the_others_are_recorded(tmp_path
                if e.asset_materialization is not None}
         assert {part for p, part in ran if p == "raw_documents"} == {str(partition_key(CRAWL, "news"))}
         assert recorded("removal_ledger") == {CRAWL}
+
+
+def test_force_recomputes_every_partition(tmp_path: Path) -> None:
+    from tests.support.tiny_corpus import curate, write_config
+
+    with fast_tmp(tmp_path / "w") as work:
+        config = write_config(tmp_path / "c.json", stages=["fuzzy"])
+        args = ["run", "--workdir", str(work), "--crawl", CRAWL, "--config", str(config)]
+        assert curate(*args)[0] == 0
+        code, out, _ = curate(*args)
+        partitions = sum(len(spec().partitions(p)) for p in PROGRAMS)
+        assert code == 0 and out.count(" up to date") == partitions and " + " not in out
+        store = CurationResource(workdir=str(work)).store()
+        crawl = spec(stages=["fuzzy"])
+        before = _manifest(CurationResource(workdir=str(work)), crawl, "minhash_signatures", "news")
+        code, out, _ = curate(*args, "--force")
+        assert code == 0 and " up to date" not in out and out.count(" + ") == partitions
+        after = store.read_manifest(plan_task(store, crawl, "minhash_signatures", "news").output_dir)
+        assert after is not None and after.data_version == before.data_version and after.report != before.report
+
+
+def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
+    """The plan marks a partition stale when one it reads is: a new LSH setting reruns the LSH
+    buckets and everything after them in one run, nothing before them."""
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work))
+        run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
+        changed = crawl.model_copy(update={"params": {"lsh_buckets": {"bands": 13, "rows": 20}}})
+        run_crawl(work, work / "dagster", changed, quiet=True, resource=resource)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        second, first = instance.get_runs()  # newest first
+        steps = [e.step_key for e in instance.all_logs(second.run_id, of_type=DagsterEventType.STEP_START)]
+        after = [p for wave in waves() for p in wave]
+        after = after[after.index("lsh_buckets"):]
+        assert steps == after
+        keys_before, keys_after = crawl.keys(), changed.keys()
+        for program in after:
+            for source in crawl.partitions(program):
+                records = instance.fetch_materializations(AssetRecordsFilter(
+                    asset_key=AssetKey(program), asset_partitions=[str(partition_key(CRAWL, source))]), limit=5).records
+                assert [r.run_id for r in records] == [second.run_id, first.run_id], (program, source)
+        assert keys_before[("minhash_signatures", "news")] == keys_after[("minhash_signatures", "news")]
+        assert keys_before[("lsh_buckets", None)] != keys_after[("lsh_buckets", None)]
