@@ -261,8 +261,6 @@ def _step(program: str, sources: list[str | None], pool: PartitionPool, on_done:
                 context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
                 on_done(done)
                 continue
-            context.log.info(f"{name} {'up to date' if done.outcome.skipped else 'materialized'} at "
-                             f"{done.outcome.manifest.params_key} in {done.outcome.seconds:.2f}s")
             key = str(partition_key(spec.crawl, done.source))
             meta = dict(done.meta)
             if "wall_s" in meta:  # the profile's overhead: its time outside the program, to its record here

@@ -39,6 +39,10 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
     _engine_pid: int | None = None
     _engine_lock = threading.Lock()
 
+    def __init__(self, base_dir: str, inst_data: Any = None) -> None:
+        self._tables: set[str] = set()  # tables seen (before the base class creates any)
+        super().__init__(base_dir, inst_data)
+
     def engine(self) -> sa.engine.Engine:
         with self._engine_lock:
             if self._engine is None or self._engine_pid != os.getpid():
@@ -52,6 +56,17 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
                 sa.event.listen(engine, "connect", _on_connect)
                 self._engine, self._engine_pid = engine, os.getpid()
             return self._engine
+
+    def has_table(self, table_name: str) -> bool:
+        """Dagster's asks a new unpooled engine every time (per stored materialization with tags):
+        the pooled one, and a table once there stays (migrations only add them)."""
+        if table_name in self._tables:
+            return True
+        with self.engine().connect() as conn:
+            found = bool(self.engine().dialect.has_table(conn, table_name))
+        if found:
+            self._tables.add(table_name)
+        return found
 
     def watch(self, run_id: str | None, cursor: str | None, callback: Any) -> None:
         """As Dagster's, but woken by writes to the write-ahead log too: with connections kept
