@@ -12,7 +12,7 @@ import sys
 
 # Top-level modules that an extra brings (pyproject.toml) -> that extra.
 EXTRA_OF = {
-    **dict.fromkeys(("dagster", "dagster_webserver", "dagster_graphql", "rich", "matplotlib"), "orchestrator"),
+    **dict.fromkeys(("dagster", "dagster_webserver", "dagster_graphql", "rich", "PIL"), "orchestrator"),
     "dagster_postgres": "deploy",
     **dict.fromkeys(("dagster_k8s", "kubernetes"), "k8s"),
     "s3fs": "s3",

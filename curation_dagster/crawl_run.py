@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 import traceback
@@ -51,7 +50,7 @@ from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource
 from stages.catalog import PROGRAMS
 from stages.execute import Outcome, execute, metadata
-from stages.parallel import die_with_parent
+from stages.parallel import die_with_parent, limit_threads
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -121,19 +120,8 @@ def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict
 
 
 def _work(program: str, source: str | None, execution: ExecutionParams, force: bool) -> Done:
-    _share_cores(execution.resolved_workers())
+    limit_threads(execution.resolved_workers())
     return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force)
-
-
-def _share_cores(cores: int) -> None:
-    """Kernels of this worker on its share of the cores: numba's threads (a ``parallel=True``
-    kernel takes every core otherwise) and torch's, where loaded."""
-    import numba
-
-    numba.set_num_threads(max(1, min(cores, numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(cores)
 
 
 def _cores() -> int:

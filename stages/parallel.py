@@ -196,6 +196,17 @@ def shared_storage_conf(conf: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
     return {protocol: without_secrets(options) for protocol, options in conf.items()}
 
 
+def limit_threads(cores: int) -> None:
+    """Kernels of this process on ``cores`` cores: numba's threads (a ``parallel=True`` kernel
+    takes every core otherwise) and torch's, where torch is loaded."""
+    import numba
+
+    numba.set_num_threads(max(1, min(cores, numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(max(1, cores))
+
+
 def _worker_setup(threads: int, conf: dict[str, dict[str, Any]] | None) -> None:
     """In a Ray worker: numba kernels on the task's cores; the driver's fsspec defaults, with the
     worker's own ``$CURATE_STORAGE_OPTIONS`` over them (its credentials: from its environment,

