@@ -108,7 +108,7 @@ def run_shape(corpus: Path, work: Path, sources: int, mb: float) -> dict[str, An
     steps = sum(p["wall_s"] for p in rows.values())
     # What the crawl cost beyond its steps, per partition: the wall time minus the steps' time
     # spread over the processes that ran them side by side (one per core, at most one per source).
-    side_by_side = min(os.cpu_count() or 1, sources)
+    side_by_side = min(len(os.sched_getaffinity(0)), sources)
     with sqlite3.connect(wd / "dagster" / "history" / "runs.db") as db:  # the SQLite instance's run table
         runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     rensa, _ = _timed([sys.executable, __file__, "--rensa", str(data), str(work / "rensa.txt")])

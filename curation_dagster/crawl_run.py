@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -111,16 +112,28 @@ PRELOAD = ["curation_dagster.crawl_run", *(f"stages.programs.{name}" for name in
 
 def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:
     die_with_parent(os.getppid())  # the fork server: it exits when the process that started it does
-    # The fork server's environment is that of the first pool of this process: take this one's.
-    os.environ.clear()
-    os.environ.update(environ)
-    tempfile.tempdir = None  # $TMPDIR (spill space) read again
-    resource = CurationResource(**resource_fields)
-    _WORKER.update(resource=resource, store=resource.store(), spec=spec)
+    try:
+        # The fork server's environment is that of the first pool of this process: take this
+        # one's, and what the preloaded modules read of it ($TMPDIR for spill space, numba's).
+        os.environ.clear()
+        os.environ.update(environ)
+        tempfile.tempdir = None
+        from numba.core import config as numba_config
+
+        numba_config.reload_config()
+        resource = CurationResource(**resource_fields)
+        _WORKER.update(resource=resource, store=resource.store(), spec=spec)
+    except Exception as exc:
+        _WORKER["error"] = f"the worker process could not start: {one_line(exc)}"
 
 
 def _work(program: str, source: str | None, execution: ExecutionParams, force: bool) -> Done:
-    limit_threads(execution.resolved_workers())
+    if "error" in _WORKER:
+        return Done(program, source, error=_WORKER["error"])
+    cores = execution.resolved_workers()
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # libraries not loaded yet
+        os.environ[name] = str(cores)
+    limit_threads(cores)
     return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force)
 
 
@@ -133,15 +146,21 @@ def _cores() -> int:
 
 
 def _memory_bytes() -> int | None:
-    """Memory available now (Linux ``MemAvailable``), else None."""
+    """Memory available now: Linux's ``MemAvailable``, at most what this process's cgroup (v2: a
+    container's limit) has left; None where neither is known."""
+    found: list[int] = []
     try:
         with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            found += [int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:")]
     except OSError:
         pass
-    return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return max(min(found), 0) if found else None
 
 
 class PartitionPool:
@@ -149,9 +168,9 @@ class PartitionPool:
     ``curate run`` and reused by every step: ``workers`` processes at most (the execution
     settings' workers, else the cores this process may use, at most one per source). A step of k
     partitions runs at most as many at once as the memory available when the pool started holds
-    of its program's requested memory (``Program.resources.memory_gib``), and gives each
-    ``cores // min(k, workers)`` cores: its ``ExecutionParams.workers`` (its process pools) and
-    its numba and torch threads."""
+    of its program's requested memory (``Program.resources.memory_gib``: one at a time, in this
+    process, where that is under two), and gives each ``cores // (partitions at once)`` cores:
+    its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads."""
 
     def __init__(self, resource: CurationResource, spec: CrawlSpec, force: bool = False) -> None:
         self.resource = resource
@@ -192,13 +211,14 @@ class PartitionPool:
             return 0
         fit = self.workers
         if self.memory is not None:
-            fit = min(fit, int(self.memory // (PROGRAMS[program].resources.memory_gib * 2**30)))
+            fit = min(fit, int(self.memory // (max(PROGRAMS[program].resources.memory_gib, 0.25) * 2**30)))
         return 0 if fit < 2 else min(fit, partitions)
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
             ) -> Iterator[Done]:
-        """Every partition of ``program`` in ``sources``, each yielded as it finishes; a worker
-        process that died (the OOM killer) fails the partitions it had or was given."""
+        """Every partition of ``program`` in ``sources``, each yielded as it finishes. A worker
+        process that dies (the OOM killer) breaks the pool: every partition of the step not done
+        by then fails, and so do later steps' (a rerun resumes)."""
         at_once = self.side_by_side(program, len(sources))
         if not at_once:
             for source in sources:

@@ -93,6 +93,14 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
         super().dispose()
 
 
+def _new_lock() -> None:
+    """A forked child's lock: the parent's may have been held by one of its threads."""
+    PooledSqliteEventLogStorage._engine_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
+
+
 def _on_connect(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.execute("PRAGMA synchronous=NORMAL")
 

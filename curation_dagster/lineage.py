@@ -147,14 +147,18 @@ def waterfall_png(report: RemovalLedgerReport, dpi: int = 90) -> bytes:
     title = f"crawl {report.crawl}: where each source's documents went" if len(names) == len(report.sources) else \
         f"crawl {report.crawl}: where the documents went in the {len(names)} of {len(report.sources):,} sources " \
         "that kept the least"
+    while draw.textlength(title, font=large) > width - 24 and len(title) > 20:
+        title = title[:-2].rstrip() + "…"
     draw.text((width / 2, dpi * 0.12), title, fill="black", font=large, anchor="mt")
     shown = [n if len(n) <= 28 else n[:27] + "…" for n in names]
-    left = 12 + max((draw.textlength(n, font=small) for n in shown), default=0.0)
+    left = min(12 + max((draw.textlength(n, font=small) for n in shown), default=0.0), width * 0.3)
     top, row = dpi * 0.35, dpi * 0.4
-    right = width - 12
+    kept = [f"{report.sources[n].kept:,} of {report.sources[n].input:,} kept" for n in names]
+    # 100 % where the widest "k of n kept" still fits to its right.
+    full = max(left + 10, width - 12 - 6 - max((draw.textlength(k, font=small) for k in kept), default=0.0))
 
-    def x(percent: float) -> float:  # 0..125 % across the plot, as the bars and their labels need
-        return left + (right - left) * percent / 125.0
+    def x(percent: float) -> float:  # 0..100 % of a source's input across the bars
+        return left + (full - left) * percent / 100.0
 
     for y, (name, label) in enumerate(zip(names, shown, strict=True)):
         rec = report.sources[name]
@@ -168,13 +172,13 @@ def waterfall_png(report: RemovalLedgerReport, dpi: int = 90) -> bytes:
             if share > 0:
                 draw.rectangle((x(start), mid - row * 0.35, x(start + share), mid + row * 0.35), fill=color)
             start += share
-        draw.text((x(101), mid), f"{rec.kept:,} of {rec.input:,} kept", fill="black", font=small, anchor="lm")
+        draw.text((x(100) + 6, mid), kept[y], fill="black", font=small, anchor="lm")
     axis = top + row * len(names)
-    draw.line((x(0), axis, x(125), axis), fill="black")
+    draw.line((x(0), axis, x(100), axis), fill="black")
     for tick in (0, 25, 50, 75, 100):
         draw.line((x(tick), axis, x(tick), axis + 4), fill="black")
         draw.text((x(tick), axis + 6), str(tick), fill="black", font=small, anchor="mt")
-    draw.text(((x(0) + x(125)) / 2, axis + 6 + dpi * 0.18), "% of the source's input documents", fill="black",
+    draw.text(((x(0) + x(100)) / 2, axis + 6 + dpi * 0.18), "% of the source's input documents", fill="black",
               font=small, anchor="mt")
     # The legend, centred in rows across the bottom.
     entries = [(label, color, 14 + 6 + draw.textlength(label, font=small) + 14) for label, color in segments]
@@ -222,6 +226,6 @@ def ledger_metadata(report: RemovalLedgerReport) -> dict[str, Any]:
     }
     try:
         chart = MetadataValue.md(chart_markdown(report))
-    except ImportError:  # pillow is a dependency; a trimmed image still gets the table
-        chart = MetadataValue.md("_install pillow to see the chart_")
+    except ImportError:  # pillow (with FreeType, as its wheels are) is a dependency; a trimmed image gets the table
+        chart = MetadataValue.md("_install Pillow with FreeType support to see the chart_")
     return {"waterfall": meta.pop("waterfall"), "waterfall_chart": chart, **meta}

@@ -88,6 +88,12 @@ class CrawlSpec(BaseModel):
         code versions (``stages.versions``); none of them depends on the source but ingestion's."""
         return dict(self.key_map())
 
+    def __eq__(self, other: object) -> bool:
+        """Equal fields (pydantic's also compares private attributes: the cached JSON)."""
+        return isinstance(other, CrawlSpec) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # as pydantic's: dict fields
+
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> CrawlSpec:
         """pydantic's copy, without the JSON of the spec it was copied from."""
         copy = super().model_copy(update=update, deep=deep)

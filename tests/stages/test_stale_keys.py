@@ -256,3 +256,5 @@ def test_a_copy_with_other_parameters_has_its_own_keys() -> None:
     changed = base.model_copy(update={"params": {"lsh_buckets": {"bands": 10}}})
     assert rekeyed(base, changed) and ("lsh_buckets", None) in rekeyed(base, changed)
     assert base.keys() == before and base.key_map()[("lsh_buckets", None)] == before[("lsh_buckets", None)]
+    # The cache is no field: a spec that derived its keys equals the same spec read back.
+    assert base == CrawlSpec.model_validate(base.model_dump()) and base != changed
