@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -51,7 +50,7 @@ from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource
 from stages.catalog import PROGRAMS
 from stages.execute import Outcome, execute, metadata
-from stages.parallel import die_with_parent, limit_threads
+from stages.parallel import adopt_environment, die_with_parent, limit_threads
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -113,14 +112,8 @@ PRELOAD = ["curation_dagster.crawl_run", *(f"stages.programs.{name}" for name in
 def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:
     die_with_parent(os.getppid())  # the fork server: it exits when the process that started it does
     try:
-        # The fork server's environment is that of the first pool of this process: take this
-        # one's, and what the preloaded modules read of it ($TMPDIR for spill space, numba's).
-        os.environ.clear()
-        os.environ.update(environ)
-        tempfile.tempdir = None
-        from numba.core import config as numba_config
-
-        numba_config.reload_config()
+        # The fork server's environment is that of the first pool of this process: take this one's.
+        adopt_environment(environ)
         resource = CurationResource(**resource_fields)
         _WORKER.update(resource=resource, store=resource.store(), spec=spec)
     except Exception as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from stages.params import ExecutionParams
@@ -194,6 +194,20 @@ def shared_storage_conf(conf: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
     from stages.credentials import without_secrets
 
     return {protocol: without_secrets(options) for protocol, options in conf.items()}
+
+
+def adopt_environment(environ: Mapping[str, str]) -> None:
+    """This process's environment replaced by ``environ`` (a pool worker forked from a fork
+    server that another environment started), and what loaded modules read of it: ``$TMPDIR``
+    (spill space), numba's configuration."""
+    import tempfile
+
+    from numba.core import config
+
+    os.environ.clear()
+    os.environ.update(environ)
+    tempfile.tempdir = None
+    config.reload_config()
 
 
 def limit_threads(cores: int) -> None:
