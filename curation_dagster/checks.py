@@ -414,13 +414,15 @@ CHECKS: list[AssetChecksDefinition] = build_checks()
 
 
 def blocking_failures(
-    curation: CurationResource, program: str, crawl: str, source: str | None
+    curation: CurationResource, program: str, crawl: str, source: str | None, judge: Judge | None = None,
 ) -> list[tuple[str, Verdict]]:
-    """The blocking checks of one partition that fail now (evaluated directly, no Dagster run)."""
+    """The blocking checks of one partition that fail now (evaluated directly, no Dagster run;
+    ``judge``: an ``evaluator`` of the crawl that many partitions share)."""
+    judge = judge or evaluator(curation, crawl)
     out = []
     for kind in CHECK_KINDS:
         if kind.blocking and kind.applies(PROGRAMS[program]):
-            verdict = evaluate(curation, kind, program, crawl, source)
+            verdict = judge(kind, program, source)
             if not verdict.passed and verdict.severity == "ERROR":
                 out.append((kind.name, verdict))
     return out

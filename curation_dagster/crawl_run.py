@@ -256,7 +256,7 @@ def _step(program: str, sources: list[str | None], pool: PartitionPool, on_done:
         errors: dict[str | None, str] = {}
         for done in pool.run(program, sources, emit=context.log.info):
             received = time.perf_counter()
-            name = _name(spec, program, done.source)
+            name = partition_label(spec, program, done.source)
             if done.outcome is None:
                 errors[done.source] = str(done.error)
                 context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
@@ -277,8 +277,8 @@ def _step(program: str, sources: list[str | None], pool: PartitionPool, on_done:
             on_done(done)
         if errors:
             failed = sorted(errors, key=sources.index)  # the first in the crawl's order is the one told
-            raise Failure(description=f"{_name(spec, program, failed[0])}: {errors[failed[0]]}",
-                          metadata={"failed": {_name(spec, program, s): errors[s] for s in failed}})
+            raise Failure(description=f"{partition_label(spec, program, failed[0])}: {errors[failed[0]]}",
+                          metadata={"failed": {partition_label(spec, program, s): errors[s] for s in failed}})
         yield Output(None)  # the next step waits on it
 
     return _op
@@ -297,7 +297,7 @@ def crawl_job(work: list[tuple[str, list[str | None]]], pool: PartitionPool, on_
     return _job
 
 
-def _name(spec: CrawlSpec, program: str, source: str | None) -> str:
+def partition_label(spec: CrawlSpec, program: str, source: str | None) -> str:
     """``program[source]``, or ``program[crawl]`` for a crawl-level partition."""
     return f"{program}[{source}]" if source else f"{program}[{spec.crawl}]"
 

@@ -37,19 +37,22 @@ from rich.markup import escape
 
 from curation_dagster.assets import ASSETS
 from curation_dagster.checks import (
-    CHECK_KINDS,
     CHECKS,
+    Judge,
     Verdict,
     blocking_failures,
+    evaluator,
     record_checks,
     report_stale_dependents,
 )
 from curation_dagster.crawl_run import (
     DATA_VERSION_IS_USER_PROVIDED_TAG,
     DATA_VERSION_TAG,
+    KINDS,
     Done,
     PartitionPool,
     crawl_job,
+    partition_label,
 )
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
@@ -169,6 +172,7 @@ def _plan(
     stale: set[tuple[str, str | None]] = set()
     todo: dict[str, list[str | None]] = {}
     recorded: dict[str, set[str]] = {}
+    judge = evaluator(resource, spec.crawl)  # the bounds and the crawl's record, read once
     for wave in waves():
         this: dict[str, list[str | None]] = {}
         for source in spec.partitions(wave[0]):
@@ -178,12 +182,9 @@ def _plan(
                     stale.add((program, source))
                     this.setdefault(program, []).append(source)
                     continue
-                # An up-to-date partition is not rerun, but its blocking checks still hold the crawl
-                # back until their bound is raised or the stage fixed.
-                for check, verdict in blocking_failures(resource, program, spec.crawl, source):
-                    return todo, f"{_name(spec, program, source)}: check {check} failed: {verdict.description}"
-                progress.console.print(f"  = {_label(spec, program, source)} up to date")
-                progress.advance(bar)
+                held = _held_back(resource, spec, program, source, progress, bar, judge)
+                if held:
+                    return todo, held
         todo.update(this)
     return todo, None
 
@@ -221,13 +222,24 @@ def _stale(
         if todo or force or not _up_to_date(instance, resource, spec, program, source, recorded):
             todo.append(program)
             continue
-        # An up-to-date partition is not rerun, but its blocking checks still hold the crawl back
-        # until their bound is raised or the stage fixed.
-        for check, verdict in blocking_failures(resource, program, spec.crawl, source):
-            raise RunFailed(f"{_name(spec, program, source)}: check {check} failed: {verdict.description}")
-        progress.console.print(f"  = {_label(spec, program, source)} up to date")
-        progress.advance(bar)
+        held = _held_back(resource, spec, program, source, progress, bar)
+        if held:
+            raise RunFailed(held)
     return todo
+
+
+def _held_back(
+    resource: CurationResource, spec: CrawlSpec, program: str, source: str | None, progress: Any, bar: Any,
+    judge: Judge | None = None,
+) -> str | None:
+    """An up-to-date partition is not rerun, but its blocking checks still hold the crawl back
+    until their bound is raised or the stage fixed: the first failure's message, else None (and
+    the partition is reported up to date)."""
+    for check, verdict in blocking_failures(resource, program, spec.crawl, source, judge):
+        return f"{partition_label(spec, program, source)}: check {check} failed: {verdict.description}"
+    progress.console.print(f"  = {_label(spec, program, source)} up to date")
+    progress.advance(bar)
+    return None
 
 
 def _crawl_run(
@@ -246,11 +258,11 @@ def _crawl_run(
             for check, verdict in done.verdicts:
                 if verdict.passed:
                     continue
-                print_check(progress, spec, done.program, done.source, check, verdict)
-                if verdict.severity == "ERROR" and next(k for k in CHECK_KINDS if k.name == check).blocking:
+                _print_check(progress, spec, done.program, done.source, check, verdict)
+                if verdict.severity == "ERROR" and KINDS[check].blocking:
                     place = sources.index(done.source) if done.source in sources else -1
                     blocked.append((order.index(done.program), place,
-                                    f"{_name(spec, done.program, done.source)}: check {check} failed: "
+                                    f"{partition_label(spec, done.program, done.source)}: check {check} failed: "
                                     f"{verdict.description}"))
             _print(progress, spec, done)
         progress.advance(bar)
@@ -279,11 +291,12 @@ def _partition_run(
     failed_checks = [e for e in result.get_asset_check_evaluations() if not e.passed]
     for failed in failed_checks:
         if failed.severity == AssetCheckSeverity.ERROR and failed.blocking:
-            raise RunFailed(f"{_name(spec, failed.asset_key.to_user_string(), source)}: "
+            raise RunFailed(f"{partition_label(spec, failed.asset_key.to_user_string(), source)}: "
                             f"check {failed.check_name} failed: {failed.description}")
     if not result.success:
         step, msg = _failure(result)
-        name = _name(spec, step, source) if step else ", ".join(_name(spec, p, source) for p in todo)
+        name = partition_label(spec, step, source) if step else \
+            ", ".join(partition_label(spec, p, source) for p in todo)
         raise RunFailed(msg if msg.startswith(name) else f"{name}: {msg}")
     seconds = _step_seconds(result)
     for program in todo:
@@ -300,9 +313,9 @@ def _partition_run(
         progress.advance(bar)
 
 
-def print_check(progress: Any, spec: CrawlSpec, program: str, source: str | None, check: str, verdict: Verdict) -> None:
-    severity = "ERROR" if verdict.severity == "ERROR" else "WARN"
-    progress.console.print(f"  ! {_label(spec, program, source)} check {check} ({severity}): "
+def _print_check(progress: Any, spec: CrawlSpec, program: str, source: str | None, check: str,
+                 verdict: Verdict) -> None:
+    progress.console.print(f"  ! {_label(spec, program, source)} check {check} ({verdict.severity}): "
                            f"{escape(verdict.description or '')}")
 
 
@@ -318,7 +331,7 @@ def _print(progress: Any, spec: CrawlSpec, done: Done, note: str | None = None) 
 
 
 def _label(spec: CrawlSpec, program: str, source: str | None) -> str:
-    return escape(_name(spec, program, source))
+    return escape(partition_label(spec, program, source))
 
 
 def switched_off(spec: CrawlSpec, programs: list[str], source: str | None) -> bool:
@@ -346,13 +359,8 @@ def _record_without_run(
                                                                  DATA_VERSION_IS_USER_PROVIDED_TAG: "true"},
     ))
     for check, verdict in record_checks(instance, resource, program, spec.crawl, source, key):
-        raise RunFailed(f"{_name(spec, program, source)}: check {check} failed: {verdict.description}")
+        raise RunFailed(f"{partition_label(spec, program, source)}: check {check} failed: {verdict.description}")
     return outcome
-
-
-def _name(spec: CrawlSpec, program: str, source: str | None) -> str:
-    """``program[source]``, or ``program[crawl]`` for a crawl-level partition."""
-    return f"{program}[{source}]" if source else f"{program}[{spec.crawl}]"
 
 
 def _manifest(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None) -> Manifest:
