@@ -1,4 +1,4 @@
-"""One record at a time: parse, validate, and turn into a document row or a quarantine row.
+"""Records: parse, validate, and turn each into a document row or a quarantine row.
 
 Every record that parses is judged on its own, whatever else is in its file: a record nested
 hundreds of levels deep, holding integers beyond 64 bits, NaN or Infinity, a lone surrogate, or
@@ -7,6 +7,11 @@ its neighbours. orjson parses and serializes the common case; what it refuses (N
 deeper than it allows, integers beyond 64 bits) goes to the standard library's ``json``; what
 neither can take (nesting beyond the interpreter's recursion limit) is quarantined as
 ``too_deeply_nested``.
+
+A task's lines, or a Parquet batch, are judged as one block (``Collect.lines_block``,
+``Collect.batch``): the texts move as one Arrow column, vectorized checks pick the records that
+might be bad, and only those go through the record rule (``judge``), so a block finds exactly
+what record-at-a-time judging finds (tests/stages/ingest/test_blocks.py).
 """
 
 from __future__ import annotations
