@@ -13,10 +13,18 @@ into that shape's sources (one JSONL file each). Per shape:
 - ``rensa``: a subprocess that reads the same files, shingles (char-24), RMinHash (260 perms) and
   RMinHashLSH (20 bands, threshold 0.8), and writes the removed ids: its time includes reading.
 
+Two more corpus shapes: ``--texts files`` takes whole source files of this Python installation
+instead (real text of 0.5-14 KB, about 4 KB on average, few near-duplicates: long documents, where
+rensa's per-document cost shrinks and a per-document overhead of ours does not), and
+``--format parquet`` writes each source as one Parquet file (``id``, ``url``, ``text``; row groups
+of 2,000) that rensa reads with pyarrow. ``--baseline TREE`` runs a second checkout's
+``curation_dagster`` (``PYTHONPATH=TREE``) on the same files in the same run, for before/after.
+
 Ratio = rensa's wall / ours (> 1: we are faster). Usage::
 
     python bench/orchestration.py                       # shapes 1:69,12:169 (sources:MB)
     python bench/orchestration.py --shapes 1000:20 --copies 4
+    python bench/orchestration.py --texts files --format parquet --shapes 1:69
 """
 
 from __future__ import annotations
@@ -27,8 +35,10 @@ import os
 import sqlite3
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +48,56 @@ ROOT = Path(__file__).resolve().parents[1]
 SHINGLE, NUM_PERM, BANDS, THRESHOLD = 24, 260, 20, 0.8
 
 
-def deal(corpus: Path, out: Path, sources: int, mb: float) -> tuple[int, float]:
-    """The first ``mb`` megabytes of the corpus's texts dealt into ``sources`` JSONL files under
-    ``out/<source>/part.jsonl``; (documents, megabytes) written."""
-    files = []
-    for i in range(sources):
-        (out / f"s{i:04d}").mkdir(parents=True)
-        files.append((out / f"s{i:04d}" / "part.jsonl").open("w"))
+def installed_files(min_chars: int = 500, max_chars: int = 14_000) -> Iterator[tuple[str, str]]:
+    """(name, text) of the Python source and header files of this installation, in path order:
+    long real documents (``--texts files``)."""
+    roots = sorted({Path(p) for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"])})
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.suffix not in (".py", ".pyi", ".h") or not path.is_file():
+                continue
+            try:
+                text = path.read_text("utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if min_chars <= len(text) <= max_chars:
+                yield str(path.relative_to(root)), text
+
+
+def deal(texts: Iterable[tuple[str, str]], out: Path, sources: int, mb: float, fmt: str) -> tuple[int, float]:
+    """The first ``mb`` megabytes of ``texts`` ((url, text) pairs) dealt into ``sources`` files
+    ``out/<source>/part.jsonl`` (or ``.parquet``); (documents, megabytes) written."""
+    rows: list[list[dict[str, str]]] = [[] for _ in range(sources)]
     docs, total = 0, 0.0
-    for text in sample_texts(corpus):
+    for url, text in texts:
         size = len(text.encode("utf-8", "surrogatepass")) / 1e6
         if total + size > mb:
             break
-        files[docs % sources].write(json.dumps({"id": f"d{docs}", "text": text}) + "\n")
+        rows[docs % sources].append({"id": f"d{docs}", "url": url, "text": text})
         docs, total = docs + 1, total + size
-    for f in files:
-        f.close()
+    for i, records in enumerate(rows):
+        (out / f"s{i:04d}").mkdir(parents=True)
+        if fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist(records), out / f"s{i:04d}" / "part.parquet", row_group_size=2000)
+        else:
+            with (out / f"s{i:04d}" / "part.jsonl").open("w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
     return docs, total
+
+
+def read_records(folder: Path) -> Iterator[dict[str, Any]]:
+    """The records of every source file under ``folder`` (JSONL or Parquet), in order."""
+    for part in sorted(folder.glob("*/part.*")):
+        if part.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            yield from pq.read_table(part, columns=["id", "text"]).to_pylist()
+        else:
+            with part.open() as f:
+                yield from map(json.loads, f)
 
 
 def rensa_child(folder: Path, out: Path) -> None:
@@ -62,11 +105,9 @@ def rensa_child(folder: Path, out: Path) -> None:
     from rensa import RMinHash, RMinHashLSH
 
     ids, texts = [], []
-    for part in sorted(folder.glob("*/part.jsonl")):
-        for line in part.open():
-            record = json.loads(line)
-            ids.append(record["id"])
-            texts.append(record["text"])
+    for record in read_records(folder):
+        ids.append(record["id"])
+        texts.append(record["text"])
     lsh = RMinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, num_bands=BANDS)
     hashes = []
     for i, text in enumerate(texts):
@@ -78,27 +119,51 @@ def rensa_child(folder: Path, out: Path) -> None:
     out.write_text("\n".join(ids[i] for i in sorted(removed)))
 
 
-def _timed(cmd: list[str], cwd: Path | None = None) -> tuple[float, str]:
+def _timed(cmd: list[str], cwd: Path | None = None, tree: Path | None = None) -> tuple[float, str]:
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])}...: failed: {proc.stderr.strip()[-2000:]}")
     return wall, proc.stdout
 
 
-def run_shape(corpus: Path, work: Path, sources: int, mb: float) -> dict[str, Any]:
-    data = work / "data"
-    docs, written = deal(corpus, data, sources, mb)
-    cfg = {"sources": {p.name: {"url": str(p), "id_field": "id"} for p in sorted(data.iterdir())}}
-    (work / "curate.json").write_text(json.dumps(cfg))
-    wd = work / "wd"
+def removed_ids(wd: Path, tree: Path | None) -> list[str]:
+    """``doc_id stage`` of every document the crawl removed, sorted (``curate ledger``): to
+    compare two trees' outputs on the same files."""
+    import pyarrow.parquet as pq
+
+    _timed([sys.executable, "-m", "curation_dagster.cli", "ledger", "--workdir", str(wd), "--crawl", "bench",
+            "--out", str(wd / "ledger.parquet")], tree=tree)
+    ledger = pq.read_table(wd / "ledger.parquet", columns=["doc_id", "stage"])
+    return sorted(f"{r['doc_id']} {r['stage']}" for r in ledger.to_pylist())
+
+
+def run_curate(work: Path, name: str, tree: Path | None) -> tuple[float, Path]:
+    """Wall seconds of one fuzzy-only ``curate run`` of ``work``'s crawl (a fresh workdir)."""
+    wd = work / name
     wd.mkdir()
     # The corpus is copies of copies by construction: lift the over-deletion guard for it.
     (wd / "curate.yaml").write_text("checks:\n  over_deletion:\n    max_removed_fraction: 1.0\n")
     curate = [sys.executable, "-m", "curation_dagster.cli"]
-    ours, _ = _timed([*curate, "run", "--workdir", str(wd), "--crawl", "bench", "--config", str(work / "curate.json"),
-                      "--stages", "fuzzy", "--quiet"])
+    wall, _ = _timed([*curate, "run", "--workdir", str(wd), "--crawl", "bench", "--config", str(work / "curate.json"),
+                      "--stages", "fuzzy", "--quiet"], tree=tree)
+    return wall, wd
+
+
+def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: float, fmt: str,
+              baseline: Path | None) -> dict[str, Any]:
+    data = work / "data"
+    docs, written = deal(texts, data, sources, mb, fmt)
+    cfg = {"sources": {p.name: {"url": str(p), "id_field": "id"} for p in sorted(data.iterdir())}}
+    (work / "curate.json").write_text(json.dumps(cfg))
+    before: dict[str, Any] = {}
+    if baseline is not None:  # first, so neither tree profits from the other's warm page cache alone
+        base_s, base_wd = run_curate(work, "wd-baseline", baseline)
+        before = {"baseline_s": round(base_s, 2), "baseline_removed": removed_ids(base_wd, baseline)}
+    ours, wd = run_curate(work, "wd", None)
+    curate = [sys.executable, "-m", "curation_dagster.cli"]
     _, out = _timed([*curate, "profile", "--workdir", str(wd), "--crawl", "bench", "--json"])
     profile = json.loads(out)
     rows = {f"{program}[{part}]": p for program, parts in profile["programs"].items() for part, p in parts.items()}
@@ -112,9 +177,16 @@ def run_shape(corpus: Path, work: Path, sources: int, mb: float) -> dict[str, An
     with sqlite3.connect(wd / "dagster" / "history" / "runs.db") as db:  # the SQLite instance's run table
         runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     rensa, _ = _timed([sys.executable, __file__, "--rensa", str(data), str(work / "rensa.txt")])
+    raw_mb_s = [p["bytes"] / 1e6 / p["wall_s"] for n, p in rows.items()
+                if n.startswith("raw_documents[") and p.get("bytes") and p.get("wall_s")]
+    if before:
+        removed = removed_ids(wd, None)
+        before = {"baseline_s": before["baseline_s"], "baseline_ratio": round(rensa / before["baseline_s"], 2),
+                  "same_removals": removed == before["baseline_removed"], "removed": len(removed)}
     return {
-        "sources": sources, "docs": docs, "mb": round(written, 1), "curate_s": round(ours, 2),
-        "rensa_s": round(rensa, 2), "ratio": round(rensa / ours, 2), "runs": runs,
+        "format": fmt, "sources": sources, "docs": docs, "mb": round(written, 1), "curate_s": round(ours, 2),
+        "rensa_s": round(rensa, 2), "ratio": round(rensa / ours, 2), **before, "runs": runs,
+        "raw_documents_mb_per_partition_s": round(sum(raw_mb_s) / len(raw_mb_s), 1) if raw_mb_s else None,
         "partitions": sum(len(parts) for parts in profile["programs"].values()),
         "steps_s": round(steps, 2),
         "overhead_mean_ms": round(1000 * sum(overhead) / len(overhead), 1) if overhead else None,
@@ -128,6 +200,10 @@ def main() -> None:
     ap.add_argument("--shapes", default="1:69,12:169", help="comma-separated SOURCES:MB")
     ap.add_argument("--copies", type=int, default=48, help="varied copies per sample document")
     ap.add_argument("--max-docs", type=int, default=1500)
+    ap.add_argument("--texts", choices=["sample", "files"], default="sample",
+                    help="sample: curate sample's text with varied copies; files: whole installed source files")
+    ap.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    ap.add_argument("--baseline", type=Path, help="another checkout to run on the same files (before/after)")
     ap.add_argument("--rensa", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rensa:
@@ -137,11 +213,14 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        from curation_dagster.sample import build_sample
+        if args.texts == "sample":
+            from curation_dagster.sample import build_sample
 
-        build_sample(root / "corpus", max_docs_per_source=args.max_docs, copies=args.copies)
+            build_sample(root / "corpus", max_docs_per_source=args.max_docs, copies=args.copies)
         for i, (sources, mb) in enumerate(shapes):
-            rows.append(run_shape(root / "corpus", root / f"shape{i}", sources, mb))
+            texts = (installed_files() if args.texts == "files"
+                     else ((f"doc{j}", t) for j, t in enumerate(sample_texts(root / "corpus"))))
+            rows.append(run_shape(texts, root / f"shape{i}", sources, mb, args.format, args.baseline))
             print(json.dumps(rows[-1]), flush=True)
     print(f"{'sources':>7} {'docs':>7} {'MB':>6} {'curate s':>9} {'rensa s':>8} {'ratio':>6} {'runs':>5} "
           f"{'partitions':>10} {'steps s':>8} {'overhead/partition ms (mean, max)':>34} {'beyond steps ms':>15}  worst")

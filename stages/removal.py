@@ -67,11 +67,26 @@ def survivors(
     for batch in inputs.store.iter_batches(raw, "documents", columns, batch_rows):
         table = pa.Table.from_batches([batch])
         if len(dropped):
-            table = table.filter(pc.invert(pc.is_in(table["doc_id"], value_set=dropped)))
+            table = kept_rows(table, ~np.asarray(pc.is_in(table["doc_id"], value_set=dropped)))
         if progress is not None:
             nbytes = pc.sum(pc.binary_length(table["text"])).as_py() if "text" in table.column_names else 0
             progress.advance(table.num_rows, int(nbytes or 0))
         yield table
+
+
+def kept_rows(table: pa.Table, keep: np.ndarray) -> pa.Table:
+    """The rows of ``table`` where ``keep`` (bool (rows,)) is true, in order: zero-copy slices of
+    ``table`` (one chunk per run of kept rows) where the removed rows are few, so long texts are
+    not copied; a filtered copy where runs are many and short."""
+    if keep.all():
+        return table
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], keep, [False])).astype(np.int8)))
+    starts, stops = edges[0::2], edges[1::2]
+    if len(starts) > 16 and 64 * len(starts) > len(keep):  # runs of < 64 rows: chunks would cost more
+        return table.filter(pa.array(keep))
+    if not len(starts):
+        return table.slice(0, 0)
+    return pa.concat_tables([table.slice(int(a), int(b - a)) for a, b in zip(starts, stops, strict=True)])
 
 
 def removal_table(

@@ -1,4 +1,4 @@
-"""One record at a time: parse, validate, and turn into a document row or a quarantine row.
+"""Records: parse, validate, and turn each into a document row or a quarantine row.
 
 Every record that parses is judged on its own, whatever else is in its file: a record nested
 hundreds of levels deep, holding integers beyond 64 bits, NaN or Infinity, a lone surrogate, or
@@ -7,6 +7,11 @@ its neighbours. orjson parses and serializes the common case; what it refuses (N
 deeper than it allows, integers beyond 64 bits) goes to the standard library's ``json``; what
 neither can take (nesting beyond the interpreter's recursion limit) is quarantined as
 ``too_deeply_nested``.
+
+A task's lines, or a Parquet batch, are judged as one block (``Collect.lines_block``,
+``Collect.batch``): the texts move as one Arrow column, vectorized checks pick the records that
+might be bad, and only those go through the record rule (``judge``), so a block finds exactly
+what record-at-a-time judging finds (tests/stages/ingest/test_blocks.py).
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from stages.ingest.streams import Overlong
 from stages.params import RawDocumentsParams
 
 RAW_EXCERPT = 2000  # characters of a bad record kept in the quarantine table
+FAST_BLOCK_BYTES = 1 << 30  # a JSONL block judged as one Arrow column: below string's 2 GiB offsets
 
 # What a task returns per good record; the doc_id is assigned by the ingesting process.
 PARSED = pa.schema([
@@ -158,13 +165,35 @@ def judge(rec: Any, params: RawDocumentsParams) -> tuple[dict[str, Any] | None, 
     return row, None, "", record_id
 
 
+def _needs_judge(texts: pa.Array, max_chars: int | None) -> np.ndarray:
+    """bool (n,): records the vectorized checks cannot pass for certain: no string text, a NUL,
+    more than ``max_chars`` characters, or a text that may be blank (it does not start, after
+    ASCII whitespace, with a printable ASCII character, which ``str.strip`` never removes)."""
+    careful = ~np.asarray(pc.fill_null(pc.match_substring_regex(texts, r"^\s*[!-~]"), False))
+    data = texts.buffers()[2]
+    if data is not None and len(data) and np.frombuffer(data, np.uint8).min() == 0:  # rare: find the rows
+        careful |= np.asarray(pc.fill_null(pc.match_substring(texts, "\x00"), False))
+    if max_chars is not None:
+        careful |= np.asarray(pc.fill_null(pc.greater(pc.utf8_length(texts), max_chars), False))
+    return careful
+
+
+def _strings(values: list[str | None]) -> pa.Array:
+    """A string column of ids or urls, each as ``as_id`` gives it (lone surrogates escaped)."""
+    try:
+        return pa.array(values, pa.string())
+    except UnicodeEncodeError:
+        return pa.array([as_id(v) for v in values], pa.string())
+
+
 class Collect:
     """What one task finds: good records as ``PARSED`` columns with their content digests, bad
     records, and the lines it read (to number lines across the tasks of one file)."""
 
     def __init__(self, params: RawDocumentsParams) -> None:
         self.params = params
-        self.cols: dict[str, list[Any]] = {n: [] for n in PARSED.names}
+        self.cols: dict[str, list[Any]] = {n: [] for n in PARSED.names}  # rows judged one at a time
+        self.segments: list[pa.Table] = []  # PARSED tables, in input order
         self.positions: list[int] = []
         self.digests: list[bytes] = []
         self.bad: list[Bad] = []
@@ -177,13 +206,29 @@ class Collect:
         input bytes, for the excerpt of a record that cannot be serialized; ``wrong_schema``: why
         the record's file cannot hold a text (quarantined as ``wrong_schema``, with its own id
         and excerpt)."""
+        self._keep(self._judge_one(rec, pos, raw, wrong_schema), pos)
+
+    def _keep(self, got: tuple[dict[str, Any], bytes] | None, pos: int) -> None:
+        """A good row judged on its own (None: nothing, the record was quarantined)."""
+        if got is None:
+            return
+        row, digest = got
+        for name in ("record_id", "url", "text", "metadata"):
+            self.cols[name].append(row[name])
+        self.positions.append(pos)
+        self.digests.append(digest)
+        self.chars += len(row["text"])
+
+    def _judge_one(self, rec: Any, pos: int, raw: bytes | None, wrong_schema: str | None = None
+                   ) -> tuple[dict[str, Any], bytes] | None:
+        """(row, content digest) of a good record; a bad one is added to ``bad`` (None)."""
         try:
             canon = canonical(rec)
         except Unserializable as exc:
             excerpt = (raw or b"")[:4 * RAW_EXCERPT]
             self.bad.append(Bad(pos, "too_deeply_nested", str(exc), excerpt.decode(errors="backslashreplace"),
                                 None, xxhash.xxh3_128_digest(raw or b"")))
-            return
+            return None
         row: dict[str, Any] | None
         reason: str | None
         record_id: str | None
@@ -199,36 +244,159 @@ class Collect:
             assert reason is not None
             self.bad.append(Bad(pos, reason, detail, canon[:4 * RAW_EXCERPT].decode(errors="backslashreplace"),
                                 record_id, xxhash.xxh3_128_digest(canon)))
-            return
-        for name in ("record_id", "url", "text", "metadata"):
-            self.cols[name].append(row[name])
-        self.positions.append(pos)
-        self.digests.append(xxhash.xxh3_128_digest(canon))
-        self.chars += len(row["text"])
+            return None
+        return row, xxhash.xxh3_128_digest(canon)
 
     def line(self, line: bytes | Overlong) -> None:
         """Judge one JSONL line (the file's first line without its byte-order mark)."""
         self.lines += 1
-        pos = self.lines
+        self._keep(self._line(line, self.lines), self.lines)
+
+    def _line(self, line: bytes | Overlong, pos: int) -> tuple[dict[str, Any], bytes] | None:
+        """(row, content digest) of the good record on a line; anything else is counted (None)."""
         if isinstance(line, Overlong):
             self.bad.append(Bad(pos, "record_too_large", f"a line of {line.size} bytes, more than the "
                                 f"{max_line_bytes(self.params)} bytes a record within max_chars can take",
                                 line.head.decode(errors="backslashreplace"), None,
                                 xxhash.xxh3_128_digest(line.head + str(line.size).encode())))
-            return
+            return None
         line = line.rstrip(b"\r\n")
         if not line.strip():
             self.blank += 1
-            return
+            return None
         rec, reason, detail = parse(line)
         if reason is not None:
             raw = line[:4 * RAW_EXCERPT].decode("utf-8", errors="backslashreplace")
             self.bad.append(Bad(pos, reason, detail, raw, None, xxhash.xxh3_128_digest(line)))
+            return None
+        return self._judge_one(rec, pos, line)
+
+    def lines_block(self, lines: list[bytes]) -> None:
+        """Judge JSONL lines (none ``Overlong``, the first without its byte-order mark) exactly as
+        ``line`` judges each, with the texts moved as one Arrow column: what the block path
+        cannot take (a line that is blank or does not parse, a record that is no object or has no
+        string text, a lone surrogate anywhere) goes through ``line``, that line (or block) only."""
+        texts: list[str | None] = []
+        recs: list[Any] = []
+        raws: list[bytes] = []
+        parsed = 0
+        loads = orjson.loads
+        tf = self.params.text_field
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line.rstrip(b"\r\n")
+            rec = None
+            if line and not line.isspace():  # bytes.isspace: what bytes.strip removes, all of it
+                try:
+                    rec = loads(line)
+                    parsed += 1
+                except orjson.JSONDecodeError:
+                    pass
+            text = rec.get(tf) if type(rec) is dict else None
+            recs.append(rec)
+            raws.append(line)
+            texts.append(text if type(text) is str else None)
+        column = None
+        if parsed and sum(map(len, raws)) < FAST_BLOCK_BYTES:
+            try:
+                column = pa.array(texts, pa.string())
+            except (UnicodeEncodeError, pa.ArrowException):  # a lone surrogate: not UTF-8
+                column = None
+        if column is None:
+            for line in lines:
+                self.line(line)
             return
-        self.record(rec, pos, line)
+        base = self.lines
+        self.lines += len(lines)
+        self._block(recs, column, base + 1, raws)
+
+    def batch(self, recs: list[dict[str, Any]], text: pa.Array, pos: int) -> None:
+        """Judge the records of one Parquet batch (rows ``pos ..``) exactly as ``record`` judges
+        each, with ``text`` (their text column: string or large_string, valid UTF-8) moved as it is."""
+        self._block(recs, text, pos, None)
+
+    def _block(self, recs: list[Any], texts: pa.Array, pos: int, lines: list[bytes] | None) -> None:
+        """Records ``recs`` found at ``pos, pos + 1, ..``; ``texts``: the string column of their
+        texts (null where a record has no string text). A record every vectorized check passes
+        (string text, not blank, no NUL, within ``max_chars``) is judged here; any other record
+        by ``judge`` (the same rules, in their order, so the same reason)."""
+        n = len(recs)
+        careful = _needs_judge(texts, self.params.max_chars)
+        tf, idf, uf = self.params.text_field, self.params.id_field, self.params.url_field
+        special = {tf, idf, uf} - {None}
+        good: list[int] = []  # rows of ``recs`` that are documents
+        take: list[int] = []  # where each one's text is: in ``texts``, or ``n + j`` for ``extra[j]``
+        extra: list[str] = []
+        rids: list[str | None] = []
+        urls: list[str | None] = []
+        metas: list[str | None] = []
+        digests: list[bytes] = []
+        dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
+        for i in range(n):
+            rec = recs[i]
+            if not careful[i]:
+                try:
+                    canon = dumps(rec, option=sort_keys, default=str)
+                    # a string id or url as it is (its lone surrogates are escaped below), else as_id
+                    rid = rec.get(idf) if idf else None
+                    if rid is not None and type(rid) is not str:
+                        rid = as_id(rid)
+                    url = rec.get(uf) if uf else None
+                    if url is not None and type(url) is not str:
+                        url = as_id(url)
+                    meta = None
+                    if not rec.keys() <= special:
+                        meta = canonical({k: v for k, v in rec.items() if k not in (tf, idf, uf)}).decode()
+                except Exception:  # anything unusual: the record rule says what it is
+                    pass
+                else:
+                    good.append(i)
+                    take.append(i)
+                    rids.append(rid)
+                    urls.append(url)
+                    metas.append(meta)
+                    digests.append(digest(canon))
+                    continue
+            if lines is not None and rec is None:  # blank, or not orjson's JSON: the line rule
+                got = self._line(lines[i], pos + i)
+            else:
+                got = self._judge_one(rec, pos + i, lines[i] if lines is not None else None)
+            if got is not None:
+                row, d = got
+                good.append(i)
+                if texts[i].is_valid:
+                    take.append(i)
+                else:  # a text ``texts`` lacks (a line json parsed and orjson did not)
+                    take.append(n + len(extra))
+                    extra.append(row["text"])
+                rids.append(row["record_id"])
+                urls.append(row["url"])
+                metas.append(row["metadata"])
+                digests.append(d)
+        if not good:
+            return
+        self._seal()
+        if extra:
+            texts = pa.concat_arrays([texts.cast(pa.large_string()), pa.array(extra, pa.large_string())])
+        text = texts if len(good) == n and not extra else texts.take(pa.array(take, pa.int64()))
+        text = text.cast(pa.large_string())
+        self.segments.append(pa.table({
+            "record_id": _strings(rids), "url": _strings(urls), "text": text, "metadata": pa.array(metas, pa.string()),
+        }, schema=PARSED))
+        self.positions.extend(i + pos for i in good)
+        self.digests.extend(digests)
+        self.chars += int(pc.sum(pc.utf8_length(text)).as_py() or 0)
+
+    def _seal(self) -> None:
+        """The rows collected one at a time so far, as a segment (to keep rows in input order)."""
+        if self.cols["text"]:
+            self.segments.append(pa.table({n: pa.array(self.cols[n], PARSED.field(n).type) for n in PARSED.names},
+                                          schema=PARSED))
+            self.cols = {n: [] for n in PARSED.names}
 
     def done(self, damage: dict[str, Any] | None = None) -> Done:
-        docs = pa.table({n: pa.array(self.cols[n], PARSED.field(n).type) for n in PARSED.names}, schema=PARSED)
+        self._seal()
+        docs = pa.concat_tables(self.segments) if self.segments else PARSED.empty_table()
         return Done(docs, b"".join(self.digests), np.asarray(self.positions, np.int64), self.bad, self.lines,
                     self.blank, self.chars, damage)
 

@@ -39,6 +39,7 @@ from stages.ingest.streams import (
 from stages.params import RawDocumentsParams
 
 BOM = b"\xef\xbb\xbf"
+WHOLE_RANGE_BYTES = 64 << 20  # a plain JSONL range up to this size is read whole, as one block
 _WIDE_BOMS = (b"\xff\xfe", b"\xfe\xff")  # UTF-16/32: not JSONL as this reads it
 
 
@@ -79,10 +80,21 @@ class RangeTask(Task):
 
     def _read(self) -> Done:
         got = Collect(self.params)
+        size = self.stop - self.start
+        max_line = max_line_bytes(self.params)
         with open_tracked(_fs(self.params), self.file.path) as raw:
             raw.seek(self.start)
-            lines = split_lines(read_blocks(raw, self.stop - self.start), max_line_bytes(self.params))
-            for i, line in enumerate(lines):
+            if size <= WHOLE_RANGE_BYTES and (max_line is None or size <= max_line):
+                # no line can be overlong: the range is read whole and judged as one block
+                data = b"".join(read_blocks(raw, size))
+                lines = data.split(b"\n")
+                if lines and not lines[-1]:  # after the last newline: no line
+                    lines.pop()
+                if lines and self.start == 0:
+                    lines[0] = first_line(lines[0], self.file.name)
+                got.lines_block(lines)
+                return got.done()
+            for i, line in enumerate(split_lines(read_blocks(raw, size), max_line)):
                 if i == 0 and self.start == 0 and isinstance(line, bytes):
                     line = first_line(line, self.file.name)
                 got.line(line)
@@ -95,8 +107,7 @@ class LinesTask(Task):
 
     def run(self) -> Done:
         got = Collect(self.params)
-        for line in self.data.split(b"\n"):
-            got.line(line)
+        got.lines_block(self.data.split(b"\n"))
         return got.done()
 
 
@@ -155,7 +166,13 @@ class ParquetTask(Task):
             try:
                 for g in groups:
                     for batch in pf.iter_batches(batch_size=4096, row_groups=[g]):
-                        for rec in rows(batch, self.params.text_field):
+                        recs = list(rows(batch, self.params.text_field))
+                        text = _valid_text_column(batch, self.params.text_field) if wrong is None else None
+                        if text is not None:
+                            got.batch(recs, text, row + 1)
+                            row += len(recs)
+                            continue
+                        for rec in recs:
                             row += 1
                             got.record(rec, row, wrong_schema=wrong)
                     done_groups += 1
@@ -196,6 +213,19 @@ def _text_column(col: pa.Array) -> pa.Array:
         col = col.cast(pa.large_string())
     elif pa.types.is_binary_view(col.type):
         col = col.cast(pa.large_binary())
+    return col
+
+
+def _valid_text_column(batch: pa.RecordBatch, text_field: str) -> pa.Array | None:
+    """A batch's text column as (large_)string holding valid UTF-8, to move as it is; None when it
+    is binary or not valid UTF-8 (each record's value is then judged on its own)."""
+    col = _text_column(batch.column(text_field))
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return None
+    try:
+        col.validate(full=True)
+    except pa.ArrowException:
+        return None
     return col
 
 

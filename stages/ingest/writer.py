@@ -42,6 +42,19 @@ QUARANTINE = pa.schema([
 ])
 
 
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def hex_ids(raw: list[bytes]) -> pa.Array:
+    """string (n,): the 32-character lowercase hex of each 16-byte id (``bytes.hex``), at once."""
+    digits = np.frombuffer(b"".join(raw), np.uint8).reshape(-1, 16)
+    text = np.empty((len(raw), 32), np.uint8)
+    text[:, 0::2] = _HEX[digits >> 4]
+    text[:, 1::2] = _HEX[digits & 15]
+    offsets = np.arange(0, 32 * len(raw) + 1, 32, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets), pa.py_buffer(text)])
+
+
 class Output:
     """Assigns ids to what the tasks found and writes documents and quarantine in parts of
     ``batch_rows``; resolves duplicate record ids at the end (``close``)."""
@@ -70,9 +83,10 @@ class Output:
         sep = "#" if task.is_rows else ":"
         name = task.file.name
         table = pa.table({
-            "doc_id": pa.array([r.hex() for r in raw_ids], pa.string()), "record_id": done.docs["record_id"],
-            "source": pa.array([self.source] * n, pa.string()), "url": done.docs["url"],
-            "locator": pa.array([f"{name}{sep}{base + int(p)}" for p in done.positions], pa.string()),
+            "doc_id": hex_ids(raw_ids), "record_id": done.docs["record_id"],
+            "source": pa.repeat(pa.scalar(self.source, pa.string()), n), "url": done.docs["url"],
+            "locator": pc.binary_join_element_wise(f"{name}{sep}", pc.cast(pa.array(base + done.positions),
+                                                                           pa.string()), ""),
             "text": done.docs["text"], "metadata": done.docs["metadata"],
         }, schema=DOCUMENTS)
         if self.params.id_field is not None and n:

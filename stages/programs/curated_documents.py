@@ -10,7 +10,7 @@ from stages.params import CuratedDocumentsParams, ExecutionParams
 from stages.programs.raw_documents import DOCUMENTS
 from stages.removal import applied_programs, removed_ids, survivors
 from stages.reports import CuratedDocumentsReport, RawDocumentsReport, read_as
-from stages.store import PartitionWriter
+from stages.store import FINAL_COMPRESSION, PartitionWriter
 from stages.task import Inputs, Partition
 
 
@@ -38,6 +38,7 @@ def run(
 ) -> CuratedDocumentsReport:
     """Report: input, kept, quarantined, removed and removed per stage (input = kept + quarantined + removed)."""
     assert partition.source is not None
+    output.compression = FINAL_COMPRESSION  # the crawl's output: kept and shipped, so compact
     kept = 0
     for table in survivors(inputs, partition.source, None, execution.batch_rows, progress=partition.progress):
         output.write("documents", table)

@@ -1,0 +1,136 @@
+"""The block path (a JSONL task's lines, a Parquet batch, judged with one Arrow text column) finds
+exactly what the record-at-a-time path finds: the same documents, digests, positions, quarantine
+entries and counts, record by record, whatever mix of good and bad records a block holds."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stages.ingest.records import Collect, Done
+from stages.ingest.tasks import _valid_text_column, rows
+from stages.params import RawDocumentsParams
+
+PARAMS = RawDocumentsParams(url="unused", id_field="id", url_field="url", max_chars=40)
+
+# Lines the block path must hand to the line rule, or judge as the record rule would.
+PLANTED = [
+    b'{"id": "a", "text": "plain"}',
+    b'{"id": "b", "text": "with\\r\\nCRLF"}\r',
+    b"",
+    b"   \t",
+    b'{"id": "c", "text": "   "}',
+    b'{"id": "d", "text": "\\u00a0\\u2003"}',  # Unicode whitespace only: empty_text
+    b'{"id": "e", "text": "\\u00e9t\\u00e9 first char not ASCII"}',
+    b'{"id": "f", "text": "  \\n leading space, then text"}',
+    b'{"id": "g", "text": "nul \\u0000 inside"}',
+    b'{"id": "h", "text": "' + b"x" * 41 + b'"}',  # beyond max_chars
+    b'{"id": "\\ud800", "text": "a lone surrogate in the id"}',
+    b'{"id": "i", "text": "a lone surrogate \\udc00 in the text"}',
+    b'{"id": 7, "text": "an integer id", "url": 12}',
+    b'{"id": "j", "text": "metadata", "lang": "en", "score": 0.5, "tags": [1, 2]}',
+    b'{"id": "k", "text": 42}',
+    b'{"id": "l"}',
+    b"[1, 2]",
+    b"null",
+    b'{"id": "m", "text": "not json"',
+    b'{"id": "n", "text": NaN}',
+    b'{"id": "o", "text": "big int", "n": 123456789012345678901234567890}',
+    b'{"id": "a", "text": "plain"}',  # a repeat of the first record
+    b'{"text": "no id", "url": "https://example.org/x"}',
+]
+
+
+def _done_as_dict(done: Done) -> dict[str, Any]:
+    return {
+        "docs": done.docs.to_pylist(), "digests": done.digests, "positions": done.positions.tolist(),
+        "bad": [vars(b) for b in done.bad], "lines": done.lines, "blank": done.blank, "chars": done.chars,
+    }
+
+
+def _both_ways(lines: list[bytes], params: RawDocumentsParams = PARAMS) -> tuple[dict[str, Any], dict[str, Any]]:
+    one = Collect(params)
+    for line in lines:
+        one.line(line)
+    block = Collect(params)
+    block.lines_block(lines)
+    return _done_as_dict(one.done()), _done_as_dict(block.done())
+
+
+def test_planted_jsonl_block_is_judged_record_by_record() -> None:
+    one, block = _both_ways(PLANTED)
+    assert block == one
+    assert len(one["docs"]) == 10 and len(one["bad"]) == 11 and one["blank"] == 2  # the mix is a mix
+
+
+def test_a_block_with_a_lone_surrogate_text_falls_back_whole() -> None:
+    lines = [b'{"id": "x", "text": "fine"}', b'{"id": "y", "text": "\\ud83d alone"}']
+    one, block = _both_ways(lines)
+    assert block == one
+    assert [b["reason"] for b in one["bad"]] == ["invalid_utf8"]
+
+
+def test_blocks_of_several_tasks_number_lines_on() -> None:
+    got = Collect(PARAMS)
+    got.lines_block(PLANTED[:5])
+    got.lines_block(PLANTED[5:])
+    one = Collect(PARAMS)
+    for line in PLANTED:
+        one.line(line)
+    assert _done_as_dict(got.done()) == _done_as_dict(one.done())
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                    st.text(max_size=12), st.lists(st.integers(), max_size=3))
+_texts = st.one_of(st.text(max_size=50), st.sampled_from(["", " ", "\x00", "ok", "\n\tx", "\u3000"]), _values)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.fixed_dictionaries({"text": _texts}, optional={"id": _values, "url": _values, "extra": _values}),
+                min_size=1, max_size=12))
+def test_random_jsonl_blocks(records: list[dict[str, Any]]) -> None:
+    lines = [json.dumps(r).encode() for r in records]
+    one, block = _both_ways(lines)
+    assert block == one
+
+
+def _batch_both_ways(table: pa.Table) -> tuple[dict[str, Any], dict[str, Any]]:
+    batch = table.to_batches()[0]
+    recs = list(rows(batch, "text"))
+    one = Collect(PARAMS)
+    for i, rec in enumerate(recs):
+        one.record(rec, i + 1)
+    text = _valid_text_column(batch, "text")
+    assert text is not None
+    block = Collect(PARAMS)
+    block.batch(recs, text, 1)
+    return _done_as_dict(one.done()), _done_as_dict(block.done())
+
+
+def test_parquet_batch_is_judged_record_by_record() -> None:
+    table = pa.table({
+        "id": pa.array([1, 2, None, 4, 5, 6], pa.int64()),
+        "text": pa.array(["good", "", None, "nul\x00", "x" * 41, " \u00e9 fine"], pa.large_string()),
+        "lang": pa.array(["en", None, "de", "fr", "en", "fr"]),
+    })
+    one, block = _batch_both_ways(table)
+    assert block == one
+    assert [d["record_id"] for d in one["docs"]] == ["1", "6"]
+
+
+def test_parquet_dictionary_text_is_taken_as_it_is() -> None:
+    text = pa.array(["same", "same", "other"]).dictionary_encode()
+    one, block = _batch_both_ways(pa.table({"text": text, "url": ["u1", "u2", "u3"]}))
+    assert block == one and len(one["docs"]) == 3
+
+
+def test_binary_or_invalid_utf8_text_is_left_to_the_record_rule() -> None:
+    batch = pa.table({"text": pa.array([b"ok", b"\xff"], pa.binary())}).to_batches()[0]
+    assert _valid_text_column(batch, "text") is None
+    bad = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x01\x00\x00\x00"),
+                                                 pa.py_buffer(b"\xff")])
+    assert _valid_text_column(pa.record_batch({"text": bad}), "text") is None

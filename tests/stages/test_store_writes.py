@@ -1,0 +1,66 @@
+"""How the partition writer writes parts: codecs, what gets dictionaries and statistics, and the
+fsyncs of a commit (one per part the manifest names, none for parts it does not)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stages.store import FINAL_COMPRESSION, INTERMEDIATE_COMPRESSION, MANIFEST, Manifest, Store
+
+
+def _manifest() -> Manifest:
+    return Manifest(program="p", params_key="k", data_version="v", crawl="c", source="s", params={})
+
+
+def _docs(n: int) -> pa.Table:
+    return pa.table({
+        "doc_id": pa.array([f"{i:032x}" for i in range(n)], pa.string()),
+        "source": pa.array(["s"] * n, pa.string()),
+        "text": pa.array([f"text number {i} " * 20 for i in range(n)], pa.large_string()),
+    })
+
+
+def test_intermediates_and_outputs_get_their_codecs_and_long_columns_no_dictionary(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "root"))
+    pdir = store.partition_dir("p", "k", "c", "s")
+    w = store.writer(pdir)
+    w.write("t", _docs(50))
+    w.compression = FINAL_COMPRESSION
+    w.write("t", _docs(50))
+    w.commit(_manifest())
+    first, second = (pq.ParquetFile(f"{pdir}/{name}").metadata.row_group(0) for name in w.tables["t"])
+    codecs = [[first.column(i).compression for i in range(3)], [second.column(i).compression for i in range(3)]]
+    assert codecs == [[INTERMEDIATE_COMPRESSION.upper()] * 3, [FINAL_COMPRESSION.upper()] * 3]
+    doc_id, source, text = (first.column(i) for i in range(3))
+    assert source.statistics is not None and source.statistics.has_min_max and "RLE_DICTIONARY" in source.encodings
+    assert doc_id.statistics is None and text.statistics is None
+    assert "RLE_DICTIONARY" not in doc_id.encodings and "RLE_DICTIONARY" not in text.encodings
+    assert pq.read_table(f"{pdir}/{w.tables['t'][0]}").equals(_docs(50))
+
+
+def test_a_commit_fsyncs_only_the_parts_its_manifest_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(str(tmp_path / "root"))
+    pdir = store.partition_dir("p", "k", "c", "s")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    w = store.writer(pdir)
+    w.write("first", _docs(3))  # rewritten below: never named by a manifest
+    w.write("first", _docs(3))
+    assert synced == []  # nothing while the program computes
+    w.write("checked", _docs(2))
+    w.rename("checked", "first")
+    w.commit(_manifest())
+    parts = w.tables["first"]
+    assert synced[:len(parts) + 1] == [*parts, pdir.rsplit("/", 1)[-1]]
+    assert synced[len(parts) + 1].startswith(f".{MANIFEST}.") and len(synced) == len(parts) + 3 == w.fsyncs
