@@ -204,21 +204,25 @@ def print_report(report: RemovalLedgerReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from curation_dagster.lineage import custom_filters
+    from curation_dagster.lineage import EARLIER, custom_filters, earlier_crawls, step_label, step_value
 
-    stages = list(STAGES)
-    # Custom filters (docs/filters.md): their share of the heuristic removals, after its column.
-    custom = [f"heuristic:{name}" for name in custom_filters(report)]
-    columns = [*stages[: stages.index("heuristic") + 1], *custom, *stages[stages.index("heuristic") + 1:]]
+    # Sub-columns (``↳``), each a part of the stage column before it: custom filters' share of the
+    # heuristic removals (docs/filters.md), a dedup stage's duplicates of earlier crawls' documents.
+    earlier = earlier_crawls(report)
+    columns: list[str] = []
+    for stage in STAGES:
+        columns.append(stage)
+        if stage == "heuristic":
+            columns += [f"heuristic:{name}" for name in custom_filters(report)]
+        if stage in earlier:
+            columns.append(f"{stage}:{EARLIER}")
     table = Table(title=f"crawl {report.crawl}: what each source lost at each stage")
-    for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *[c if c in custom else c.upper() for c in columns], "KEPT",
-                "KEPT %"]:
-        label = "↳ " + col.partition(":")[2] if col in custom else col  # part of the HEURISTIC column
-        table.add_column(label, justify="left" if col == "SOURCE" else "right", min_width=len(label))
+    for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *columns, "KEPT", "KEPT %"]:
+        label = step_label(report, col) if ":" in col else col.upper()
+        table.add_column(label, justify="left" if col == "SOURCE" else "right", min_width=min(len(label), 24))
     totals = {"input": 0, "kept": 0, "quarantined": 0, **{c: 0 for c in columns}}
     for source, row in sorted(report.sources.items()):
-        removed = [row.filters.get(c.partition(":")[2], 0) if c in custom else row.removed_per_stage.get(c, 0)
-                   for c in columns]
+        removed = [step_value(row, c) for c in columns]
         for c, n in zip(columns, removed, strict=True):
             totals[c] += n
         totals["input"] += row.input
@@ -239,7 +243,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         # The documented shape (README): ``removed`` here is the per-stage dict, as it always was.
         out = {"crawl": report.crawl, "sources": {
             s: {"input": r.input, "kept": r.kept, "quarantined": r.quarantined, "removed": r.removed_per_stage,
-                **({"filters": r.filters} if r.filters else {})}
+                **({"filters": r.filters} if r.filters else {}),
+                **({"earlier_crawl_duplicates": r.earlier_crawl_duplicates} if r.earlier_crawl_duplicates else {})}
             for s, r in sorted(report.sources.items())
         }}
         print(json.dumps(out, indent=1))

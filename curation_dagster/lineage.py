@@ -34,6 +34,27 @@ def custom_filters(report: RemovalLedgerReport) -> list[str]:
     return sorted({name for row in report.sources.values() for name in row.filters})
 
 
+# The sub-column of a dedup stage's removals that duplicate documents earlier crawls kept.
+EARLIER = "earlier_crawls"
+
+
+def earlier_crawls(report: RemovalLedgerReport) -> dict[str, list[str]]:
+    """Stage -> the earlier crawls whose kept documents its removals duplicated (sorted), for the
+    stages (in pipeline order) that removed any document as a duplicate of an earlier crawl."""
+    seen: dict[str, set[str]] = {}
+    for row in report.sources.values():
+        for stage, per_crawl in row.earlier_crawl_duplicates.items():
+            if any(per_crawl.values()):
+                seen.setdefault(stage, set()).update(c for c, n in per_crawl.items() if n)
+    return {s: sorted(seen[s]) for s in stages_of(report) if s in seen}
+
+
+def named_crawls(crawls: list[str], most: int = 3) -> str:
+    """``c1``, ``c1, c2`` or ``c1, c2, c3 and 4 more``."""
+    head = ", ".join(crawls[:most])
+    return head if len(crawls) <= most else f"{head} and {len(crawls) - most} more"
+
+
 def steps(row: SourceCounts, stages: list[str]) -> list[tuple[str, int, int]]:
     """(step, removed, entering) along one source's waterfall: quarantine, then each stage."""
     out = []
@@ -58,41 +79,83 @@ def totals(report: RemovalLedgerReport) -> LedgerSource:
         input=sum(r.input for r in rows), kept=sum(r.kept for r in rows),
         quarantined=sum(r.quarantined for r in rows), removed=sum(per_stage.values()), removed_per_stage=per_stage,
         filters={n: sum(r.filters.get(n, 0) for r in rows) for n in custom_filters(report)},
+        earlier_crawl_duplicates={
+            stage: {c: sum(r.earlier_crawl_duplicates.get(stage, {}).get(c, 0) for r in rows) for c in crawls}
+            for stage, crawls in earlier_crawls(report).items()},
     )
 
 
-def waterfall_markdown(report: RemovalLedgerReport) -> str:
-    """Markdown table: one row per source and a total; a step's cell is ``−removed (share of the
-    documents that reached that step)``."""
-    stages = stages_of(report)
-    head = ["source", "input", QUARANTINE, *stages, "kept", "kept %"]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    rows = sorted(report.sources.items())
-    for name, row in [*rows, ("**total**", totals(report))]:
-        cells = [_cell(n, entering) for _, n, entering in steps(row, stages)]
-        pct = f"{100 * row.kept / row.input:.1f}" if row.input else "–"
-        lines.append(f"| {name} | {row.input:,} | " + " | ".join(cells) + f" | {row.kept:,} | {pct} |")
-    return "\n".join(lines)
-
-
 def _step_columns(report: RemovalLedgerReport) -> list[str]:
-    """The stages in pipeline order, each custom filter's ``heuristic:NAME`` right after heuristic."""
+    """The stages in pipeline order, each custom filter's ``heuristic:NAME`` right after
+    heuristic and, after a dedup stage that removed duplicates of earlier crawls' documents,
+    ``STAGE:earlier_crawls``: sub-columns, each a share of the stage's removals before it."""
+    earlier = earlier_crawls(report)
     out = []
     for stage in stages_of(report):
         out.append(stage)
         if stage == "heuristic":
             out += [f"heuristic:{name}" for name in custom_filters(report)]
+        if stage in earlier:
+            out.append(f"{stage}:{EARLIER}")
     return out
+
+
+def step_value(row: LedgerSource, column: str) -> int:
+    """A source's count in one ``_step_columns`` column."""
+    stage, _, sub = column.partition(":")
+    if not sub:
+        return row.removed_per_stage.get(stage, 0)
+    return row.earlier(stage) if sub == EARLIER and stage != "heuristic" else row.filters.get(sub, 0)
+
+
+def step_label(report: RemovalLedgerReport, column: str) -> str:
+    """A column's heading: the stage, ``↳ filter NAME`` or ``↳ of earlier crawl(s) c1, c2``."""
+    stage, _, sub = column.partition(":")
+    if not sub:
+        return stage
+    if sub == EARLIER and stage != "heuristic":
+        crawls = earlier_crawls(report).get(stage, [])
+        return f"↳ dup of earlier crawl{'s' if len(crawls) > 1 else ''} {named_crawls(crawls)}"
+    return f"↳ {sub}"
+
+
+def waterfall_markdown(report: RemovalLedgerReport) -> str:
+    """Markdown table: one row per source and a total; a step's cell is ``−removed (share of the
+    documents that reached that step)``. A sub-column (``↳``: a custom filter's, or a dedup
+    stage's duplicates of documents earlier crawls kept) is a part of the stage's cell before it,
+    as a share of the same documents."""
+    columns = _step_columns(report)
+    head = ["source", "input", QUARANTINE, *[step_label(report, c) for c in columns], "kept", "kept %"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    rows = sorted(report.sources.items())
+    stages = stages_of(report)
+    for name, row in [*rows, ("**total**", totals(report))]:
+        entering = {step: n_in for step, _, n_in in steps(row, stages)}
+        cells = [_cell(row.quarantined, row.input)] + [
+            _cell(step_value(row, c), entering[c.partition(":")[0]]) for c in columns]
+        pct = f"{100 * row.kept / row.input:.1f}" if row.input else "–"
+        lines.append(f"| {name} | {row.input:,} | " + " | ".join(cells) + f" | {row.kept:,} | {pct} |")
+    return "\n".join(lines)
 
 
 def waterfall_columns(report: RemovalLedgerReport) -> list[tuple[str, str, str]]:
     """(name, type, description) of the ``waterfall_rows`` columns; types are TableColumn's."""
+    earlier = earlier_crawls(report)
+
+    def describe(col: str) -> str:
+        stage, _, sub = col.partition(":")
+        if not sub:
+            return f"documents removed by stage {stage}"
+        if sub == EARLIER and stage != "heuristic":
+            return (f"of the {stage} removals, duplicates of documents kept by earlier crawl(s) "
+                    f"{named_crawls(earlier.get(stage, []), most=10)} (the rest are duplicates within this crawl)")
+        return f"of the heuristic removals, those by custom filter {sub}"
+
     return [
         ("source", "string", "source name, or 'total' for the sum over sources"),
         ("input", "int", "documents read"),
         (QUARANTINE, "int", "bad records (ingestion quarantine)"),
-        *[(s, "int", f"of the heuristic removals, those by custom filter {s.partition(':')[2]}") if ":" in s
-          else (s, "int", f"documents removed by stage {s}") for s in _step_columns(report)],
+        *[(c, "int", describe(c)) for c in _step_columns(report)],
         ("kept", "int", "documents in the curated output"),
         ("kept_fraction", "float", "kept / input"),
     ]
@@ -100,14 +163,14 @@ def waterfall_columns(report: RemovalLedgerReport) -> list[tuple[str, str, str]]
 
 def waterfall_rows(report: RemovalLedgerReport) -> list[dict[str, Any]]:
     """One row per source (sorted) and a ``total`` row: input, quarantine, removed per stage, the
-    custom filters' share of the heuristic removals (``heuristic:NAME``), kept; per row
-    ``input == quarantine + sum(stages) + kept``."""
+    sub-columns (``heuristic:NAME``: a custom filter's share of the heuristic removals;
+    ``STAGE:earlier_crawls``: a dedup stage's duplicates of earlier crawls' documents), kept; per
+    row ``input == quarantine + sum(stages) + kept``."""
     out = []
     for name, row in [*sorted(report.sources.items()), ("total", totals(report))]:
         out.append({
             "source": name, "input": row.input, QUARANTINE: row.quarantined,
-            **{s: row.filters.get(s.partition(":")[2], 0) if ":" in s else row.removed_per_stage.get(s, 0)
-               for s in _step_columns(report)},
+            **{c: step_value(row, c) for c in _step_columns(report)},
             "kept": row.kept,
             "kept_fraction": round(row.kept / row.input, 6) if row.input else 0.0,
         })
