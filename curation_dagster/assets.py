@@ -84,9 +84,9 @@ def _lineage(curation: CurationResource, program: str, crawl: str, source: str |
     if program == "curated_documents":
         cur = read_as(manifest, CuratedDocumentsReport)
         return {"kept_fraction": round(cur.kept / cur.input, 6) if cur.input else 0.0}
-    from curation_dagster.lineage import ledger_metadata
+    from curation_dagster.lineage import removal_ledger_metadata
 
-    return ledger_metadata(read_as(manifest, RemovalLedgerReport))
+    return removal_ledger_metadata(store, curation.spec(crawl), read_as(manifest, RemovalLedgerReport))
 
 
 def asset_metadata(

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stages.catalog import QUARANTINE, STAGES
 from stages.reports import LedgerSource, RemovalLedgerReport, SourceCounts
+
+if TYPE_CHECKING:
+    from stages.spec import CrawlSpec
+    from stages.store import Store
 
 KEPT_COLOR = "#2e7d32"
 QUARANTINE_COLOR = "#9e9e9e"
@@ -292,3 +296,19 @@ def ledger_metadata(report: RemovalLedgerReport) -> dict[str, Any]:
     except ImportError:  # pillow (with FreeType, as its wheels are) is a dependency; a trimmed image gets the table
         chart = MetadataValue.md("_install Pillow with FreeType support to see the chart_")
     return {"waterfall": meta.pop("waterfall"), "waterfall_chart": chart, **meta}
+
+
+def removal_ledger_metadata(store: Store, spec: CrawlSpec, report: RemovalLedgerReport) -> dict[str, Any]:
+    """``ledger_metadata`` and, after the waterfall, ``removal_examples``: a few removed documents
+    of each source x stage x reason with the kept document each duplicated (its crawl and an
+    excerpt), the sources that kept the smallest share first."""
+    from curation_dagster.examples import COLUMNS, examples_table, pick, removal_examples
+    from stages.plan import plan_task
+
+    pdir = plan_task(store, spec, "removal_ledger", None).output_dir
+    order = sorted(report.sources, key=lambda n: (report.sources[n].kept / report.sources[n].input
+                                                  if report.sources[n].input else 1.0, n))
+    rows = pick(store.iter_batches(pdir, "ledger", COLUMNS), order)  # ledgers of v2 have every column
+    meta = ledger_metadata(report)
+    head = {k: meta.pop(k) for k in ("waterfall", "waterfall_chart")}
+    return {**head, "removal_examples": examples_table(removal_examples(store, spec, rows)), **meta}

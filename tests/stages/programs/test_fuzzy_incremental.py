@@ -131,3 +131,27 @@ def test_explain_names_the_crawl_that_kept_the_original(crawls: dict[str, object
         assert f"duplicate of: {row['duplicate_of']} (record_id {row['duplicate_of_record_id']}, source web, " \
                f"{where})" in text, text
         assert "kept text: " in text
+
+
+def test_the_ledger_metadata_shows_example_pairs_kept_by_the_earlier_crawl(crawls: dict[str, object]) -> None:
+    from curation_dagster.lineage import removal_ledger_metadata
+    from stages.reports import RemovalLedgerReport, read_as
+
+    store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
+    assert isinstance(store, Store) and isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
+    manifest = store.read_manifest(plan_task(store, spec2, "removal_ledger", None).output_dir)
+    assert manifest is not None
+    meta = removal_ledger_metadata(store, spec2, read_as(manifest, RemovalLedgerReport))
+    assert list(meta)[:3] == ["waterfall", "waterfall_chart", "removal_examples"]
+    rows = [dict(r.data) for r in meta["removal_examples"].value.records]
+    assert {(r["stage"], r["reason"]) for r in rows} == {("fuzzy", "near_duplicate_of_earlier_crawl"),
+                                                         ("fuzzy", "near_duplicate")}
+    c1 = {d["doc_id"]: d["text"] for d in store.read_table(
+        plan_task(store, spec1, "raw_documents", "web").output_dir, "documents").to_pylist()}
+    earlier = [r for r in rows if r["reason"] == "near_duplicate_of_earlier_crawl"]
+    assert len(earlier) == 2
+    for r in earlier:
+        assert r["kept_crawl"] == "c1" and r["kept_source"] == "web" and r["kept_doc_id"] in c1
+        assert r["kept_excerpt"] and " ".join(c1[r["kept_doc_id"]].split()).startswith(r["kept_excerpt"].rstrip("…"))
+        assert r["excerpt"] and 0.0 < r["score"] <= 1.0
+    assert [r["kept_crawl"] for r in rows if r["reason"] == "near_duplicate"] == ["c2"]
