@@ -69,10 +69,19 @@ def steps(row: SourceCounts, stages: list[str]) -> list[tuple[str, int, int]]:
     return out
 
 
+def share(part: int, whole: int) -> str:
+    """``part`` of ``whole`` as a percentage, short: whole percents from 10 % to 99 %, one decimal
+    below and above (``1.1%``, ``34%``, ``99.6%``: never a rounded ``100%`` that is not all)."""
+    if part == whole:
+        return "100%"
+    p = 100 * part / whole
+    return f"{p:.0f}%" if 10 <= p < 99 else f"{p:.1f}%"
+
+
 def _cell(removed: int, entering: int) -> str:
     if removed == 0:
         return "0"
-    return f"−{removed:,} ({100 * removed / entering:.1f}%)" if entering else f"−{removed:,}"
+    return f"−{removed:,} ({share(removed, entering)})" if entering else f"−{removed:,}"
 
 
 def totals(report: RemovalLedgerReport) -> LedgerSource:
@@ -112,36 +121,57 @@ def step_value(row: LedgerSource, column: str) -> int:
     return row.earlier(stage) if sub == EARLIER and stage != "heuristic" else row.filters.get(sub, 0)
 
 
-def step_label(report: RemovalLedgerReport, column: str) -> str:
-    """A column's heading: the stage, ``↳ filter NAME`` or ``↳ of earlier crawl(s) c1, c2``."""
+def step_label(report: RemovalLedgerReport, column: str, short: bool = False) -> str:
+    """A column's heading: the stage, ``↳ NAME`` (a custom filter) or ``↳ earlier crawl c1``
+    (duplicates of documents crawl c1 kept; ``crawls c1, c2`` for several; ``short``: ``↳ c1``,
+    which a legend under the table explains)."""
     stage, _, sub = column.partition(":")
     if not sub:
         return stage
     if sub == EARLIER and stage != "heuristic":
         crawls = earlier_crawls(report).get(stage, [])
-        return f"↳ dup of earlier crawl{'s' if len(crawls) > 1 else ''} {named_crawls(crawls)}"
+        named = named_crawls(crawls, most=2 if short else 3)
+        return f"↳ {named}" if short else f"↳ earlier crawl{'s' if len(crawls) > 1 else ''} {named}"
     return f"↳ {sub}"
+
+
+def legend(report: RemovalLedgerReport, columns: list[str]) -> list[str]:
+    """What the short sub-column headings of the Markdown waterfall mean, a line each."""
+    out = []
+    for c in columns:
+        stage, _, sub = c.partition(":")
+        if sub == EARLIER and stage != "heuristic":
+            crawls = earlier_crawls(report).get(stage, [])
+            out.append(f"`{step_label(report, c, short=True)}`: of the {stage} removals, the duplicates of documents "
+                       f"that earlier crawl{'s' if len(crawls) > 1 else ''} {named_crawls(crawls, most=10)} kept "
+                       "(re-crawled copies); the rest are duplicates within this crawl.")
+        elif sub:
+            out.append(f"`↳ {sub}`: of the heuristic removals, those by custom filter {sub}.")
+    return out
 
 
 def waterfall_markdown(report: RemovalLedgerReport) -> str:
     """Markdown table: one row per source and a total; a step's cell is ``−removed (share of the
-    documents that reached that step)``. A sub-column (``↳``: a custom filter's, or a dedup
-    stage's duplicates of documents earlier crawls kept) is a part of the stage's cell before it,
-    as a share of the same documents."""
-    # Stages that removed nothing anywhere are left out (the native table has them): the table
-    # stays readable at 1,280 px.
+    documents that reached that step)``, kept ``kept (share of input)``. A sub-column (``↳``: a
+    custom filter's, or a dedup stage's duplicates of documents earlier crawls kept) is a part of
+    the stage's cell before it, a count (its share is of the same documents). Steps that removed nothing
+    anywhere are left out (the native table has them), so it stays readable at 1,280 px."""
     columns = [c for c in _step_columns(report) if any(step_value(r, c) for r in report.sources.values())]
-    head = ["source", "input", QUARANTINE, *[step_label(report, c) for c in columns], "kept", "kept %"]
+    quarantine = any(r.quarantined for r in report.sources.values())
+    head = ["source", "input", *([QUARANTINE] if quarantine else []),
+            *[step_label(report, c, short=True) for c in columns], "kept"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     rows = sorted(report.sources.items())
     stages = stages_of(report)
     for name, row in [*rows, ("**total**", totals(report))]:
         entering = {step: n_in for step, _, n_in in steps(row, stages)}
-        cells = [_cell(row.quarantined, row.input)] + [
-            _cell(step_value(row, c), entering[c.partition(":")[0]]) for c in columns]
-        pct = f"{100 * row.kept / row.input:.1f}" if row.input else "–"
-        lines.append(f"| {name} | {row.input:,} | " + " | ".join(cells) + f" | {row.kept:,} | {pct} |")
-    return "\n".join(lines)
+        # a sub-column's count alone: its share is of the same documents as the stage's cell before it
+        cells = ([_cell(row.quarantined, row.input)] if quarantine else []) + [
+            _cell(step_value(row, c), entering[c] if ":" not in c else 0) for c in columns]
+        kept = f"{row.kept:,} ({share(row.kept, row.input)})" if row.input else f"{row.kept:,}"
+        lines.append(f"| {name} | {row.input:,} | " + " | ".join(cells) + f" | {kept} |")
+    notes = legend(report, columns)
+    return "\n".join([*lines, *(["", *notes] if notes else [])])
 
 
 def waterfall_columns(report: RemovalLedgerReport) -> list[tuple[str, str, str]]:

@@ -25,6 +25,7 @@ from tests.support.tiny_corpus import curate
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+WIDTH = 1280  # an ordinary laptop's window
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_the_report_counts_the_copies_apart_and_names_c1(recrawl: R.Recrawl) -> 
     docstrings = json.loads(out)["sources"]["docstrings"]
     assert docstrings["earlier_crawl_duplicates"] == {"fuzzy": {"c1": R.COPIES}}
     assert docstrings["removed"]["fuzzy"] >= R.COPIES
-    assert "↳ dup of earlier crawl c1" in recrawl.c2_run  # curate run's table
+    assert "↳ earlier crawl c1" in recrawl.c2_run  # curate run's table
     code, out, _ = curate("report", "--workdir", str(recrawl.workdir), "--crawl", "c1", "--json")
     assert code == 0 and "earlier_crawl_duplicates" not in json.loads(out)["sources"]["docstrings"]
 
@@ -60,7 +61,9 @@ def test_the_materialization_answers_which_stage_why_and_which_documents(recrawl
     assert rows["docstrings"]["fuzzy:earlier_crawls"] == R.COPIES
     column = next(c for c in meta["waterfall_table"].value.schema.columns if c.name == "fuzzy:earlier_crawls")
     assert "earlier crawl(s) c1" in (column.description or "")
-    assert "↳ dup of earlier crawl c1" in meta["waterfall"].value
+    assert "| fuzzy | ↳ c1 |" in meta["waterfall"].value
+    assert "`↳ c1`: of the fuzzy removals, the duplicates of documents that earlier crawl c1 kept" \
+        in meta["waterfall"].value
     examples = [dict(r.data) for r in meta["removal_examples"].value.records]
     copies = {c["id"]: c["text"] for c in recrawl.copies}
     pairs = [e for e in examples if e["source"] == "docstrings" and e["reason"] == "near_duplicate_of_earlier_crawl"]
@@ -92,11 +95,17 @@ def test_explain_names_c1_as_the_crawl_of_the_kept_copy(recrawl: R.Recrawl) -> N
 
 WATERFALL_SHOWN = """(() => {
   const cells = [...document.querySelectorAll('th, td')].map(c => c.innerText.trim());
-  return cells.includes('fuzzy:earlier_crawls') || cells.some(c => c.includes('dup of earlier crawl c1'));
+  return cells.includes('fuzzy:earlier_crawls') || cells.includes('↳ c1');
 })()"""
 # The tables of the page as arrays of rows of cell texts (a metadata table, or a Markdown one).
 TABLES = """(() => [...document.querySelectorAll('table')].map(t =>
   [...t.querySelectorAll('tr')].map(r => [...r.querySelectorAll('th, td')].map(c => c.innerText.trim()))))()"""
+# The right edge of the Markdown waterfall (the table whose heading names the earlier crawl), in CSS px.
+WATERFALL_RIGHT = """(() => {
+  const t = [...document.querySelectorAll('table')]
+    .find(t => t.rows.length && [...t.rows[0].cells].some(c => c.innerText.trim() === '↳ c1'));
+  return t ? Math.round(t.getBoundingClientRect().right) : -1;
+})()"""
 SHOW_MARKDOWN = """(() => {
   const row = [...document.querySelectorAll('tr')]
     .find(r => r.cells.length && r.cells[0].innerText.trim() === 'waterfall');
@@ -142,7 +151,7 @@ def _table_with(tables: list[list[list[str]]], heading: str) -> list[dict[str, s
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
 def test_why_a_source_shrank_in_the_ui(ui: int, recrawl: R.Recrawl, tmp_path: Path) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
-    browser = Browser(tmp_path / "chrome", 1280, 2400)  # an ordinary laptop's width
+    browser = Browser(tmp_path / "chrome", WIDTH, 2400)
     try:
         browser.open(f"http://127.0.0.1:{ui}/assets/removal_ledger?view=events&partition=c2")
         browser.wait_for(WATERFALL_SHOWN, timeout=90)
@@ -151,6 +160,8 @@ def test_why_a_source_shrank_in_the_ui(ui: int, recrawl: R.Recrawl, tmp_path: Pa
         print(f"screenshot: {browser.screenshot(ARTIFACTS / 'why_shrank_c2.png')}")
         tables = browser.eval(TABLES)
         (ARTIFACTS / "why_shrank_c2_tables.json").write_text(json.dumps(tables, indent=1))
+        right = browser.eval(WATERFALL_RIGHT)
+        assert 0 < right <= WIDTH, f"the waterfall ends at {right} px: not readable at {WIDTH} px without scrolling"
         # which stage: the waterfall's docstrings row, fuzzy took the most
         waterfall = {r["source"]: r for r in _table_with(tables, "fuzzy:earlier_crawls")}
         docstrings = waterfall["docstrings"]
@@ -158,9 +169,10 @@ def test_why_a_source_shrank_in_the_ui(ui: int, recrawl: R.Recrawl, tmp_path: Pa
         assert max(steps, key=lambda s: steps[s]) == "fuzzy"
         # because of what: the earlier-crawl column, naming c1 (the Markdown waterfall's heading)
         assert int(docstrings["fuzzy:earlier_crawls"]) == R.COPIES
-        md = _table_with(tables, "↳ dup of earlier crawl c1")
-        assert any(r["source"] == "docstrings" and r["↳ dup of earlier crawl c1"].startswith(f"−{R.COPIES} ")
-                   for r in md)
+        md = _table_with(tables, "↳ c1")
+        assert any(r["source"] == "docstrings" and r["↳ c1"] == f"−{R.COPIES}" for r in md)
+        legend = "↳ c1: of the fuzzy removals, the duplicates of documents that earlier crawl c1 kept"
+        assert browser.eval(f"document.body.innerText.includes({json.dumps(legend)})")
         # which documents: an example pair whose kept document is in c1
         examples = _table_with(tables, "kept_crawl")
         pairs = [e for e in examples
