@@ -142,9 +142,8 @@ def legend(report: RemovalLedgerReport, columns: list[str]) -> list[str]:
         stage, _, sub = c.partition(":")
         if sub == EARLIER and stage != "heuristic":
             crawls = earlier_crawls(report).get(stage, [])
-            out.append(f"`{step_label(report, c, short=True)}`: of the {stage} removals, the duplicates of documents "
-                       f"that earlier crawl{'s' if len(crawls) > 1 else ''} {named_crawls(crawls, most=10)} kept "
-                       "(re-crawled copies); the rest are duplicates within this crawl.")
+            out.append(f"`{step_label(report, c, short=True)}`: of the {stage} removals, copies of documents "
+                       f"earlier crawl{'s' if len(crawls) > 1 else ''} {named_crawls(crawls, most=10)} kept.")
         elif sub:
             out.append(f"`↳ {sub}`: of the heuristic removals, those by custom filter {sub}.")
     return out
@@ -152,7 +151,8 @@ def legend(report: RemovalLedgerReport, columns: list[str]) -> list[str]:
 
 def waterfall_markdown(report: RemovalLedgerReport) -> str:
     """Markdown table: one row per source and a total; a step's cell is ``−removed (share of the
-    documents that reached that step)``, kept ``kept (share of input)``. A sub-column (``↳``: a
+    documents that reached that step)``, then kept (its share is the chart's, and
+    ``kept_fraction``). A sub-column (``↳``: a
     custom filter's, or a dedup stage's duplicates of documents earlier crawls kept) is a part of
     the stage's cell before it, a count (its share is of the same documents). Steps that removed nothing
     anywhere are left out (the native table has them), so it stays readable at 1,280 px."""
@@ -168,8 +168,7 @@ def waterfall_markdown(report: RemovalLedgerReport) -> str:
         # a sub-column's count alone: its share is of the same documents as the stage's cell before it
         cells = ([_cell(row.quarantined, row.input)] if quarantine else []) + [
             _cell(step_value(row, c), entering[c] if ":" not in c else 0) for c in columns]
-        kept = f"{row.kept:,} ({share(row.kept, row.input)})" if row.input else f"{row.kept:,}"
-        lines.append(f"| {name} | {row.input:,} | " + " | ".join(cells) + f" | {kept} |")
+        lines.append(f"| {name} | {row.input:,} | " + " | ".join(cells) + f" | {row.kept:,} |")
     notes = legend(report, columns)
     return "\n".join([*lines, *(["", *notes] if notes else [])])
 
