@@ -355,7 +355,8 @@ class CheckKind:
 
 CHECK_KINDS: tuple[CheckKind, ...] = (
     CheckKind("over_deletion", evaluate_over_deletion, lambda p: p.stage is not None, True,
-              "Removed fraction per source at this stage <= checks.over_deletion bound (blocks downstream)."),
+              "Removed fraction per source at this stage <= checks.over_deletion bound (blocks downstream); a "
+              "source under checks.over_deletion.min_documents is reported as not judged."),
     CheckKind("empty_result", evaluate_empty_result, lambda p: p.stage is not None and p.uses_keep_rule, False,
               "A dedup stage that finds no duplicate in a large crawl is suspicious (warns)."),
     CheckKind("giant_groups", evaluate_giant_groups, lambda p: p.level == "crawl" and p.group != "output", False,

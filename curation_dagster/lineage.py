@@ -142,7 +142,8 @@ def legend(report: RemovalLedgerReport, columns: list[str]) -> list[str]:
         stage, _, sub = c.partition(":")
         if sub == EARLIER and stage != "heuristic":
             crawls = earlier_crawls(report).get(stage, [])
-            out.append(f"`{step_label(report, c, short=True)}`: of the {stage} removals, copies of documents "
+            # short: the pane is as wide as the widest metadata value, so a long line is cut, not wrapped
+            out.append(f"`{step_label(report, c, short=True)}`: {stage} removals that copy documents "
                        f"earlier crawl{'s' if len(crawls) > 1 else ''} {named_crawls(crawls, most=10)} kept.")
         elif sub:
             out.append(f"`↳ {sub}`: of the heuristic removals, those by custom filter {sub}.")

@@ -62,7 +62,7 @@ def test_the_materialization_answers_which_stage_why_and_which_documents(recrawl
     column = next(c for c in meta["waterfall_table"].value.schema.columns if c.name == "fuzzy:earlier_crawls")
     assert "earlier crawl(s) c1" in (column.description or "")
     assert "| fuzzy | ↳ c1 |" in meta["waterfall"].value
-    assert "`↳ c1`: of the fuzzy removals, copies of documents earlier crawl c1 kept." in meta["waterfall"].value
+    assert "`↳ c1`: fuzzy removals that copy documents earlier crawl c1 kept." in meta["waterfall"].value
     examples = [dict(r.data) for r in meta["removal_examples"].value.records]
     copies = {c["id"]: c["text"] for c in recrawl.copies}
     pairs = [e for e in examples if e["source"] == "docstrings" and e["reason"] == "near_duplicate_of_earlier_crawl"]
@@ -78,6 +78,10 @@ def test_the_materialization_answers_which_stage_why_and_which_documents(recrawl
     assert compared["docstrings"]["fuzzy_change"] == rows["docstrings"]["fuzzy"] - c1["docstrings"]["fuzzy"]
     assert compared["docstrings"]["kept_change"] == rows["docstrings"]["kept"] - c1["docstrings"]["kept"]
     assert "crawl_over_crawl" not in ledger_metadata(recrawl.workdir, "c1")  # nothing before c1
+    # a table asset's row count and column schema, as Dagster's catalog reads them
+    assert meta["dagster/row_count"].value == sum(r["input"] - r["kept"] for n, r in rows.items() if n != "total")
+    names = [c.name for c in meta["dagster/column_schema"].schema.columns]
+    assert names[:2] == ["doc_id", "record_id"] and "duplicate_of_crawl" in names
 
 
 def test_explain_names_c1_as_the_crawl_of_the_kept_copy(recrawl: R.Recrawl) -> None:
@@ -175,7 +179,7 @@ def test_why_a_source_shrank_in_the_ui(ui: int, recrawl: R.Recrawl, tmp_path: Pa
         assert int(docstrings["fuzzy:earlier_crawls"]) == R.COPIES
         md = _table_with(tables, "↳ c1")
         assert any(r["source"] == "docstrings" and r["↳ c1"] == f"−{R.COPIES}" for r in md)
-        legend = "↳ c1: of the fuzzy removals, copies of documents earlier crawl c1 kept."
+        legend = "↳ c1: fuzzy removals that copy documents earlier crawl c1 kept."
         assert browser.eval(f"document.body.innerText.includes({json.dumps(legend)})")
         # which documents: an example pair whose kept document is in c1
         examples = _table_with(tables, "kept_crawl")
