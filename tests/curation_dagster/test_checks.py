@@ -297,3 +297,14 @@ def test_a_stopped_crawl_still_shows_what_its_stage_would_remove(tmp_path: Path,
     assert verdict.metadata["would_remove"].value.startswith("**NOT APPLIED**: what stage `heuristic` would remove")
     examples = [dict(r.data) for r in verdict.metadata["would_remove_examples"].value.records]
     assert {e["reason"] for e in examples} == set(reasons) and all(e["excerpt"] for e in examples)
+    # ... and the evaluation curate run recorded on the instance carries them: the UI's Checks tab
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        records = instance.get_event_records(dg.EventRecordsFilter(dg.DagsterEventType.ASSET_CHECK_EVALUATION))
+    failed = [r.event_log_entry.dagster_event.event_specific_data for r in records]
+    failed = [ev for ev in failed if ev.check_name == "over_deletion" and not ev.passed]
+    forum = [ev for ev in failed if str(ev.partition) == f"{T.CRAWL}|forum"]  # news fails too, at 20 %
+    assert forum and forum[0].metadata["would_remove"].value.startswith("**NOT APPLIED**")
+    assert "| forum | heuristic |" in forum[0].metadata["would_remove"].value
+    assert "checks.over_deletion.per_stage.heuristic" in (forum[0].description or "")
