@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stages.catalog import QUARANTINE
+from stages.catalog import QUARANTINE, STAGES
 from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -31,7 +31,7 @@ def pick(batches: Iterable[pa.RecordBatch], sources: list[str], per_reason: int 
          most: int = MOST_ROWS) -> list[dict[str, Any]]:
     """The first ``per_reason`` rows of each (source, stage, reason) among ``batches`` (ledger
     columns ``COLUMNS``, missing ones read as null), quarantine left out, in the order of
-    ``sources`` then stage and reason as met; at most ``most`` rows. Python objects only for the
+    ``sources``, then stage (pipeline order), then reason; at most ``most`` rows. Python objects only for the
     rows picked (a batch is grouped columnar first)."""
     rank = {s: i for i, s in enumerate(sources)}
     taken: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
@@ -52,7 +52,9 @@ def pick(batches: Iterable[pa.RecordBatch], sources: list[str], per_reason: int 
             if len(have) < per_reason:
                 want = rows[: per_reason - len(have)]
                 have.extend(t.select(COLUMNS).take(pa.array(want, pa.int64())).to_pylist())
-    picked = sorted(taken.items(), key=lambda kv: (rank[kv[0][0]], kv[0][1], kv[0][2]))
+    stage_rank = {s: i for i, s in enumerate(STAGES)}  # pipeline order, unknown stages last
+    picked = sorted(taken.items(), key=lambda kv: (rank[kv[0][0]], stage_rank.get(kv[0][1], len(STAGES)),
+                                                   kv[0][1], kv[0][2]))
     return [row for _, rows in picked for row in rows][:most]
 
 
