@@ -51,24 +51,27 @@ def _deps(program: Program) -> list[AssetDep]:
 
 
 def describe(program: Program) -> str:
-    """Markdown description: what the program makes, its partitioning, stage, resources, params."""
+    """The description: what the program makes, its partitioning, stage, resources, params.
+
+    Plain sentences, no Markdown emphasis: the UI renders a description as Markdown on the asset
+    page but shows it as plain text in the catalog and the graph, where ``**`` would be raw."""
     res = program.resources
     level = "source × crawl" if program.level == "source" else "crawl (fans in over every source)"
     part_of = getattr(program, "part_of", None)
-    facts = [f"**partitions** {level}"]
+    facts = [f"Partitions: {level}."]
     if program.stage:
-        facts.append(f"**removal stage** `{program.stage}`")
+        facts.append(f"Removal stage: {program.stage}.")
     elif part_of:
-        facts.append(f"**part of stage** `{part_of}`")
+        facts.append(f"Part of stage: {part_of}.")
     gpu = f", {res.gpu} GPU" if res.gpu else ""
-    facts.append(f"**one partition needs** {res.cpu:g} CPU, {res.memory_gib:g} GiB{gpu}")
+    facts.append(f"One partition needs {res.cpu:g} CPU, {res.memory_gib:g} GiB{gpu}.")
     params_doc = inspect.cleandoc(program.params.__doc__ or "").split("\n\n")[0].replace("\n", " ")
     segs = "<crawl>/<source>" if program.level == "source" else "<crawl>"
     return "\n\n".join([
         program.description,
-        " · ".join(facts),
-        f"**parameters** `{program.params.__name__}` v{program.params.version}: {params_doc}",
-        f"**output** `<data root>/{program.name}/<params_key>/{segs}/` (manifest written last)",
+        " ".join(facts),
+        f"Parameters: {program.params.__name__} v{program.params.version}: {params_doc}",
+        f"Output: <data root>/{program.name}/<params_key>/{segs}/ (manifest written last).",
     ])
 
 
@@ -84,9 +87,50 @@ def _lineage(curation: CurationResource, program: str, crawl: str, source: str |
     if program == "curated_documents":
         cur = read_as(manifest, CuratedDocumentsReport)
         return {"kept_fraction": round(cur.kept / cur.input, 6) if cur.input else 0.0}
-    from curation_dagster.lineage import ledger_metadata
+    from curation_dagster.lineage import removal_ledger_metadata
 
-    return ledger_metadata(read_as(manifest, RemovalLedgerReport))
+    return removal_ledger_metadata(store, curation.spec(crawl), read_as(manifest, RemovalLedgerReport))
+
+
+# The table a partition of each kind is about, the first of these it holds (else its first).
+MAIN_TABLES = ("documents", "ledger", "removed")
+
+
+def _column_type(t: Any) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_boolean(t):
+        return "bool"
+    return str(t)
+
+
+def table_metadata(curation: CurationResource, program: str, crawl: str, source: str | None) -> dict[str, Any]:
+    """``dagster/row_count`` and ``dagster/column_schema`` of the partition's main table (its
+    documents, its ledger, or its removal list), from its manifest and one part file's Parquet
+    footer; none where the partition holds no table."""
+    import pyarrow.parquet as pq
+    from dagster import TableColumn, TableSchema
+
+    store = curation.store()
+    pdir = plan_task(store, curation.spec(crawl), program, source).output_dir
+    manifest = store.read_manifest(pdir)
+    if manifest is None or not manifest.tables:
+        return {}
+    table = next((t for t in MAIN_TABLES if t in manifest.tables), sorted(manifest.tables)[0])
+    meta: dict[str, Any] = {"dagster/row_count": int(manifest.rows.get(table, 0))}
+    parts = manifest.tables[table]
+    if parts:
+        with store.fs.open(f"{pdir}/{parts[0]}", "rb") as fh:
+            schema = pq.read_schema(fh)
+        meta["dagster/column_schema"] = TableSchema(columns=[
+            TableColumn(f.name, _column_type(f.type), f"{table}.{f.name}") for f in schema])
+    return meta
 
 
 def asset_metadata(
@@ -96,7 +140,7 @@ def asset_metadata(
     profile's ``overhead_s``) after the lineage that explains a shrinking source, the waterfall
     first: it is what the materialization's page shows at the top. An asset step and a wave run
     (``curation_dagster.crawl_run``) record the same."""
-    return {**_lineage(curation, program, crawl, source), **meta}
+    return {**_lineage(curation, program, crawl, source), **table_metadata(curation, program, crawl, source), **meta}
 
 
 def build_asset(program: Program) -> AssetsDefinition:

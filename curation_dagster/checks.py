@@ -132,23 +132,56 @@ def evaluate_over_deletion(
     sources = [source] if source is not None else sorted(spec.sources)
     entering = entering_by_source(store, spec, program, sources)
     removed = removed_by_source(store, spec, program, sources)
-    rows, bad = [], []
+    rows, bad, small = [], [], []
     worst = (0.0, "")
     for s in sources:
         frac = removed[s] / entering[s] if entering[s] else 0.0
         judged = entering[s] >= od.min_documents
         if judged and frac > bound:
             bad.append(f"{s} {_pct(frac)} ({removed[s]:,} of {entering[s]:,})")
-        worst = max(worst, (frac, s))
-        rows.append(f"| {s} | {entering[s]:,} | {removed[s]:,} | {_pct(frac)} | {'' if judged else 'too small'} |")
+        if judged:
+            worst = max(worst, (frac, s))
+        else:
+            small.append(f"{s} {_pct(frac)} of {entering[s]:,}")
+        rows.append(f"| {s} | {entering[s]:,} | {removed[s]:,} | {_pct(frac)} | "
+                    f"{'judged' if judged else f'not judged: under min_documents {od.min_documents:,}'} |")
     table = "\n".join([f"| source | entering {stage} | removed | fraction | note |", "|---|---:|---:|---:|---|", *rows])
-    meta = {"stage": stage, "bound": bound, "min_documents": od.min_documents,
-            "worst_fraction": round(worst[0], 6), "worst_source": worst[1]}
+    meta: dict[str, Any] = {"stage": stage, "bound": bound, "min_documents": od.min_documents,
+                            "sources_judged": len(sources) - len(small), "sources_not_judged": len(small),
+                            "worst_fraction": round(worst[0], 6), "worst_source": worst[1]}
     if bad:
-        return Verdict(False, f"stage {stage} removed more than {_pct(bound)} of: {'; '.join(bad)}", "ERROR",
-                       meta, table)
-    return Verdict(True, f"stage {stage} removed at most {_pct(worst[0])} of a source (bound {_pct(bound)})",
-                   metadata=meta, table=table)
+        return Verdict(False, over_deletion_failure(stage, bound, bad), "ERROR",
+                       {**meta, **_would_remove(store, spec, program, sources)}, table)
+    return Verdict(True, over_deletion_pass(stage, bound, worst, small, od.min_documents), metadata=meta, table=table)
+
+
+def over_deletion_failure(stage: str, bound: float, bad: list[str]) -> str:
+    """The failure text: the sources over the bound and the curate.yaml setting that allows it."""
+    return (f"stage {stage} removed more than {_pct(bound)} of: {'; '.join(bad)}; not applied, the crawl stops "
+            f"here. If intended, raise checks.over_deletion.per_stage.{stage} in curate.yaml; else fix the "
+            f"stage's parameters")
+
+
+def over_deletion_pass(stage: str, bound: float, worst: tuple[float, str], small: list[str],
+                       min_documents: int) -> str:
+    """The passing text: what was judged, and apart from it the sources too small to judge."""
+    not_judged = (f"not judged (under min_documents {min_documents:,}): {', '.join(small[:5])}"
+                  f"{f' and {len(small) - 5} more' if len(small) > 5 else ''}") if small else ""
+    if not worst[1] and small:
+        return f"stage {stage}: nothing judged, every source is too small; {not_judged}"
+    head = f"stage {stage} removed at most {_pct(worst[0])} of a judged source (bound {_pct(bound)})"
+    return f"{head}; {not_judged}" if small else head
+
+
+def _would_remove(store: Store, spec: CrawlSpec, program: str, sources: list[str]) -> dict[str, Any]:
+    """The stopped stage's removal list as metadata (``curation_dagster.pending``); none where
+    it cannot be read (the check's verdict stands without it)."""
+    from curation_dagster.pending import pending_metadata
+
+    try:
+        return pending_metadata(store, spec, program, sources)
+    except (OSError, KeyError, ValueError):
+        return {}
 
 
 def evaluate_empty_result(
@@ -322,7 +355,8 @@ class CheckKind:
 
 CHECK_KINDS: tuple[CheckKind, ...] = (
     CheckKind("over_deletion", evaluate_over_deletion, lambda p: p.stage is not None, True,
-              "Removed fraction per source at this stage <= checks.over_deletion bound (blocks downstream)."),
+              "Removed fraction per source at this stage <= checks.over_deletion bound (blocks downstream); a "
+              "source under checks.over_deletion.min_documents is reported as not judged."),
     CheckKind("empty_result", evaluate_empty_result, lambda p: p.stage is not None and p.uses_keep_rule, False,
               "A dedup stage that finds no duplicate in a large crawl is suspicious (warns)."),
     CheckKind("giant_groups", evaluate_giant_groups, lambda p: p.level == "crawl" and p.group != "output", False,

@@ -204,21 +204,25 @@ def print_report(report: RemovalLedgerReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from curation_dagster.lineage import custom_filters
+    from curation_dagster.lineage import EARLIER, custom_filters, earlier_crawls, step_label, step_value
 
-    stages = list(STAGES)
-    # Custom filters (docs/filters.md): their share of the heuristic removals, after its column.
-    custom = [f"heuristic:{name}" for name in custom_filters(report)]
-    columns = [*stages[: stages.index("heuristic") + 1], *custom, *stages[stages.index("heuristic") + 1:]]
+    # Sub-columns (``↳``), each a part of the stage column before it: custom filters' share of the
+    # heuristic removals (docs/filters.md), a dedup stage's duplicates of earlier crawls' documents.
+    earlier = earlier_crawls(report)
+    columns: list[str] = []
+    for stage in STAGES:
+        columns.append(stage)
+        if stage == "heuristic":
+            columns += [f"heuristic:{name}" for name in custom_filters(report)]
+        if stage in earlier:
+            columns.append(f"{stage}:{EARLIER}")
     table = Table(title=f"crawl {report.crawl}: what each source lost at each stage")
-    for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *[c if c in custom else c.upper() for c in columns], "KEPT",
-                "KEPT %"]:
-        label = "↳ " + col.partition(":")[2] if col in custom else col  # part of the HEURISTIC column
-        table.add_column(label, justify="left" if col == "SOURCE" else "right", min_width=len(label))
+    for col in ["SOURCE", "INPUT", QUARANTINE.upper(), *columns, "KEPT", "KEPT %"]:
+        label = step_label(report, col) if ":" in col else col.upper()
+        table.add_column(label, justify="left" if col == "SOURCE" else "right", min_width=min(len(label), 24))
     totals = {"input": 0, "kept": 0, "quarantined": 0, **{c: 0 for c in columns}}
     for source, row in sorted(report.sources.items()):
-        removed = [row.filters.get(c.partition(":")[2], 0) if c in custom else row.removed_per_stage.get(c, 0)
-                   for c in columns]
+        removed = [step_value(row, c) for c in columns]
         for c, n in zip(columns, removed, strict=True):
             totals[c] += n
         totals["input"] += row.input
@@ -233,13 +237,36 @@ def print_report(report: RemovalLedgerReport) -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
+def _stopped(root: DataRoot, crawl: str) -> tuple[Store, CrawlSpec, Any] | None:
+    """(store, spec, its committed removal lists) of a crawl that has no ledger but some removal
+    list (``curation_dagster.pending``: a blocking check stopped it); None otherwise."""
+    from curation_dagster.pending import pending_removals
+
+    spec = root.spec(crawl)
+    store = root.store
+    if store.read_manifest(store.partition_dir("removal_ledger", spec.keys()[("removal_ledger", None)], crawl)):
+        return None
+    table = pending_removals(store, spec)
+    return (store, spec, table) if table.num_rows else None
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    report = load_report(_dataroot(args), args.crawl)
+    root = _dataroot(args)
+    stopped = _stopped(root, args.crawl)
+    if stopped is not None:  # the operator still sees what the stopped stage would remove; exit 1
+        from curation_dagster.pending import counts, stopped_report
+
+        _, _, table = stopped
+        print(json.dumps({"crawl": args.crawl, "applied": False, "would_remove": counts(table)}, indent=1)
+              if args.json else stopped_report(args.crawl, table))
+        return 1
+    report = load_report(root, args.crawl)
     if args.json:
         # The documented shape (README): ``removed`` here is the per-stage dict, as it always was.
         out = {"crawl": report.crawl, "sources": {
             s: {"input": r.input, "kept": r.kept, "quarantined": r.quarantined, "removed": r.removed_per_stage,
-                **({"filters": r.filters} if r.filters else {})}
+                **({"filters": r.filters} if r.filters else {}),
+                **({"earlier_crawl_duplicates": r.earlier_crawl_duplicates} if r.earlier_crawl_duplicates else {})}
             for s, r in sorted(report.sources.items())
         }}
         print(json.dumps(out, indent=1))
@@ -251,13 +278,25 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_ledger(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    store, pdir, _ = _ledger_dir(_dataroot(args), args.crawl)
-    table = store.read_table(pdir, "ledger")
+    root = _dataroot(args)
+    stopped = _stopped(root, args.crawl)
+    if stopped is not None:  # no ledger: the committed removal lists, marked not applied
+        import pyarrow as pa
+
+        table = stopped[2]
+        table = table.append_column("applied", pa.repeat(pa.scalar(False), table.num_rows))
+    else:
+        store, pdir, _ = _ledger_dir(root, args.crawl)
+        table = store.read_table(pdir, "ledger")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     pq.write_table(table, tmp)
     tmp.replace(out)
+    if stopped is not None:
+        print(f"crawl {args.crawl} has no removal ledger: {table.num_rows} row(s) its stopped stages would remove, "
+              f"NOT APPLIED (column applied = false) -> {out}")
+        return 1
     print(f"{table.num_rows} ledger rows -> {out}")
     return 0
 
@@ -265,7 +304,16 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from curation_dagster.explain import explain
 
-    store, pdir, spec = _ledger_dir(_dataroot(args), args.crawl)
+    root = _dataroot(args)
+    stopped = _stopped(root, args.crawl)
+    if stopped is not None:
+        from curation_dagster.pending import explain_pending
+
+        pending = explain_pending(*stopped, args.doc_id)
+        print(pending or f"{args.doc_id}: no committed removal list of crawl {args.crawl} names it (the crawl has "
+                         "no removal ledger: it stopped before its removals were applied)")
+        return 0 if pending else 1
+    store, pdir, spec = _ledger_dir(root, args.crawl)
     text, found = explain(store, spec, pdir, args.doc_id)
     print(text)
     return 0 if found else 1

@@ -41,6 +41,15 @@ def _snippet(text: str | None) -> str:
     return text if len(text) <= SNIPPET else text[:SNIPPET] + " ..."
 
 
+def kept_where(row: dict[str, Any], kept: dict[str, Any] | None, crawl: str) -> str:
+    """``record_id R, source S, crawl C`` of the kept document a ledger row names; the crawl is
+    marked when it is an earlier one (ledgers before version 2 have no duplicate_of_crawl)."""
+    source = row.get("duplicate_of_source") or (kept["source"] if kept else "?")
+    of = row.get("duplicate_of_crawl")
+    where = "?" if of is None else f"{of} (an earlier crawl, which kept it)" if of != crawl else f"{of} (this crawl)"
+    return f"record_id {row['duplicate_of_record_id']}, source {source}, crawl {where}"
+
+
 def explain(store: Store, spec: CrawlSpec, ledger_dir: str, doc_id: str) -> tuple[str, bool]:
     """(text to print, whether the document was found in the crawl)."""
     row = _first(store, ledger_dir, "ledger", None, doc_id)
@@ -65,8 +74,7 @@ def explain(store: Store, spec: CrawlSpec, ledger_dir: str, doc_id: str) -> tupl
         lines.append(f"  benchmark example: {row['duplicate_of']} (shares {row['score']:.0f} n-grams)")
     elif row["duplicate_of"]:
         kept = _document(store, spec, row["duplicate_of"])
-        lines.append(f"  duplicate of: {row['duplicate_of']} (record_id {row['duplicate_of_record_id']}, "
-                     f"source {kept['source'] if kept else '?'})")
+        lines.append(f"  duplicate of: {row['duplicate_of']} ({kept_where(row, kept, spec.crawl)})")
         if kept is not None:
             lines.append(f"  kept text: {_snippet(kept['text'])}")
     return "\n".join(lines), True

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stages.catalog import QUARANTINE, STAGES
 from stages.reports import LedgerSource, RemovalLedgerReport, SourceCounts
+
+if TYPE_CHECKING:
+    from stages.spec import CrawlSpec
+    from stages.store import Store
 
 KEPT_COLOR = "#2e7d32"
 QUARANTINE_COLOR = "#9e9e9e"
@@ -34,6 +38,27 @@ def custom_filters(report: RemovalLedgerReport) -> list[str]:
     return sorted({name for row in report.sources.values() for name in row.filters})
 
 
+# The sub-column of a dedup stage's removals that duplicate documents earlier crawls kept.
+EARLIER = "earlier_crawls"
+
+
+def earlier_crawls(report: RemovalLedgerReport) -> dict[str, list[str]]:
+    """Stage -> the earlier crawls whose kept documents its removals duplicated (sorted), for the
+    stages (in pipeline order) that removed any document as a duplicate of an earlier crawl."""
+    seen: dict[str, set[str]] = {}
+    for row in report.sources.values():
+        for stage, per_crawl in row.earlier_crawl_duplicates.items():
+            if any(per_crawl.values()):
+                seen.setdefault(stage, set()).update(c for c, n in per_crawl.items() if n)
+    return {s: sorted(seen[s]) for s in stages_of(report) if s in seen}
+
+
+def named_crawls(crawls: list[str], most: int = 3) -> str:
+    """``c1``, ``c1, c2`` or ``c1, c2, c3 and 4 more``."""
+    head = ", ".join(crawls[:most])
+    return head if len(crawls) <= most else f"{head} and {len(crawls) - most} more"
+
+
 def steps(row: SourceCounts, stages: list[str]) -> list[tuple[str, int, int]]:
     """(step, removed, entering) along one source's waterfall: quarantine, then each stage."""
     out = []
@@ -44,10 +69,19 @@ def steps(row: SourceCounts, stages: list[str]) -> list[tuple[str, int, int]]:
     return out
 
 
+def share(part: int, whole: int) -> str:
+    """``part`` of ``whole`` as a percentage, short: whole percents from 10 % to 99 %, one decimal
+    below and above (``1.1%``, ``34%``, ``99.6%``: never a rounded ``100%`` that is not all)."""
+    if part == whole:
+        return "100%"
+    p = 100 * part / whole
+    return f"{p:.0f}%" if 10 <= p < 99 else f"{p:.1f}%"
+
+
 def _cell(removed: int, entering: int) -> str:
     if removed == 0:
         return "0"
-    return f"−{removed:,} ({100 * removed / entering:.1f}%)" if entering else f"−{removed:,}"
+    return f"−{removed:,} ({share(removed, entering)})" if entering else f"−{removed:,}"
 
 
 def totals(report: RemovalLedgerReport) -> LedgerSource:
@@ -58,41 +92,106 @@ def totals(report: RemovalLedgerReport) -> LedgerSource:
         input=sum(r.input for r in rows), kept=sum(r.kept for r in rows),
         quarantined=sum(r.quarantined for r in rows), removed=sum(per_stage.values()), removed_per_stage=per_stage,
         filters={n: sum(r.filters.get(n, 0) for r in rows) for n in custom_filters(report)},
+        earlier_crawl_duplicates={
+            stage: {c: sum(r.earlier_crawl_duplicates.get(stage, {}).get(c, 0) for r in rows) for c in crawls}
+            for stage, crawls in earlier_crawls(report).items()},
     )
 
 
-def waterfall_markdown(report: RemovalLedgerReport) -> str:
-    """Markdown table: one row per source and a total; a step's cell is ``−removed (share of the
-    documents that reached that step)``."""
-    stages = stages_of(report)
-    head = ["source", "input", QUARANTINE, *stages, "kept", "kept %"]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    rows = sorted(report.sources.items())
-    for name, row in [*rows, ("**total**", totals(report))]:
-        cells = [_cell(n, entering) for _, n, entering in steps(row, stages)]
-        pct = f"{100 * row.kept / row.input:.1f}" if row.input else "–"
-        lines.append(f"| {name} | {row.input:,} | " + " | ".join(cells) + f" | {row.kept:,} | {pct} |")
-    return "\n".join(lines)
-
-
 def _step_columns(report: RemovalLedgerReport) -> list[str]:
-    """The stages in pipeline order, each custom filter's ``heuristic:NAME`` right after heuristic."""
+    """The stages in pipeline order, each custom filter's ``heuristic:NAME`` right after
+    heuristic and, after a dedup stage that removed duplicates of earlier crawls' documents,
+    ``STAGE:earlier_crawls``: sub-columns, each a share of the stage's removals before it."""
+    earlier = earlier_crawls(report)
     out = []
     for stage in stages_of(report):
         out.append(stage)
         if stage == "heuristic":
             out += [f"heuristic:{name}" for name in custom_filters(report)]
+        if stage in earlier:
+            out.append(f"{stage}:{EARLIER}")
     return out
+
+
+def step_value(row: LedgerSource, column: str) -> int:
+    """A source's count in one ``_step_columns`` column."""
+    stage, _, sub = column.partition(":")
+    if not sub:
+        return row.removed_per_stage.get(stage, 0)
+    return row.earlier(stage) if sub == EARLIER and stage != "heuristic" else row.filters.get(sub, 0)
+
+
+def step_label(report: RemovalLedgerReport, column: str, short: bool = False) -> str:
+    """A column's heading: the stage, ``↳ NAME`` (a custom filter) or ``↳ earlier crawl c1``
+    (duplicates of documents crawl c1 kept; ``crawls c1, c2`` for several; ``short``: ``↳ c1``,
+    which a legend under the table explains)."""
+    stage, _, sub = column.partition(":")
+    if not sub:
+        return stage
+    if sub == EARLIER and stage != "heuristic":
+        crawls = earlier_crawls(report).get(stage, [])
+        named = named_crawls(crawls, most=2 if short else 3)
+        return f"↳ {named}" if short else f"↳ earlier crawl{'s' if len(crawls) > 1 else ''} {named}"
+    return f"↳ {sub}"
+
+
+def legend(report: RemovalLedgerReport, columns: list[str]) -> list[str]:
+    """What the short sub-column headings of the Markdown waterfall mean, a line each."""
+    out = []
+    for c in columns:
+        stage, _, sub = c.partition(":")
+        if sub == EARLIER and stage != "heuristic":
+            crawls = earlier_crawls(report).get(stage, [])
+            # short: the pane is as wide as the widest metadata value, so a long line is cut, not wrapped
+            out.append(f"`{step_label(report, c, short=True)}`: {stage} removals that copy documents "
+                       f"earlier crawl{'s' if len(crawls) > 1 else ''} {named_crawls(crawls, most=10)} kept.")
+        elif sub:
+            out.append(f"`↳ {sub}`: of the heuristic removals, those by custom filter {sub}.")
+    return out
+
+
+def waterfall_markdown(report: RemovalLedgerReport) -> str:
+    """Markdown table: one row per source and a total; a step's cell is ``−removed (share of the
+    documents that reached that step)``, then kept (its share is the chart's, and
+    ``kept_fraction``). A sub-column (``↳``: a
+    custom filter's, or a dedup stage's duplicates of documents earlier crawls kept) is a part of
+    the stage's cell before it, a count (its share is of the same documents). Steps that removed nothing
+    anywhere are left out (the native table has them), so it stays readable at 1,280 px."""
+    columns = [c for c in _step_columns(report) if any(step_value(r, c) for r in report.sources.values())]
+    quarantine = any(r.quarantined for r in report.sources.values())
+    head = ["source", "input", *([QUARANTINE] if quarantine else []),
+            *[step_label(report, c, short=True) for c in columns], "kept"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    rows = sorted(report.sources.items())
+    stages = stages_of(report)
+    for name, row in [*rows, ("**total**", totals(report))]:
+        entering = {step: n_in for step, _, n_in in steps(row, stages)}
+        # a sub-column's count alone: its share is of the same documents as the stage's cell before it
+        cells = ([_cell(row.quarantined, row.input)] if quarantine else []) + [
+            _cell(step_value(row, c), entering[c] if ":" not in c else 0) for c in columns]
+        lines.append(f"| {name} | {row.input:,} | " + " | ".join(cells) + f" | {row.kept:,} |")
+    notes = legend(report, columns)
+    return "\n".join([*lines, *(["", *notes] if notes else [])])
 
 
 def waterfall_columns(report: RemovalLedgerReport) -> list[tuple[str, str, str]]:
     """(name, type, description) of the ``waterfall_rows`` columns; types are TableColumn's."""
+    earlier = earlier_crawls(report)
+
+    def describe(col: str) -> str:
+        stage, _, sub = col.partition(":")
+        if not sub:
+            return f"documents removed by stage {stage}"
+        if sub == EARLIER and stage != "heuristic":
+            return (f"of the {stage} removals, duplicates of documents kept by earlier crawl(s) "
+                    f"{named_crawls(earlier.get(stage, []), most=10)} (the rest are duplicates within this crawl)")
+        return f"of the heuristic removals, those by custom filter {sub}"
+
     return [
         ("source", "string", "source name, or 'total' for the sum over sources"),
         ("input", "int", "documents read"),
         (QUARANTINE, "int", "bad records (ingestion quarantine)"),
-        *[(s, "int", f"of the heuristic removals, those by custom filter {s.partition(':')[2]}") if ":" in s
-          else (s, "int", f"documents removed by stage {s}") for s in _step_columns(report)],
+        *[(c, "int", describe(c)) for c in _step_columns(report)],
         ("kept", "int", "documents in the curated output"),
         ("kept_fraction", "float", "kept / input"),
     ]
@@ -100,14 +199,14 @@ def waterfall_columns(report: RemovalLedgerReport) -> list[tuple[str, str, str]]
 
 def waterfall_rows(report: RemovalLedgerReport) -> list[dict[str, Any]]:
     """One row per source (sorted) and a ``total`` row: input, quarantine, removed per stage, the
-    custom filters' share of the heuristic removals (``heuristic:NAME``), kept; per row
-    ``input == quarantine + sum(stages) + kept``."""
+    sub-columns (``heuristic:NAME``: a custom filter's share of the heuristic removals;
+    ``STAGE:earlier_crawls``: a dedup stage's duplicates of earlier crawls' documents), kept; per
+    row ``input == quarantine + sum(stages) + kept``."""
     out = []
     for name, row in [*sorted(report.sources.items()), ("total", totals(report))]:
         out.append({
             "source": name, "input": row.input, QUARANTINE: row.quarantined,
-            **{s: row.filters.get(s.partition(":")[2], 0) if ":" in s else row.removed_per_stage.get(s, 0)
-               for s in _step_columns(report)},
+            **{c: step_value(row, c) for c in _step_columns(report)},
             "kept": row.kept,
             "kept_fraction": round(row.kept / row.input, 6) if row.input else 0.0,
         })
@@ -229,3 +328,90 @@ def ledger_metadata(report: RemovalLedgerReport) -> dict[str, Any]:
     except ImportError:  # pillow (with FreeType, as its wheels are) is a dependency; a trimmed image gets the table
         chart = MetadataValue.md("_install Pillow with FreeType support to see the chart_")
     return {"waterfall": meta.pop("waterfall"), "waterfall_chart": chart, **meta}
+
+
+def previous_reports(store: Store, crawl: str, sources: list[str]) -> dict[str, RemovalLedgerReport]:
+    """Source -> the ledger report of the latest crawl registered before ``crawl`` that has the
+    source and a ledger for its current parameters (none for a source seen first now)."""
+    from stages.dataroot import DataRoot
+    from stages.plan import plan_task
+    from stages.reports import read_as
+
+    records = DataRoot(store).records()
+    names = [r.crawl for r in records]
+    before = records[: names.index(crawl)] if crawl in names else records
+    cache: dict[str, RemovalLedgerReport | None] = {}
+    out: dict[str, RemovalLedgerReport] = {}
+    for record in reversed(before):
+        todo = [s for s in sources if s not in out and s in record.spec.sources]
+        if not todo:
+            continue
+        if record.crawl not in cache:
+            m = store.read_manifest(plan_task(store, record.spec, "removal_ledger", None).output_dir)
+            cache[record.crawl] = read_as(m, RemovalLedgerReport) if m is not None else None
+        prev = cache[record.crawl]
+        for s in todo:
+            if prev is not None and s in prev.sources:
+                out[s] = prev
+    return out
+
+
+def crawl_over_crawl_rows(
+    report: RemovalLedgerReport, previous: dict[str, RemovalLedgerReport]
+) -> list[dict[str, Any]]:
+    """Per source (sorted) with a previous crawl: that crawl, input and kept then and now, and
+    per removal stage (of either crawl, pipeline order) the change in its removals, now − then."""
+    # the stages that removed anything from a compared source, in either crawl
+    stages = [s for s in STAGES if any(r.sources[n].removed_per_stage.get(s, 0) for n, r in previous.items())
+              or any(report.sources[n].removed_per_stage.get(s, 0) for n in previous)]
+    out = []
+    for name in sorted(report.sources):
+        if name not in previous:
+            continue
+        now, then = report.sources[name], previous[name].sources[name]
+        out.append({
+            "source": name, "previous_crawl": previous[name].crawl,
+            "input_before": then.input, "input": now.input, "input_change": now.input - then.input,
+            "kept_before": then.kept, "kept": now.kept, "kept_change": now.kept - then.kept,
+            "quarantine_change": now.quarantined - then.quarantined,
+            **{f"{s}_change": now.removed_per_stage.get(s, 0) - then.removed_per_stage.get(s, 0) for s in stages},
+        })
+    return out
+
+
+def crawl_over_crawl_table(report: RemovalLedgerReport, previous: dict[str, RemovalLedgerReport]) -> Any:
+    """``crawl_over_crawl_rows`` as a Dagster table with its schema (None where no source has a
+    previous crawl)."""
+    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+
+    rows = crawl_over_crawl_rows(report, previous)
+    if not rows:
+        return None
+    described = {"source": ("string", "source name"),
+                 "previous_crawl": ("string", "the latest crawl before this one that has the source (and a ledger)"),
+                 "input_before": ("int", "documents read then"), "input": ("int", "documents read now"),
+                 "input_change": ("int", "now − then"), "kept_before": ("int", "documents kept then"),
+                 "kept": ("int", "documents kept now"), "kept_change": ("int", "now − then"),
+                 "quarantine_change": ("int", "documents quarantined at ingestion: now − then")}
+    columns = [TableColumn(c, *described[c]) if c in described else
+               TableColumn(c, "int", f"documents removed by {c.removesuffix('_change')}: now − then")
+               for c in rows[0]]
+    return MetadataValue.table([TableRecord(r) for r in rows], TableSchema(columns=columns))
+
+
+def removal_ledger_metadata(store: Store, spec: CrawlSpec, report: RemovalLedgerReport) -> dict[str, Any]:
+    """``ledger_metadata`` and, after the waterfall, ``removal_examples``: a few removed documents
+    of each source x stage x reason with the kept document each duplicated (its crawl and an
+    excerpt), the sources that kept the smallest share first."""
+    from curation_dagster.examples import COLUMNS, examples_table, pick, removal_examples
+    from stages.plan import plan_task
+
+    pdir = plan_task(store, spec, "removal_ledger", None).output_dir
+    order = sorted(report.sources, key=lambda n: (report.sources[n].kept / report.sources[n].input
+                                                  if report.sources[n].input else 1.0, n))
+    rows = pick(store.iter_batches(pdir, "ledger", COLUMNS), order)  # ledgers of v2 have every column
+    meta = ledger_metadata(report)
+    head = {k: meta.pop(k) for k in ("waterfall", "waterfall_chart")}
+    compared = crawl_over_crawl_table(report, previous_reports(store, spec.crawl, sorted(report.sources)))
+    return {**head, "removal_examples": examples_table(removal_examples(store, spec, rows)),
+            **({"crawl_over_crawl": compared} if compared is not None else {}), **meta}

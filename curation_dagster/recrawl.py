@@ -177,11 +177,21 @@ def build_recrawl_sensor(cfg: RecrawlConfig) -> SensorDefinition:
     return recrawl_sensor
 
 
+def schedule_description(cfg: RecrawlConfig) -> str:
+    """The schedule's description: what a tick does, and plainly whether curate.yaml configures it."""
+    what = ("On every tick of recrawl.cron, registers crawl strftime(recrawl.crawl_name) of the recrawl sources "
+            "(url may contain {crawl}) and requests its root runs.")
+    if cfg.cron:
+        return f"Configured: recrawl.cron {cfg.cron!r} ({cfg.timezone}) in curate.yaml. {what}"
+    return ("NOT CONFIGURED: curate.yaml sets no recrawl.cron, so this schedule stays stopped and the cron shown "
+            "is a placeholder, not a plan. Set recrawl.cron (and recrawl.sources or recrawl.template) to use it. "
+            f"{what} Crawls are created by `curate run`, `curate submit`, `curate register` or the recrawl sensor.")
+
+
 def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition:
     @schedule(
         name="recrawl_schedule",
-        description="On every tick of recrawl.cron, registers crawl strftime(recrawl.crawl_name) of the "
-                    "recrawl sources (url may contain {crawl}) and requests its root runs.",
+        description=schedule_description(cfg),
         cron_schedule=cfg.cron or "0 3 * * 1",
         execution_timezone=cfg.timezone,
         target=TARGET,

@@ -366,7 +366,9 @@ class CuratedDocumentsParams(ProgramParams):
 class RemovalLedgerParams(ProgramParams):
     """One row per removed or quarantined document of a crawl."""
 
-    version: ClassVar[int] = 1
+    # 2: the kept document's source and crawl (duplicate_of_source, duplicate_of_crawl), and the
+    # earlier-crawl duplicates counted apart per source and stage.
+    version: ClassVar[int] = 2
 
 
 class KeepParams(ProgramParams):

@@ -108,6 +108,21 @@ def removal_table(
     }, schema=REMOVED)
 
 
+def kept_where(duplicate_of_source: pa.Array | pa.ChunkedArray, crawl: str) -> tuple[pa.Array, pa.Array]:
+    """(source, crawl) of the kept document each removal duplicated, from a ``REMOVED`` table's
+    ``duplicate_of_source``: ``"<crawl>/<source>"`` names a document an earlier crawl kept (source
+    and crawl names never hold a ``/``), a bare ``<source>`` one of ``crawl`` itself; both null
+    where the row names no kept document. String arrays, columnar."""
+    col = pa.chunked_array([duplicate_of_source]) if isinstance(duplicate_of_source, pa.Array) \
+        else duplicate_of_source
+    col = col.cast(pa.string()).combine_chunks()
+    earlier = pc.fill_null(pc.greater_equal(pc.find_substring(col, "/"), 0), False)
+    source = pc.replace_substring_regex(col, "^[^/]*/", "")
+    of_crawl = pc.if_else(earlier, pc.replace_substring_regex(col, "/.*$", ""),
+                          pc.if_else(pc.is_valid(col), pa.scalar(crawl, pa.string()), pa.scalar(None, pa.string())))
+    return source, of_crawl
+
+
 def raw_dirs(inputs: Inputs) -> list[str]:
     """``raw_documents`` partitions a task may read texts from: its crawl's and, for incremental
     dedup, those of the earlier crawls it is deduplicated against."""

@@ -314,6 +314,13 @@ class CuratedDocumentsReport(SourceCounts, Report):
 class LedgerSource(SourceCounts):
     # Of the heuristic removals, those of each custom filter (when the heuristics ran any).
     filters: dict[str, int] = Field(default_factory=dict)
+    # Of removed_per_stage[STAGE], the duplicates of a document an earlier crawl kept, per that
+    # crawl: {stage: {crawl: n}} (set only when there are any), apart from the within-crawl ones.
+    earlier_crawl_duplicates: dict[str, dict[str, int]] = Field(default_factory=dict)
+
+    def earlier(self, stage: str) -> int:
+        """Removals of ``stage`` as duplicates of documents earlier crawls kept."""
+        return sum(self.earlier_crawl_duplicates.get(stage, {}).values())
 
 
 class RemovalLedgerReport(Report):

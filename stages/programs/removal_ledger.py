@@ -1,7 +1,9 @@
 """removal_ledger[crawl]: one row per removed or quarantined document, and the source x stage report.
 
-Columns: doc_id, record_id, source, stage, reason, duplicate_of, duplicate_of_record_id, score,
-detail. ``stage`` is ``quarantine`` or a removal stage word (``heuristic``, ``exact``, ...).
+Columns: doc_id, record_id, source, stage, reason, duplicate_of, duplicate_of_record_id,
+duplicate_of_source, duplicate_of_crawl, score, detail. ``stage`` is ``quarantine`` or a removal
+stage word (``heuristic``, ``exact``, ...); ``duplicate_of_crawl`` is the crawl that kept the
+document a duplicate was removed for: this crawl, or an earlier one it was deduplicated against.
 The report is checked before it is committed: for every source
 ``input == kept + quarantined + sum(removed)``, and the ledger holds exactly that many rows.
 """
@@ -9,6 +11,7 @@ The report is checked before it is committed: for every source
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +22,7 @@ from stages.catalog import PROGRAMS, QUARANTINE, STAGES
 from stages.errors import StageError
 from stages.keep import ID_BYTES, fixed_ids
 from stages.params import ExecutionParams, RemovalLedgerParams
-from stages.removal import applied_programs, removed_table
+from stages.removal import applied_programs, kept_where, removed_table
 from stages.reports import CuratedDocumentsReport, LedgerSource, RemovalLedgerReport, read_as
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
@@ -32,6 +35,8 @@ LEDGER = pa.schema([
     ("reason", pa.string()),
     ("duplicate_of", pa.string()),
     ("duplicate_of_record_id", pa.string()),
+    ("duplicate_of_source", pa.string()),  # the kept document's source
+    ("duplicate_of_crawl", pa.string()),  # the kept document's crawl (this one or an earlier one)
     ("score", pa.float64()),
     ("detail", pa.string()),
 ])
@@ -134,6 +139,7 @@ def run(
     sources = inputs.sources("raw_documents")
     ledger_counts: Counter[tuple[str, str]] = Counter()
     reason_counts: Counter[tuple[str, str]] = Counter()  # heuristic removals per (source, reason)
+    earlier_counts: Counter[tuple[str, str, str]] = Counter()  # (source, stage, earlier crawl): removals
     for s in sources:
         for batch in store.iter_batches(inputs.dir("raw_documents", s), "quarantine", QUARANTINE_COLUMNS,
                                         execution.batch_rows):
@@ -142,6 +148,7 @@ def run(
                 "doc_id": batch["doc_id"], "record_id": batch["record_id"], "source": batch["source"],
                 "stage": pa.repeat(pa.scalar(QUARANTINE, pa.string()), n), "reason": batch["reason"],
                 "duplicate_of": pa.nulls(n, pa.string()), "duplicate_of_record_id": pa.nulls(n, pa.string()),
+                "duplicate_of_source": pa.nulls(n, pa.string()), "duplicate_of_crawl": pa.nulls(n, pa.string()),
                 "score": pa.nulls(n, pa.float64()), "detail": batch["detail"],
             }, schema=LEDGER))
             ledger_counts[(s, QUARANTINE)] += n
@@ -151,7 +158,8 @@ def run(
     for program in applied_programs(inputs):
         stage = PROGRAMS[program].stage
         assert stage is not None
-        t = _removed(inputs, program, sources, ["doc_id", "source", "reason", "duplicate_of", "score"])
+        t = _removed(inputs, program, sources,
+                     ["doc_id", "source", "reason", "duplicate_of", "duplicate_of_source", "score"])
         t = t.combine_chunks()
         ids, ok = _ids32(t["doc_id"])
         if len(seen):
@@ -167,14 +175,17 @@ def run(
     record_ids = _record_ids(inputs, wanted, execution.batch_rows)
     for stage, t in removed:
         n = t.num_rows
+        kept_source, kept_crawl = kept_where(t["duplicate_of_source"], partition.crawl)
         output.write("ledger", pa.table({
             "doc_id": t["doc_id"], "record_id": _lookup(t["doc_id"], wanted, record_ids), "source": t["source"],
             "stage": pa.repeat(pa.scalar(stage, pa.string()), n), "reason": t["reason"],
             "duplicate_of": t["duplicate_of"],
             "duplicate_of_record_id": _lookup(t["duplicate_of"], wanted, record_ids),
+            "duplicate_of_source": kept_source, "duplicate_of_crawl": kept_crawl,
             "score": t["score"].cast(pa.float64()), "detail": pa.nulls(n, pa.string()),
         }, schema=LEDGER))
         ledger_counts.update({(source, stage): count for source, count in _counts(t).items()})
+        earlier_counts.update(_earlier_crawl_counts(t["source"], kept_crawl, stage, partition.crawl))
         if stage == HEURISTIC:
             by_reason = t.group_by(["source", "reason"]).aggregate([("doc_id", "count")])
             reason_counts.update(dict(zip(zip(by_reason["source"].to_pylist(), by_reason["reason"].to_pylist(),
@@ -195,9 +206,30 @@ def run(
         names = _custom_filters(inputs, s)
         # the custom filters' share of the heuristic removals, from the ledger's reasons (set only if any)
         custom = {"filters": {name: reason_counts[(s, filters.reason(name))] for name in names}} if names else {}
+        earlier: dict[str, dict[str, int]] = {}
+        for (source, stage, crawl), n in sorted(earlier_counts.items()):
+            if source == s:
+                earlier.setdefault(stage, {})[crawl] = n
+        extra: dict[str, Any] = dict(custom)
+        if earlier:  # set only if any: a crawl deduplicated against no earlier crawl keeps its short report
+            extra["earlier_crawl_duplicates"] = earlier
         entries[s] = LedgerSource(input=cur.input, kept=cur.kept, quarantined=cur.quarantined, removed=cur.removed,
-                                  removed_per_stage=cur.removed_per_stage, **custom)
+                                  removed_per_stage=cur.removed_per_stage, **extra)
     return RemovalLedgerReport(crawl=partition.crawl, sources=entries)
+
+
+def _earlier_crawl_counts(source: pa.ChunkedArray | pa.Array, kept_crawl: pa.Array, stage: str,
+                          crawl: str) -> dict[tuple[str, str, str], int]:
+    """(source, stage, earlier crawl) -> removals of ``stage`` whose kept document an earlier
+    crawl holds (``kept_crawl`` neither null nor ``crawl``): counted apart from the duplicates
+    within this crawl."""
+    earlier = pc.fill_null(pc.not_equal(kept_crawl, crawl), False)
+    if not pc.any(earlier).as_py():
+        return {}
+    t = pa.table({"source": source, "crawl": kept_crawl}).filter(earlier)
+    g = t.group_by(["source", "crawl"]).aggregate([([], "count_all")])
+    return {(s, stage, c): n for s, c, n in zip(g["source"].to_pylist(), g["crawl"].to_pylist(),
+                                                 g["count_all"].to_pylist(), strict=True)}
 
 
 def _custom_filters(inputs: Inputs, source: str) -> list[str]:

@@ -71,13 +71,22 @@ def test_over_deletion_per_source_stage(store: Store, spec: CrawlSpec) -> None:
     plant_counts(store, spec, {"a": 1000, "b": 1000, "c": 10}, {"a": 950, "b": 100, "c": 10}, {"a": 0, "b": 0, "c": 0})
     v = evaluate_over_deletion(store, spec, "filtered_documents", "a", cfg())
     assert (v.passed, v.severity) == (False, "ERROR")
-    assert v.description == "stage heuristic removed more than 90.0% of: a 95.0% (950 of 1,000)"
-    assert v.metadata == {"stage": "heuristic", "bound": 0.9, "min_documents": 1000, "worst_fraction": 0.95,
-                          "worst_source": "a"}
+    assert v.description.startswith("stage heuristic removed more than 90.0% of: a 95.0% (950 of 1,000); not "
+                                    "applied, the crawl stops here")
+    # names the setting that would allow it
+    assert "raise checks.over_deletion.per_stage.heuristic in curate.yaml" in v.description
+    assert {k: v.metadata[k] for k in ("stage", "bound", "min_documents", "worst_fraction", "worst_source",
+                                       "sources_judged", "sources_not_judged")} == {
+        "stage": "heuristic", "bound": 0.9, "min_documents": 1000, "worst_fraction": 0.95, "worst_source": "a",
+        "sources_judged": 1, "sources_not_judged": 0}
     v = evaluate_over_deletion(store, spec, "filtered_documents", "b", cfg())
-    assert v.passed and v.description == "stage heuristic removed at most 10.0% of a source (bound 90.0%)"
+    assert v.passed and v.description == "stage heuristic removed at most 10.0% of a judged source (bound 90.0%)"
     v = evaluate_over_deletion(store, spec, "filtered_documents", "c", cfg())  # 100 % of 10 documents
-    assert v.passed and "| c | 10 | 10 | 100.0% | too small |" in (v.table or "")
+    # not "passed ... at most 100 %": the source is too small to judge, and says so
+    assert v.passed and v.description == ("stage heuristic: nothing judged, every source is too small; not judged "
+                                          "(under min_documents 1,000): c 100.0% of 10")
+    assert (v.metadata["sources_judged"], v.metadata["sources_not_judged"]) == (0, 1)
+    assert "| c | 10 | 10 | 100.0% | not judged: under min_documents 1,000 |" in (v.table or "")
     loose = cfg(over_deletion={"per_stage": {"heuristic": 0.96}})
     assert evaluate_over_deletion(store, spec, "filtered_documents", "a", loose).passed
 
@@ -88,9 +97,11 @@ def test_over_deletion_crawl_stage_counts_what_reached_it(store: Store, spec: Cr
                  {"a": 1380, "b": 100, "c": 0})
     v = evaluate_over_deletion(store, spec, "exact_duplicates", None, cfg())
     assert not v.passed and v.severity == "ERROR"
-    assert v.description == "stage exact removed more than 90.0% of: a 92.0% (1,380 of 1,500)"
+    assert v.description.startswith("stage exact removed more than 90.0% of: a 92.0% (1,380 of 1,500); ")
+    assert "checks.over_deletion.per_stage.exact" in v.description
     assert v.table is not None and v.table.splitlines()[2:] == [
-        "| a | 1,500 | 1,380 | 92.0% |  |", "| b | 1,000 | 100 | 10.0% |  |", "| c | 1,000 | 0 | 0.0% |  |"]
+        "| a | 1,500 | 1,380 | 92.0% | judged |", "| b | 1,000 | 100 | 10.0% | judged |",
+        "| c | 1,000 | 0 | 0.0% | judged |"]
     assert evaluate_over_deletion(store, spec, "exact_duplicates", None,
                                   cfg(over_deletion={"per_stage": {"exact": 0.95}})).passed
 
@@ -200,7 +211,11 @@ def test_the_recrawled_tiny_crawl_passes_every_check(prepared: ops_workdir.Prepa
                     verdicts[(program.name, kind.name, source)] = verdict
     failed = {k: v.description for k, v in verdicts.items() if not v.passed}
     assert not failed
-    assert verdicts[("filtered_documents", "over_deletion", "forum")].metadata["worst_fraction"] == 0.25  # 4 of 16
+    forum = verdicts[("filtered_documents", "over_deletion", "forum")]
+    # 4 of 16: under min_documents, so not judged, and the verdict says so (not "at most 25 %")
+    assert forum.description == ("stage heuristic: nothing judged, every source is too small; not judged (under "
+                                 "min_documents 1,000): forum 25.0% of 16")
+    assert (forum.metadata["sources_judged"], forum.metadata["sources_not_judged"]) == (0, 1)
     # ... and every check the Dagster runs executed along the way passed, per partition.
     with dg.DagsterInstance.from_config(str(prepared.home)) as instance:
         evaluations = [e.dagster_event.event_specific_data for run in instance.get_runs()
@@ -221,7 +236,8 @@ def test_curate_run_stops_at_a_failed_blocking_check(tmp_path: Path) -> None:
     assert load_config(workdir).checks.over_deletion.bound("heuristic") == 0.2
     spec = T.spec(stages=("heuristic", "exact"))
     message = "filtered_documents[forum]: check over_deletion failed: stage heuristic removed more than 20.0% of: " \
-              "forum 25.0% (4 of 16)"
+              "forum 25.0% (4 of 16); not applied, the crawl stops here. If intended, raise " \
+              "checks.over_deletion.per_stage.heuristic in curate.yaml; else fix the stage's parameters"
     resource = CurationResource(workdir=str(workdir), workers=1)
     with pytest.raises(RunFailed) as err:
         run_crawl(workdir, home, spec, quiet=True, resource=resource)
@@ -234,3 +250,61 @@ def test_curate_run_stops_at_a_failed_blocking_check(tmp_path: Path) -> None:
     assert str(err.value) == message
     record = json.loads((workdir / "data" / CRAWLS_DIR / "tiny.json").read_text())
     assert record["spec"]["stages"] == ["heuristic", "exact"]
+
+
+def test_a_stopped_crawl_still_shows_what_its_stage_would_remove(tmp_path: Path, capsys: Any) -> None:
+    """No ledger after a blocking check stopped the crawl: report, ledger and explain show the
+    stopped stage's removal list, marked not applied, and so does the failed check's metadata."""
+    import pyarrow.parquet as pq
+
+    from curation_dagster import cli
+    from curation_dagster.location import workdir_paths
+    from curation_dagster.runner import RunFailed, run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    (workdir / "curate.yaml").write_text(yaml.safe_dump(
+        {"checks": {"over_deletion": {"per_stage": {"heuristic": 0.2}, "min_documents": 0}}}))
+    spec = T.spec(stages=("heuristic", "exact"))
+    with pytest.raises(RunFailed):
+        run_crawl(workdir, home, spec, quiet=True, resource=CurationResource(workdir=str(workdir), workers=1))
+    store = Store(str(workdir / "data"))
+    removed = store.read_table(plan_task(store, spec, "filtered_documents", "forum").output_dir, "removed")
+    reasons = sorted(set(removed["reason"].to_pylist()))
+    capsys.readouterr()
+    assert cli.main(["report", "--workdir", str(workdir), "--crawl", T.CRAWL, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["applied"] is False
+    forum = out["would_remove"]["forum"]["heuristic"]
+    assert sum(forum.values()) == removed.num_rows == 4 and sorted(forum) == reasons
+    assert cli.main(["report", "--workdir", str(workdir), "--crawl", T.CRAWL]) == 1
+    text = capsys.readouterr().out
+    assert "NOT APPLIED" in text and "forum" in text
+    assert cli.main(["ledger", "--workdir", str(workdir), "--crawl", T.CRAWL, "--out", str(tmp_path / "l.parquet")]) \
+        == 1
+    written = pq.read_table(tmp_path / "l.parquet")
+    assert set(written["applied"].to_pylist()) == {False}
+    assert set(removed["doc_id"].to_pylist()) <= set(written["doc_id"].to_pylist())
+    assert "NOT APPLIED" in capsys.readouterr().out
+    doc = removed["doc_id"][0].as_py()
+    assert cli.main(["explain", "--workdir", str(workdir), "--crawl", T.CRAWL, doc]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"{doc}: would be removed by stage 'heuristic' ({removed['reason'][0].as_py()}): "
+                           "NOT APPLIED") and "  text: " in text
+    # the failed check's metadata: the same list, per source and reason, with examples
+    verdict = evaluate(CurationResource(workdir=str(workdir)), KIND["over_deletion"], "filtered_documents",
+                       T.CRAWL, "forum")
+    assert not verdict.passed
+    assert verdict.metadata["would_remove"].value.startswith("**NOT APPLIED**: what stage `heuristic` would remove")
+    examples = [dict(r.data) for r in verdict.metadata["would_remove_examples"].value.records]
+    assert {e["reason"] for e in examples} == set(reasons) and all(e["excerpt"] for e in examples)
+    # ... and the evaluation curate run recorded on the instance carries them: the UI's Checks tab
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        records = instance.get_event_records(dg.EventRecordsFilter(dg.DagsterEventType.ASSET_CHECK_EVALUATION))
+    failed = [r.event_log_entry.dagster_event.event_specific_data for r in records]
+    failed = [ev for ev in failed if ev.check_name == "over_deletion" and not ev.passed]
+    forum = [ev for ev in failed if str(ev.partition) == f"{T.CRAWL}|forum"]  # news fails too, at 20 %
+    assert forum and forum[0].metadata["would_remove"].value.startswith("**NOT APPLIED**")
+    assert "| forum | heuristic |" in forum[0].metadata["would_remove"].value
+    assert "checks.over_deletion.per_stage.heuristic" in (forum[0].description or "")

@@ -86,7 +86,8 @@ def reference_ledger(store: Store, spec: CrawlSpec) -> list[dict[str, Any]]:
         record_ids.update(zip(t["doc_id"].to_pylist(), t["record_id"].to_pylist(), strict=True))
         for q in Store.read_table(store, raw, "quarantine").to_pylist():
             rows.append({"doc_id": q["doc_id"], "record_id": q["record_id"], "source": s, "stage": "quarantine",
-                         "reason": q["reason"], "duplicate_of": None, "duplicate_of_record_id": None, "score": None,
+                         "reason": q["reason"], "duplicate_of": None, "duplicate_of_record_id": None,
+                         "duplicate_of_source": None, "duplicate_of_crawl": None, "score": None,
                          "detail": q["detail"]})
     removed = Store.read_table(store, plan_task(store, spec, "exact_duplicates", None).output_dir, "removed")
     for s in sorted(spec.sources):
@@ -94,7 +95,9 @@ def reference_ledger(store: Store, spec: CrawlSpec) -> list[dict[str, Any]]:
             if r["source"] == s:
                 rows.append({"doc_id": r["doc_id"], "record_id": record_ids.get(r["doc_id"]), "source": s,
                              "stage": "exact", "reason": r["reason"], "duplicate_of": r["duplicate_of"],
-                             "duplicate_of_record_id": record_ids.get(r["duplicate_of"]), "score": r["score"],
+                             "duplicate_of_record_id": record_ids.get(r["duplicate_of"]),
+                             "duplicate_of_source": r["duplicate_of_source"], "duplicate_of_crawl": spec.crawl,
+                             "score": r["score"],
                              "detail": None})
     return rows
 

@@ -90,3 +90,68 @@ def test_changed_lsh_params_are_refused(crawls: dict[str, object], tmp_path: Pat
     spec3 = spec2.model_copy(update={"params": {"lsh_buckets": {"preset": "seed"}}})
     with pytest.raises(ValueError, match="same MinHash and LSH parameters"):
         execute_crawl(store, spec3)
+
+
+def test_the_ledger_counts_earlier_crawl_duplicates_apart(crawls: dict[str, object]) -> None:
+    from curation_dagster.lineage import waterfall_markdown, waterfall_rows
+    from stages.reports import RemovalLedgerReport, read_as
+
+    store, spec2 = crawls["store"], crawls["spec2"]
+    assert isinstance(store, Store) and isinstance(spec2, CrawlSpec)
+    pdir = plan_task(store, spec2, "removal_ledger", None).output_dir
+    manifest = store.read_manifest(pdir)
+    assert manifest is not None
+    report = read_as(manifest, RemovalLedgerReport)
+    web = report.sources["web"]
+    assert web.removed_per_stage["fuzzy"] == 51
+    assert web.earlier_crawl_duplicates == {"fuzzy": {"c1": 50}}  # the within-crawl copy is not among them
+    ledger = store.read_table(pdir, "ledger")
+    fuzzy = ledger.filter(pc.equal(ledger["stage"], "fuzzy")).to_pylist()
+    by_reason = {r: sorted({(x["duplicate_of_crawl"], x["duplicate_of_source"]) for x in fuzzy if x["reason"] == r})
+                 for r in {x["reason"] for x in fuzzy}}
+    assert by_reason == {"near_duplicate_of_earlier_crawl": [("c1", "web")], "near_duplicate": [("c2", "web")]}
+    rows = waterfall_rows(report)
+    assert [(r["source"], r["fuzzy"], r["fuzzy:earlier_crawls"]) for r in rows] == [("web", 51, 50), ("total", 51, 50)]
+    head = waterfall_markdown(report).splitlines()[0]
+    assert "| fuzzy | ↳ c1 |" in head
+
+
+def test_explain_names_the_crawl_that_kept_the_original(crawls: dict[str, object]) -> None:
+    from curation_dagster.explain import explain
+
+    store, spec2 = crawls["store"], crawls["spec2"]
+    assert isinstance(store, Store) and isinstance(spec2, CrawlSpec)
+    pdir = plan_task(store, spec2, "removal_ledger", None).output_dir
+    ledger = store.read_table(pdir, "ledger")
+    for reason, where in [("near_duplicate_of_earlier_crawl", "crawl c1 (an earlier crawl, which kept it)"),
+                          ("near_duplicate", "crawl c2 (this crawl)")]:
+        row = ledger.filter(pc.equal(ledger["reason"], reason)).slice(0, 1).to_pylist()[0]
+        text, found = explain(store, spec2, pdir, row["doc_id"])
+        assert found
+        assert f"duplicate of: {row['duplicate_of']} (record_id {row['duplicate_of_record_id']}, source web, " \
+               f"{where})" in text, text
+        assert "kept text: " in text
+
+
+def test_the_ledger_metadata_shows_example_pairs_kept_by_the_earlier_crawl(crawls: dict[str, object]) -> None:
+    from curation_dagster.lineage import removal_ledger_metadata
+    from stages.reports import RemovalLedgerReport, read_as
+
+    store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
+    assert isinstance(store, Store) and isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
+    manifest = store.read_manifest(plan_task(store, spec2, "removal_ledger", None).output_dir)
+    assert manifest is not None
+    meta = removal_ledger_metadata(store, spec2, read_as(manifest, RemovalLedgerReport))
+    assert list(meta)[:3] == ["waterfall", "waterfall_chart", "removal_examples"]
+    rows = [dict(r.data) for r in meta["removal_examples"].value.records]
+    assert {(r["stage"], r["reason"]) for r in rows} == {("fuzzy", "near_duplicate_of_earlier_crawl"),
+                                                         ("fuzzy", "near_duplicate")}
+    c1 = {d["doc_id"]: d["text"] for d in store.read_table(
+        plan_task(store, spec1, "raw_documents", "web").output_dir, "documents").to_pylist()}
+    earlier = [r for r in rows if r["reason"] == "near_duplicate_of_earlier_crawl"]
+    assert len(earlier) == 2
+    for r in earlier:
+        assert r["kept_crawl"] == "c1" and r["kept_source"] == "web" and r["kept_doc_id"] in c1
+        assert r["kept_excerpt"] and " ".join(c1[r["kept_doc_id"]].split()).startswith(r["kept_excerpt"].rstrip("…"))
+        assert r["excerpt"] and 0.0 < r["score"] <= 1.0
+    assert [r["kept_crawl"] for r in rows if r["reason"] == "near_duplicate"] == ["c2"]
