@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from dagster import AssetExecutionContext, ConfigurableResource, Failure, MaterializeResult
+from dagster import AssetExecutionContext, ConfigurableResource, Failure, OpExecutionContext
 from pydantic import Field
 
 from curation_dagster.k8s_spec import K8sSettings, pod_arguments
-from curation_dagster.launchers import inprocess, pipes
+from curation_dagster.launchers import pipes
 from curation_dagster.location import workdir_from
 from stages.cli import PARENT_PID_ENV
 from stages.credentials import STORAGE_OPTIONS_ENV, storage_options
@@ -63,7 +63,9 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     workdir: str
     data_root: str | None = None  # default <workdir>/data; any fsspec URL (s3://bucket/prefix)
     storage_options: dict[str, Any] = Field(default_factory=dict)
-    mode: Literal["in_process", "pipes", "k8s"] = "in_process"  # k8s: one pod per partition
+    mode: Literal["in_process", "pipes", "k8s"] = "in_process"  # where a partition runs: the warm pool, a
+    # Pipes subprocess, a pod (curation_dagster.crawl_run)
+    fan_out: int = 8  # pipes, k8s: at most this many partitions of one step at once (subprocesses, pods)
     batch_rows: int = 20_000
     workers: int = 0  # 0 = every core
     executor: Literal["local", "ray"] = "local"
@@ -122,30 +124,26 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
                if e["name"] in POD_THREAD_ENV}
         return [sys.executable, *args["command"][1:]], env
 
-    def materialize(
-        self, context: AssetExecutionContext, program: str, crawl: str, source: str | None
-    ) -> MaterializeResult:
-        """Run one partition (skipped when its committed output is up to date) and describe it."""
-        spec = self.spec(crawl)
-        if source is not None and source not in spec.sources:
-            # The source dimension is shared by every crawl, so source x crawl holds pairs that
-            # are no partition of the crawl. Recording them as empty keeps backfills of any
-            # source x crawl range and the eager automation of fan-in assets from waiting on them.
-            context.log.info(f"{program}[{crawl}|{source}]: source {source!r} is not part of crawl {crawl!r}")
-            return MaterializeResult(metadata={"in_crawl": False, "crawl_sources": sorted(spec.sources)})
-        if self.mode == "pipes":
-            command, env = self.pod_command(program, crawl, source)
-            if self.options():
-                env[STORAGE_OPTIONS_ENV] = json.dumps(self.options())
-            # A run worker that dies (SIGKILL, OOM) takes its stage subprocess with it: the run's
-            # retry writes the partition again, and must find no writer of it still running.
-            env[PARENT_PID_ENV] = str(os.getpid())
-            return pipes.launch(context, command, env)
+    def launch(self, context: OpExecutionContext | AssetExecutionContext, program: str, crawl: str,
+               source: str | None, force: bool = False) -> dict[str, Any]:
+        """Run one partition's ``python -m stages`` where this resource's ``mode`` says (a Pipes
+        subprocess, a pod) and return what it reported over Pipes: ``skipped``, ``seconds``,
+        ``data_version``, or ``error`` (one line)."""
         if self.mode == "k8s":
             from curation_dagster.launchers import k8s  # imports kubernetes only here
 
-            return k8s.launch(context, self, program, crawl, source)
-        return inprocess.launch(context, self.store(), spec, program, source, self.execution())
+            return k8s.launch(context, self, program, crawl, source, force=force)
+        if self.mode != "pipes":
+            raise ValueError(f"mode {self.mode!r} runs partitions in this process, not by launching them")
+        command, env = self.pod_command(program, crawl, source)
+        if force:
+            command.append("--force")
+        if self.options():
+            env[STORAGE_OPTIONS_ENV] = json.dumps(self.options())
+        # A run worker that dies (SIGKILL, OOM) takes its stage subprocess with it: the run's
+        # retry writes the partition again, and must find no writer of it still running.
+        env[PARENT_PID_ENV] = str(os.getpid())
+        return pipes.launch(context, command, env)
 
 
 # Where a code location's environment configures its resource (docs/scale-out.md for the Ray ones:

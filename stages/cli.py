@@ -4,8 +4,9 @@ The same entry point runs in a subprocess, a container or a Kubernetes pod. It n
 the data root: the crawl's spec is read from its registry (``stages.dataroot``); execution
 tuning comes with ``--tuning`` (or from ``<workdir>/curate.yaml`` with ``--workdir``, the local
 default, whose data root is also the default). When launched by Dagster through Pipes
-(``DAGSTER_PIPES_CONTEXT`` set), it reports the materialization back over Pipes; otherwise it
-prints one JSON line with the output directory and whether it was cached. A long partition says
+(``DAGSTER_PIPES_CONTEXT`` set), it reports its outcome (or its error, on one line) over Pipes to
+the step that launched it, which records the materialization; either way it prints one JSON line
+with the output directory and whether it was cached. A long partition says
 how far it is every ``progress_interval_s`` (``stages.progress``): over Pipes into the run's log,
 else on stderr.
 """
@@ -20,7 +21,7 @@ import sys
 from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot, NoDataRoot, UnknownCrawl
 from stages.errors import StageError
-from stages.execute import execute, metadata
+from stages.execute import execute
 from stages.filters import FilterError
 from stages.parallel import die_with_parent
 from stages.params import ExecutionParams, ExecutionTuning, workdir_tuning
@@ -32,6 +33,11 @@ PARENT_PID_ENV = "CURATE_PARENT_PID"
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,12 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         from dagster_pipes import open_dagster_pipes  # only the Pipes entry point needs it
 
         with open_dagster_pipes() as pipes:
-            # Progress lines go to the run's log in the UI (through the Pipes message channel).
-            outcome = execute(store, spec, args.program, args.source, execution, args.force, emit=pipes.log.info)
-            # Pipes reads a dict value as a {raw_value, type} schema: mark dicts and lists as JSON.
-            meta = {k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v
-                    for k, v in metadata(outcome).items()}
-            pipes.report_asset_materialization(metadata=meta, data_version=outcome.manifest.data_version)
+            # Progress lines go to the run's log in the UI (through the Pipes message channel); the
+            # outcome, or the error on one line, to the step that launched this, which records it.
+            try:
+                outcome = execute(store, spec, args.program, args.source, execution, args.force, emit=pipes.log.info)
+            except Exception as exc:
+                pipes.report_custom_message({"error": _one_line(exc)})
+                if not isinstance(exc, (FileNotFoundError, KeyError, ValueError, StageError)):  # FilterError too
+                    raise  # a bug: its traceback, in the run's log
+                print(f"error: {args.program}: {exc}", file=sys.stderr)
+                return 1
+            pipes.report_custom_message({"skipped": outcome.skipped, "seconds": outcome.seconds,
+                                         "data_version": outcome.manifest.data_version})
     else:
         try:
             outcome = execute(store, spec, args.program, args.source, execution, args.force, emit=_stderr)

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from dagster import AssetExecutionContext, Failure, MaterializeResult
+from dagster import AssetExecutionContext, Failure, OpExecutionContext
 
 from curation_dagster.k8s_spec import ENV_PREFIX, GPU_RESOURCE, K8sSettings, StageCommands, pod_arguments, to_yaml
 from stages.catalog import PROGRAMS, partition_name
@@ -105,15 +105,19 @@ def pipes_client(settings: K8sSettings, spec: Mapping[str, Any], partition: str)
 
 
 def launch(
-    context: AssetExecutionContext, curation: StageCommands, program: str, crawl: str, source: str | None,
-    settings: K8sSettings | None = None,
-) -> MaterializeResult:
-    """Run one partition in its own pod through ``PipesK8sClient`` and return what it reported."""
+    context: OpExecutionContext | AssetExecutionContext, curation: StageCommands, program: str, crawl: str,
+    source: str | None, settings: K8sSettings | None = None, force: bool = False,
+) -> dict[str, Any]:
+    """Run one partition in its own pod through ``PipesK8sClient``; what it reported over Pipes."""
+    from curation_dagster.launchers.pipes import reported
+
     settings = settings or K8sSettings.from_env()
     arguments = pod_arguments(settings, curation, program, crawl, source)
+    if force:
+        arguments["command"] = [*arguments["command"], "--force"]
     client = pipes_client(settings, arguments["base_pod_spec"], partition_name(program, crawl, source))
     invocation = client.run(context=context, pod_wait_timeout=settings.pod_wait_timeout_s, **arguments)
-    return invocation.get_materialize_result()
+    return reported(invocation.get_custom_messages())
 
 
 def pod_manifest(

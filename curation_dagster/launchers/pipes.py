@@ -1,15 +1,39 @@
 """Run a stage partition as a ``python -m stages`` subprocess speaking Dagster Pipes: the stage
 pod's command line and thread settings on this machine (``CurationResource.pod_command``), so that
-``curate deploy`` runs each partition as Kubernetes would, minus the pod."""
+``curate deploy`` runs each partition as Kubernetes would, minus the pod. Many may run at once in
+one step (threads of ``curation_dagster.crawl_run.Fanout``): each has its own Pipes session."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from dagster import AssetExecutionContext, MaterializeResult, PipesSubprocessClient
+from dagster import (
+    AssetExecutionContext,
+    OpExecutionContext,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    open_pipes_session,
+)
 
 
-def launch(context: AssetExecutionContext, command: Sequence[str], env: Mapping[str, str]) -> MaterializeResult:
+def reported(messages: Sequence[Any], code: int | None = None) -> dict[str, Any]:
+    """What the partition's process reported (``stages.cli``'s custom message), else an error."""
+    for message in reversed(messages):
+        if isinstance(message, dict) and ("error" in message or "data_version" in message):
+            return message
+    why = f"exited with code {code}" if code else "ended"
+    return {"error": f"its process {why} without reporting an outcome (killed?)"}
+
+
+def launch(context: OpExecutionContext | AssetExecutionContext, command: Sequence[str],
+           env: Mapping[str, str]) -> dict[str, Any]:
     """Run ``command`` with ``env`` added to this process's environment; what it reported."""
-    result = PipesSubprocessClient(env=dict(env)).run(context=context, command=list(command))
-    return result.get_materialize_result()
+    with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
+                            message_reader=PipesTempFileMessageReader()) as session:
+        proc = subprocess.Popen(list(command), env={**os.environ, **env, **session.get_bootstrap_env_vars()},
+                                stdin=subprocess.DEVNULL)
+        code = proc.wait()
+    return reported(session.get_custom_messages(), code)

@@ -15,8 +15,9 @@ from curation_dagster.checks import CHECK_KINDS
 from curation_dagster.crawl_run import CRAWL_JOB
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import partition_key
+from curation_dagster.recorder import DATA_VERSION_TAG
 from curation_dagster.resources import CurationResource
-from curation_dagster.runner import DATA_VERSION_TAG, run_crawl
+from curation_dagster.runner import run_crawl
 from stages.catalog import PROGRAMS, waves
 from stages.plan import plan_task
 from stages.spec import CrawlSpec
@@ -148,8 +149,8 @@ def test_force_recomputes_every_partition(tmp_path: Path) -> None:
 
 
 def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
-    """The plan marks a partition stale when one it reads is: a new LSH setting reruns the LSH
-    buckets and everything after them in one run, nothing before them."""
+    """A step finds a partition stale when an input it reads changed: a new LSH setting reruns the
+    LSH buckets and everything after them in one run, nothing before them."""
     crawl = spec(stages=["fuzzy"])
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work))
@@ -158,10 +159,15 @@ def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
         run_crawl(work, work / "dagster", changed, quiet=True, resource=resource)
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         second, first = instance.get_runs()  # newest first
+        # Every step starts and plans its program; only the LSH buckets and what reads them run.
         steps = [e.step_key for e in instance.all_logs(second.run_id, of_type=DagsterEventType.STEP_START)]
         after = [p for wave in waves() for p in wave]
-        after = after[after.index("lsh_buckets"):]
         assert steps == after
+        after = after[after.index("lsh_buckets"):]
+        ran = [e.asset_materialization.asset_key.to_user_string()
+               for e in instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+               if e.asset_materialization is not None]
+        assert list(dict.fromkeys(ran)) == after
         keys_before, keys_after = crawl.keys(), changed.keys()
         for program in after:
             for source in crawl.partitions(program):
