@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,8 +16,13 @@ from dagster import (
     OpExecutionContext,
     PipesTempFileContextInjector,
     PipesTempFileMessageReader,
+    PreviewWarning,
     open_pipes_session,
 )
+
+# Every session reads the message reader's writer count, "preview" in dagster 1.13 (pinned): quiet
+# once here (a catch_warnings per session would race between the step's launching threads).
+warnings.filterwarnings("ignore", message=".*expected_writer_count.*", category=PreviewWarning)
 
 
 def reported(messages: Sequence[Any], code: int | None = None) -> dict[str, Any]:

@@ -176,3 +176,37 @@ def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
                 assert [r.run_id for r in records] == [second.run_id, first.run_id], (program, source)
         assert keys_before[("minhash_signatures", "news")] == keys_after[("minhash_signatures", "news")]
         assert keys_before[("lsh_buckets", None)] != keys_after[("lsh_buckets", None)]
+
+
+def test_the_crawl_job_on_pipes_subprocesses_records_what_the_pool_does(tmp_path: Path) -> None:
+    """The code location's crawl job with ``mode="pipes"`` (``curate deploy``'s launcher: each
+    partition a ``python -m stages`` subprocess with the pod's command line, several at once):
+    one run, every partition materialized once with its checks and ``overhead_s``, the same
+    ledger as ``curate run``'s pool; launched again, it runs nothing and records nothing."""
+    from curation_dagster.crawl_run import CRAWL_JOB_DEF
+
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=3)
+        resource.dataroot().register(crawl)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        for _ in range(2):
+            result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
+                                                      resources={"curation": resource}, raise_on_error=False)
+            assert result.success
+        second, first = instance.get_runs()  # newest first
+        mats = [e.asset_materialization for e in instance.all_logs(first.run_id,
+                                                                  of_type=DagsterEventType.ASSET_MATERIALIZATION)]
+        got = sorted((m.asset_key.to_user_string(), str(m.partition)) for m in mats if m is not None)
+        assert got == sorted((p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in crawl.partitions(p))
+        assert all(m is not None and 0.0 < m.metadata["overhead_s"].value < 60.0 for m in mats)
+        planned = instance.all_logs(first.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED)
+        assert len(planned) == len(got)
+        checks = instance.all_logs(first.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+        assert len(checks) == sum(len(crawl.partitions(p)) for p in PROGRAMS for k in CHECK_KINDS
+                                  if k.applies(PROGRAMS[p]))
+        assert instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION) == []
+        alone = Store(str(tmp_path / "alone"))
+        run_all(alone, crawl)
+        assert _sorted(read(resource.store(), crawl, "removal_ledger", "ledger")).equals(
+            _sorted(read(alone, crawl, "removal_ledger", "ledger")))
