@@ -270,7 +270,8 @@ class Launcher(Protocol):
 
 class Fanout:
     """Partitions as ``python -m stages`` subprocesses (Pipes) or pods (``PipesK8sClient``), at
-    most ``CurationResource.fan_out`` at once; each is described here as it ends."""
+    most ``CurationResource.fan_out`` at once, small ones packed several to a process
+    (``pack_documents``); each partition is described here as it ends."""
 
     def __init__(self, context: OpExecutionContext | AssetExecutionContext, resource: CurationResource,
                  spec: CrawlSpec, force: bool = False, checks: bool = True) -> None:
@@ -281,31 +282,85 @@ class Fanout:
         self.checks = checks
         self.store = resource.store()
 
-    def _one(self, program: str, source: str | None) -> Done:
+    def packs(self, program: str, sources: list[str | None]) -> list[list[str | None]]:
+        """``sources`` in packs, in order: as many as fit ``pack_documents`` (a source's documents:
+        its ingested ``raw_documents``, 0 before it is ingested), never more than an even share of
+        ``fan_out`` processes, so packing never leaves a process idle."""
+        limit = self.resource.pack_documents
+        if limit <= 0 or len(sources) < 2 or PROGRAMS[program].level != "source":
+            return [[s] for s in sources]
+        share = -(-len(sources) // max(self.resource.fan_out, 1))
+        packs: list[list[str | None]] = []
+        size = 0
+        for source in sources:
+            docs = self._documents(source)
+            if not packs or len(packs[-1]) >= share or size + docs > limit:
+                packs.append([])
+                size = 0
+            packs[-1].append(source)
+            size += docs
+        return packs
+
+    def _documents(self, source: str | None) -> int:
+        from stages.plan import plan_task
+
+        try:
+            manifest = self.store.read_manifest(plan_task(self.store, self.spec, "raw_documents", source).output_dir)
+        except FileNotFoundError:
+            return 0
+        return int(manifest.report.get("documents", 0)) if manifest is not None else 0
+
+    def _pack(self, program: str, pack: list[str | None]) -> list[Done]:
         t0 = time.perf_counter()
         try:
-            reported = self.resource.launch(self.context, program, self.spec.crawl, source, self.force)
-            if "error" in reported:
-                return Done(program, source, error=str(reported["error"]))
+            reported = self.resource.launch(self.context, program, self.spec.crawl, pack, self.force)
+            for _ in range(self.resource.partition_retries):
+                again = [s for s in pack if reported[s].get("killed")]
+                if not again:
+                    break
+                # Killed from outside (not its own error): launched once more; a lease it held on an
+                # S3 data root is taken over once it expires (stages.lease), so no two overlap.
+                for source in again:
+                    self.context.log.warning(f"{partition_label(self.spec, program, source)}: "
+                                             f"{reported[source]['error']}; launching it again")
+                reported.update(self.resource.launch(self.context, program, self.spec.crawl, again, self.force))
+        except Exception as exc:
+            return [Done(program, s, error=one_line(exc), trace=traceback.format_exc()) for s in pack]
+        seconds = {s: float(reported[s].get("seconds", 0.0)) for s in pack}
+        total = sum(seconds.values())
+        return [self._describe(program, s, reported[s], t0, len(pack), total - seconds[s]) for s in pack]
+
+    def _describe(self, program: str, source: str | None, reported: dict[str, Any], t0: float, packed: int,
+                  others_s: float) -> Done:
+        """One partition of a pack of ``packed`` launched at ``t0``; ``others_s``: the seconds the
+        pack's other partitions' programs took (not this one's overhead)."""
+        if "error" in reported:
+            return Done(program, source, error=str(reported["error"]))
+        try:
             from stages.plan import plan_task
 
             manifest = self.store.read_manifest(plan_task(self.store, self.spec, program, source).output_dir)
             if manifest is None or manifest.data_version != reported.get("data_version"):
                 return Done(program, source, error="its process ended without committing its output")
             outcome = Outcome(manifest, bool(reported["skipped"]), float(reported["seconds"]))
-            return describe(self.resource, self.spec, program, source, outcome, t0, self.checks)
+            done = describe(self.resource, self.spec, program, source, outcome, t0, self.checks)
         except Exception as exc:
             return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
+        if packed > 1:  # the pack's process time outside its programs, shared by its partitions
+            done = Done(done.program, done.source, done.outcome, None, done.meta, done.verdicts,
+                        max(done.busy - others_s, 0.0) / packed, done.trace)
+        return done
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
             ) -> Iterator[Done]:
         if not sources:
             return
-        with ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(sources))),
+        packs = self.packs(program, sources)
+        with ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(packs))),
                                 thread_name_prefix=f"{program}-launch") as threads:
-            futures = [threads.submit(self._one, program, source) for source in sources]
+            futures = [threads.submit(self._pack, program, pack) for pack in packs]
             for future in as_completed(futures):
-                yield future.result()
+                yield from future.result()
 
 
 class Listener(Protocol):
@@ -375,7 +430,10 @@ def run_step(context: OpExecutionContext, curation: CurationResource, config: Cr
     plan = planner.step(program)
     listener = _LISTENERS.get(spec.crawl)
     order = spec.partitions(program)
-    context.log.info(f"{program}: {len(plan.stale)} stale partition(s) to run, {len(plan.current)} current")
+    # The partitions to run, by key: what the UI's log shows before they start (and tests read).
+    context.log.info(f"{program}: {len(plan.stale)} stale partition(s) to run "
+                     f"[{', '.join(str(partition_key(spec.crawl, s)) for s in plan.stale)}], "
+                     f"{len(plan.current)} current")
     for source in plan.current:
         if listener is not None:
             listener.current(program, source)
@@ -418,7 +476,9 @@ def run_step(context: OpExecutionContext, curation: CurationResource, config: Cr
 
 
 def _step(program: str, first: bool) -> OpDefinition:
-    @op(name=program, ins={} if first else {"after": In(Nothing)}, out=Out(Nothing),
+    # Named apart from the asset's own op (op names are unique in a code location); the step is
+    # the program's name (``alias``).
+    @op(name=f"crawl_{program}", ins={} if first else {"after": In(Nothing)}, out=Out(Nothing),
         description=f"{program}: the crawl's stale partitions of {program}, each recorded as it finishes",
         tags={"kind": "curation"})
     def _op(context: OpExecutionContext, config: CrawlConfig, curation: CurationResource) -> Iterator[Any]:
@@ -456,8 +516,9 @@ def build_crawl_job() -> JobDefinition:
                      "in the data root by curate run / curate submit) and force.")
     def _job() -> None:
         after = None
-        for step in steps:
-            after = step() if after is None else step(after)
+        for program, step in zip(STEPS, steps, strict=True):
+            node = step.alias(program)
+            after = node() if after is None else node(after)
 
     return _job
 

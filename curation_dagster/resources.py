@@ -66,6 +66,10 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     mode: Literal["in_process", "pipes", "k8s"] = "in_process"  # where a partition runs: the warm pool, a
     # Pipes subprocess, a pod (curation_dagster.crawl_run)
     fan_out: int = 8  # pipes, k8s: at most this many partitions of one step at once (subprocesses, pods)
+    partition_retries: int = 1  # pipes: launches again of a partition whose process was killed by a signal
+    # pipes, k8s: small partitions packed into one process or pod, in turn, up to this many input
+    # documents (their source's, as ingested) a pack; 0: one partition per process or pod
+    pack_documents: int = 0
     batch_rows: int = 20_000
     workers: int = 0  # 0 = every core
     executor: Literal["local", "ray"] = "local"
@@ -125,17 +129,19 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
         return [sys.executable, *args["command"][1:]], env
 
     def launch(self, context: OpExecutionContext | AssetExecutionContext, program: str, crawl: str,
-               source: str | None, force: bool = False) -> dict[str, Any]:
-        """Run one partition's ``python -m stages`` where this resource's ``mode`` says (a Pipes
-        subprocess, a pod) and return what it reported over Pipes: ``skipped``, ``seconds``,
-        ``data_version``, or ``error`` (one line)."""
+               sources: list[str | None], force: bool = False) -> dict[str | None, dict[str, Any]]:
+        """Run ``python -m stages`` for the partitions of ``sources`` (one, or a pack of small ones,
+        in turn) where this resource's ``mode`` says (a Pipes subprocess, a pod) and return what it
+        reported over Pipes of each: ``skipped``, ``seconds``, ``data_version``, or ``error`` (one line)."""
         if self.mode == "k8s":
             from curation_dagster.launchers import k8s  # imports kubernetes only here
 
-            return k8s.launch(context, self, program, crawl, source, force=force)
+            return k8s.launch(context, self, program, crawl, sources, force=force)
         if self.mode != "pipes":
             raise ValueError(f"mode {self.mode!r} runs partitions in this process, not by launching them")
-        command, env = self.pod_command(program, crawl, source)
+        command, env = self.pod_command(program, crawl, sources[0])
+        for source in sources[1:]:
+            command += ["--source", str(source)]
         if force:
             command.append("--force")
         if self.options():
@@ -143,19 +149,23 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
         # A run worker that dies (SIGKILL, OOM) takes its stage subprocess with it: the run's
         # retry writes the partition again, and must find no writer of it still running.
         env[PARENT_PID_ENV] = str(os.getpid())
-        return pipes.launch(context, command, env)
+        return pipes.launch(context, command, env, sources)
 
 
 # Where a code location's environment configures its resource (docs/scale-out.md for the Ray ones:
 # e.g. CURATE_EXECUTOR=ray, CURATE_RAY_ADDRESS=ray://curation-ray-head-svc.curation.svc:10001).
 EXECUTOR_ENV = "CURATE_EXECUTOR"
 RAY_ADDRESS_ENV = "CURATE_RAY_ADDRESS"
+# A crawl step's launching (Pipes subprocesses, pods): partitions at once, documents a pack.
+FAN_OUT_ENV = "CURATE_FAN_OUT"
+PACK_DOCUMENTS_ENV = "CURATE_PACK_DOCUMENTS"
 
 
 def resource_for(env: Mapping[str, str], **fields: Any) -> CurationResource:
     """The ``curation`` resource of a code location whose environment is ``env``: the workdir
     (``curation_dagster.location.workdir_from``; ``/workdir`` by default in a pod, ``mode="k8s"``),
-    ``$CURATE_DATA_ROOT``, ``$CURATE_EXECUTOR`` and ``$CURATE_RAY_ADDRESS``; ``fields`` (resource
+    ``$CURATE_DATA_ROOT``, ``$CURATE_EXECUTOR``, ``$CURATE_RAY_ADDRESS``, ``$CURATE_FAN_OUT`` and
+    ``$CURATE_PACK_DOCUMENTS``; ``fields`` (resource
     fields: ``mode``, ``workdir``, ...) take precedence. The definitions of every code location and
     ``curate k8s render`` build theirs here, so a rendered pod is the one the resource launches."""
     values: dict[str, Any] = {
@@ -163,6 +173,8 @@ def resource_for(env: Mapping[str, str], **fields: Any) -> CurationResource:
         "data_root": env.get(DATA_ROOT_ENV) or None,
         "executor": env.get(EXECUTOR_ENV) or "local",
         "ray_address": env.get(RAY_ADDRESS_ENV) or None,
+        **{name: int(env[var]) for name, var in (("fan_out", FAN_OUT_ENV), ("pack_documents", PACK_DOCUMENTS_ENV))
+           if env.get(var)},
         **fields,
     }
     values["workdir"] = os.path.abspath(values["workdir"])

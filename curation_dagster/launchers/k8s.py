@@ -106,18 +106,22 @@ def pipes_client(settings: K8sSettings, spec: Mapping[str, Any], partition: str)
 
 def launch(
     context: OpExecutionContext | AssetExecutionContext, curation: StageCommands, program: str, crawl: str,
-    source: str | None, settings: K8sSettings | None = None, force: bool = False,
-) -> dict[str, Any]:
-    """Run one partition in its own pod through ``PipesK8sClient``; what it reported over Pipes."""
+    sources: list[str | None], settings: K8sSettings | None = None, force: bool = False,
+) -> dict[str | None, dict[str, Any]]:
+    """Run the partitions of ``sources`` (one, or a pack of small ones) in one pod through
+    ``PipesK8sClient``; what it reported over Pipes of each. The pod is the first source's, its
+    command names every source."""
     from curation_dagster.launchers.pipes import reported
 
     settings = settings or K8sSettings.from_env()
-    arguments = pod_arguments(settings, curation, program, crawl, source)
+    arguments = pod_arguments(settings, curation, program, crawl, sources[0])
+    for source in sources[1:]:
+        arguments["command"] = [*arguments["command"], "--source", str(source)]
     if force:
         arguments["command"] = [*arguments["command"], "--force"]
-    client = pipes_client(settings, arguments["base_pod_spec"], partition_name(program, crawl, source))
+    client = pipes_client(settings, arguments["base_pod_spec"], partition_name(program, crawl, sources[0]))
     invocation = client.run(context=context, pod_wait_timeout=settings.pod_wait_timeout_s, **arguments)
-    return reported(invocation.get_custom_messages())
+    return reported(invocation.get_custom_messages(), sources)
 
 
 def pod_manifest(

@@ -182,12 +182,17 @@ def test_the_crawl_job_on_pipes_subprocesses_records_what_the_pool_does(tmp_path
     """The code location's crawl job with ``mode="pipes"`` (``curate deploy``'s launcher: each
     partition a ``python -m stages`` subprocess with the pod's command line, several at once):
     one run, every partition materialized once with its checks and ``overhead_s``, the same
-    ledger as ``curate run``'s pool; launched again, it runs nothing and records nothing."""
-    from curation_dagster.crawl_run import CRAWL_JOB_DEF
+    ledger as ``curate run``'s pool, small partitions packed two to a process; launched again,
+    it runs nothing and records nothing."""
+    import dagster as dg
 
+    from curation_dagster.crawl_run import CRAWL_JOB_DEF
+    from curation_dagster.deploy import definitions
+
+    dg.Definitions.validate_loadable(definitions())  # the deployment's code location, the job in it
     crawl = spec(stages=["fuzzy"])
     with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=3)
+        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=2, pack_documents=1000)
         resource.dataroot().register(crawl)
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         for _ in range(2):
@@ -206,6 +211,15 @@ def test_the_crawl_job_on_pipes_subprocesses_records_what_the_pool_does(tmp_path
         assert len(checks) == sum(len(crawl.partitions(p)) for p in PROGRAMS for k in CHECK_KINDS
                                   if k.applies(PROGRAMS[p]))
         assert instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION) == []
+        # Packed: as many as fit the documents bound, at most an even share of the processes each.
+        from curation_dagster.crawl_run import Fanout
+
+        sources = crawl.partitions("minhash_signatures")
+        fanout = Fanout(None, resource, crawl)  # type: ignore[arg-type]  # packs() needs no context
+        assert fanout.packs("minhash_signatures", sources) == [sources[:2], sources[2:]]
+        assert fanout.packs("lsh_buckets", [None]) == [[None]]
+        small = resource.model_copy(update={"pack_documents": 5})  # fewer than one source holds
+        assert Fanout(None, small, crawl).packs("minhash_signatures", sources) == [[s] for s in sources]  # type: ignore[arg-type]
         alone = Store(str(tmp_path / "alone"))
         run_all(alone, crawl)
         assert _sorted(read(resource.store(), crawl, "removal_ledger", "ledger")).equals(
