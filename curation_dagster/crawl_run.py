@@ -115,6 +115,11 @@ def finish(resource: CurationResource, store: Store, spec: CrawlSpec, program: s
         return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
 
 
+def told(label: str, error: str) -> str:
+    """A partition's error as a step tells it: ``label: error`` (once, when the error names it)."""
+    return error if error.startswith(f"{label}: ") else f"{label}: {error}"
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as the one line ``curate run`` prints: its message's last line, else its class."""
     lines = str(exc).strip().splitlines()
@@ -468,7 +473,7 @@ def run_step(context: OpExecutionContext, curation: CurationResource, config: Cr
             owned.close()
     if errors:
         failed = sorted(errors, key=order.index)  # the first in the crawl's order is the one told
-        raise Failure(description=f"{partition_label(spec, program, failed[0])}: {errors[failed[0]]}",
+        raise Failure(description=told(partition_label(spec, program, failed[0]), errors[failed[0]]),
                       metadata={"failed": {partition_label(spec, program, s): errors[s] for s in failed}})
     if blocked or held:
         first = [blocked[s] for s in sorted(blocked, key=order.index)]
@@ -540,7 +545,7 @@ def materialize_partition(context: AssetExecutionContext, curation: CurationReso
         (done,) = launcher.run(program, [source])
     received = time.perf_counter()
     if done.outcome is None:
-        raise Failure(f"{partition_label(spec, program, source)}: {done.error}")
+        raise Failure(told(partition_label(spec, program, source), str(done.error)))
     context.log.info(f"{partition_label(spec, program, source)} "
                      f"{'up to date' if done.outcome.skipped else 'materialized'} at "
                      f"{done.outcome.manifest.params_key} in {done.outcome.seconds:.2f}s")

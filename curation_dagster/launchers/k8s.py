@@ -120,8 +120,32 @@ def launch(
     if force:
         arguments["command"] = [*arguments["command"], "--force"]
     client = pipes_client(settings, arguments["base_pod_spec"], partition_name(program, crawl, sources[0]))
-    invocation = client.run(context=context, pod_wait_timeout=settings.pod_wait_timeout_s, **arguments)
+    try:
+        invocation = client.run(context=context, pod_wait_timeout=settings.pod_wait_timeout_s, **arguments)
+    except Exception as exc:
+        # A pod that exited with an error: dagster-k8s's error holds its last log lines, the Pipes
+        # messages among them; a stage's own error is reported there, on one line.
+        messages = _custom_messages(str(exc))
+        if not messages:
+            raise
+        return reported(messages, sources, code=1)
     return reported(invocation.get_custom_messages(), sources)
+
+
+def _custom_messages(log: str) -> list[Any]:
+    """The payloads of the Pipes ``report_custom_message`` lines in a pod's log text."""
+    out = []
+    for line in log.splitlines():
+        start = line.find('{"__dagster_pipes_version"')
+        if start < 0:
+            continue
+        try:
+            message = json.loads(line[start:])
+        except ValueError:
+            continue
+        if message.get("method") == "report_custom_message":
+            out.append(message.get("params", {}).get("payload"))
+    return out
 
 
 def pod_manifest(
