@@ -62,7 +62,7 @@ from dagster import (
 from pydantic import Field
 
 from curation_dagster import recorder
-from curation_dagster.checks import CHECK_KINDS, evaluator
+from curation_dagster.checks import CHECK_KINDS, Judge, evaluator
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.planner import Planner, partition_label
 from curation_dagster.recorder import Done
@@ -87,15 +87,16 @@ class CrawlConfig(Config):
 
 
 def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None, outcome: Outcome,
-             started: float, checks: bool = True) -> Done:
+             started: float, checks: bool = True, judge: Judge | None = None) -> Done:
     """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
-    materialization metadata and, where ``checks``, every verdict of its checks."""
+    materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
+    evaluator of the crawl that a step's partitions share)."""
     from curation_dagster.assets import asset_metadata  # assets imports this module for its steps
 
     meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
     verdicts = []
     if checks:
-        judge = evaluator(resource, spec.crawl)
+        judge = judge or evaluator(resource, spec.crawl)
         verdicts = [(kind.name, kind.blocking, judge(kind, program, source))
                     for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
     wall = meta.get("wall_s")
@@ -286,6 +287,8 @@ class Fanout:
         self.force = force
         self.checks = checks
         self.store = resource.store()
+        # One evaluator for the step (the checks' bounds and the crawl's record, read once).
+        self.judge = evaluator(resource, spec.crawl) if checks else None
 
     def packs(self, program: str, sources: list[str | None]) -> list[list[str | None]]:
         """``sources`` in packs, in order: as many as fit ``pack_documents`` (a source's documents:
@@ -348,7 +351,7 @@ class Fanout:
             if manifest is None or manifest.data_version != reported.get("data_version"):
                 return Done(program, source, error="its process ended without committing its output")
             outcome = Outcome(manifest, bool(reported["skipped"]), float(reported["seconds"]))
-            done = describe(self.resource, self.spec, program, source, outcome, t0, self.checks)
+            done = describe(self.resource, self.spec, program, source, outcome, t0, self.checks, self.judge)
         except Exception as exc:
             return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
         if packed > 1:  # the pack's process time outside its programs, shared by its partitions
