@@ -22,7 +22,6 @@ from dagster import (
 )
 
 from curation_dagster.partitions import by_crawl, partitions_for, split_key
-from curation_dagster.profile import materialization_overhead
 from curation_dagster.resources import CurationResource
 from stages.catalog import PROGRAMS, Program
 from stages.plan import plan_task
@@ -138,8 +137,8 @@ def asset_metadata(
 ) -> dict[str, Any]:
     """A partition's materialization metadata: ``meta`` (``stages.execute.metadata`` and the
     profile's ``overhead_s``) after the lineage that explains a shrinking source, the waterfall
-    first: it is what the materialization's page shows at the top. An asset step and a wave run
-    (``curation_dagster.crawl_run``) record the same."""
+    first: it is what the materialization's page shows at the top. An asset step and a crawl
+    step record the same (``curation_dagster.crawl_run.describe``)."""
     return {**_lineage(curation, program, crawl, source), **table_metadata(curation, program, crawl, source), **meta}
 
 
@@ -167,13 +166,17 @@ def build_asset(program: Program) -> AssetsDefinition:
         automation_condition=AUTOMATION,
     )
     def _asset(context: AssetExecutionContext, curation: CurationResource) -> MaterializeResult:
+        from curation_dagster.crawl_run import materialize_partition  # the crawl job's launchers and recorder
+
         crawl, source = split_key(context.partition_key, program.level)
-        result = curation.materialize(context, program.name, crawl, source)
-        if (result.metadata or {}).get("in_crawl") is False:
-            return result
-        overhead = materialization_overhead(context, result.metadata or {})  # beside wall_s, for the Plots tab
-        return result._replace(metadata=asset_metadata(curation, program.name, crawl, source,
-                                                       {**(result.metadata or {}), **overhead}))
+        spec = curation.spec(crawl)
+        if source is not None and source not in spec.sources:
+            # The source dimension is shared by every crawl, so source x crawl holds pairs that
+            # are no partition of the crawl. Recording them as empty keeps backfills of any
+            # source x crawl range and the eager automation of fan-in assets from waiting on them.
+            context.log.info(f"{program.name}[{crawl}|{source}]: source {source!r} is not part of crawl {crawl!r}")
+            return MaterializeResult(metadata={"in_crawl": False, "crawl_sources": sorted(spec.sources)})
+        return materialize_partition(context, curation, program.name, crawl, source)
 
     return _asset
 

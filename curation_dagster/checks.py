@@ -27,8 +27,8 @@ data root's crawl registry (``stages.dataroot``). A partition
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from dagster import (
@@ -36,16 +36,16 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
-    AssetCheckSeverity,
     AssetKey,
     DagsterInstance,
-    MetadataValue,
     PreviewWarning,
     asset_check,
 )
 
 from curation_dagster.config import ChecksConfig, load_config
 from curation_dagster.partitions import CRAWL, partitions_for, split_key
+from curation_dagster.recorder import Verdict, check_result
+from curation_dagster.recorder import evaluation as recorded_evaluation
 from curation_dagster.resources import CurationResource
 from stages.catalog import PROGRAMS, QUARANTINE, STAGES, Program
 from stages.dataroot import DataRoot
@@ -65,17 +65,6 @@ from stages.store import Manifest, Store
 # The table whose doc_ids must be unique, per program that carries one document per row.
 UNIQUE_TABLES = {"raw_documents": "documents", "curated_documents": "documents", "removal_ledger": "ledger"}
 LEDGER_PROGRAMS = ("curated_documents", "removal_ledger")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A check's answer; ``severity`` applies when it did not pass."""
-
-    passed: bool
-    description: str
-    severity: Literal["ERROR", "WARN"] = "ERROR"
-    metadata: dict[str, Any] = field(default_factory=dict)
-    table: str | None = None  # Markdown, shown as the check's ``details``
 
 
 class NotMaterialized(Exception):
@@ -405,28 +394,10 @@ def evaluate(curation: CurationResource, kind: CheckKind, program: str, crawl: s
     return evaluator(curation, crawl)(kind, program, source)
 
 
-def _metadata(verdict: Verdict) -> dict[str, Any]:
-    meta: dict[str, Any] = {"details": MetadataValue.md(verdict.description)}
-    if verdict.table:
-        meta["per_source"] = MetadataValue.md(verdict.table)
-    for k, v in verdict.metadata.items():
-        meta[k] = MetadataValue.json(v) if isinstance(v, (dict, list)) else v
-    return meta
-
-
-def _severity(verdict: Verdict) -> AssetCheckSeverity:
-    return AssetCheckSeverity.ERROR if verdict.severity == "ERROR" else AssetCheckSeverity.WARN
-
-
-def _result(verdict: Verdict) -> AssetCheckResult:
-    return AssetCheckResult(passed=verdict.passed, severity=_severity(verdict), metadata=_metadata(verdict),
-                            description=verdict.description)
-
-
 def build_check(program: Program, kind: CheckKind) -> AssetChecksDefinition:
     def _check(context: AssetCheckExecutionContext, curation: CurationResource) -> AssetCheckResult:
         crawl, source = split_key(context.partition_key, program.level)
-        return _result(evaluate(curation, kind, program.name, crawl, source))
+        return check_result(evaluate(curation, kind, program.name, crawl, source))
 
     with warnings.catch_warnings():  # partitioned checks are "preview" in dagster 1.13 (pinned)
         warnings.simplefilter("ignore", PreviewWarning)
@@ -482,29 +453,8 @@ def report_runless_check(
 
 
 def evaluation(program: str, kind: CheckKind, verdict: Verdict, partition: str) -> AssetCheckEvaluation:
-    """One check's evaluation of a partition, as a run's step or ``curate run`` records it."""
-    return AssetCheckEvaluation(
-        asset_key=AssetKey(program), check_name=kind.name, passed=verdict.passed, severity=_severity(verdict),
-        description=verdict.description, metadata=_metadata(verdict), blocking=kind.blocking, partition=partition,
-    )
-
-
-def record_checks(
-    instance: DagsterInstance, curation: CurationResource, program: str, crawl: str, source: str | None,
-    partition: str,
-) -> list[tuple[str, Verdict]]:
-    """Evaluate every check of one partition and record each on ``instance`` without a run (for a
-    partition ``curate run`` recorded without one); return the blocking ones that fail."""
-    failed = []
-    judge = evaluator(curation, crawl)
-    for kind in CHECK_KINDS:
-        if not kind.applies(PROGRAMS[program]):
-            continue
-        verdict = judge(kind, program, source)
-        report_runless_check(instance, program, kind, verdict, partition)
-        if kind.blocking and not verdict.passed and verdict.severity == "ERROR":
-            failed.append((kind.name, verdict))
-    return failed
+    """One check's evaluation of a partition (``curation_dagster.recorder.evaluation``)."""
+    return recorded_evaluation(program, kind.name, kind.blocking, verdict, partition)
 
 
 def report_stale_dependents(instance: DagsterInstance, curation: CurationResource, crawl: str) -> list[str]:

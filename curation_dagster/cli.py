@@ -501,9 +501,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     dagster, root = _deployment(args)
     spec = _spec_from_args(root, args)
     try:
-        backfill_id = submit(dagster, root, spec, lambda m: print(m, flush=True))
+        run_id = submit(dagster, root, spec, lambda m: print(m, flush=True), args.force)
         if args.wait:
-            wait(dagster, root, spec, backfill_id, lambda m: print(m, flush=True), args.timeout)
+            wait(dagster, root, spec, run_id, lambda m: print(m, flush=True), args.timeout)
     except SubmitError as exc:
         raise CliError(str(exc)) from exc
     if args.wait:
@@ -517,7 +517,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     dagster, root = _deployment(args)
     try:
-        lines = status_table(dagster, args.crawl)
+        lines = status_table(dagster, root, args.crawl)
     except SubmitError as exc:
         raise CliError(str(exc)) from exc
     print("\n".join(lines))
@@ -707,16 +707,19 @@ def parser() -> argparse.ArgumentParser:
     dp.set_defaults(fn=cmd_deploy)
 
     sb = sub.add_parser("submit", help="register a crawl in a deployment's data root and launch it there (one "
-                                       "backfill of every asset of the crawl)")
+                                       "run of the crawl job, curate_run)")
     sb.add_argument("--dagster", required=True, metavar="URL", help="the deployment's webserver (http://host:port)")
     sb.add_argument("--data-root", metavar="URL", help="the deployment's data root (default: read from the "
                                                        "deployment's curation resource)")
     _spec_arguments(sb)
-    sb.add_argument("--wait", action="store_true", help="follow the crawl; exit 0 once its removal ledger is committed")
+    sb.add_argument("--force", action="store_true", help="recompute every partition")
+    sb.add_argument("--wait", action="store_true", help="follow the crawl's run (and its retries); exit 0 once its "
+                                                        "removal ledger is committed")
     sb.add_argument("--timeout", type=float, metavar="SECONDS", help="with --wait: give up after this long")
     sb.set_defaults(fn=cmd_submit)
 
-    st = sub.add_parser("status", help="per asset, the partitions of a submitted crawl done, running and failed")
+    st = sub.add_parser("status", help="the newest run of a submitted crawl: per program, its partitions planned "
+                                       "and recorded, and its step's state")
     st.add_argument("--dagster", required=True, metavar="URL", help="the deployment's webserver (http://host:port)")
     st.add_argument("--data-root", metavar="URL", help="the deployment's data root (default: the deployment's)")
     st.add_argument("--crawl", required=True)

@@ -1,54 +1,73 @@
-"""``curate run``'s Dagster run: one run for the crawl, its partitions side by side.
+"""The crawl job: one Dagster run per crawl, a step per program, every partition recorded as it
+finishes.
 
-``curate run`` plans which partitions of the crawl are stale (``curation_dagster.runner``) and
-makes one Dagster run of them, with one step per program (named after it, in dependency order:
-``stages.catalog.waves`` flattened). A step runs its program's stale partitions on a pool of
-worker processes (``PartitionPool``: as many as the execution settings' workers, each partition's
-kernels on its share of the cores; a partition's checks are evaluated where it ran) and records
-each partition as it finishes as its own materialization (the asset's metadata, ``overhead_s``
-included) and its own check evaluations, so the UI shows every partition materialized and
-checked as a run per partition would. A run per partition cost ~0.4-0.7 s of Dagster's own (run
-storage, compute-log capture, the input data versions of every upstream partition), paid one
-after another: a crawl of many small sources spent most of its time there.
+``curate_run`` is a static job of the code location (it shows in the Launchpad, its config is
+the crawl: ``{crawl: NAME, force: false}``, the spec itself is the data root's). Its steps are the
+programs in dependency order (``stages.catalog.waves`` flattened). A step plans its program's
+partitions when it starts (``curation_dagster.planner``: the steps before it have committed their
+outputs), logs a planned materialization for each stale one (the UI shows it in progress), fans
+the stale ones out to a launcher and records each as it finishes (``curation_dagster.recorder``):
+its own materialization and check evaluations. "Re-execute from failure", a run retry, or the same
+crawl launched again reruns only what is not current.
 
-A step fails after its other partitions finish and are recorded (a resumed crawl does not redo
-them), with the first failed partition's error on one line; a blocking check that failed fails
-the step too, as an asset step's does, and the later steps do not run. Programs that want a GPU,
-and the Ray executor (its cluster is the parallelism), run their partitions one at a time in
-this process.
+The launchers differ only in where a partition's ``stages.execute.execute`` runs:
+
+- the warm pool (``PartitionPool``, ``mode="in_process"``: ``curate run``, ``dagster dev``):
+  worker processes forked from a fork server, each partition's kernels on its share of the cores;
+- a ``python -m stages`` subprocess with the stage pod's command line speaking Dagster Pipes
+  (``mode="pipes"``: ``curate deploy``), or a Kubernetes pod through ``PipesK8sClient``
+  (``mode="k8s"``): at most ``CurationResource.fan_out`` partitions of a step at once.
+
+A partition's checks are evaluated where it is described (the pool worker, else the run worker).
+A step fails after its other partitions finish and are recorded, with the first failed
+partition's error on one line; a blocking check that failed, on a partition the step ran or on a
+current one, fails the step too, and the later steps do not run. An asset launched on its own
+from the UI (one partition, or a backfill's) runs through the same launchers and recorder
+(``materialize_partition``).
 """
 
-from __future__ import annotations
-
+import logging
 import multiprocessing
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dagster import (
-    AssetMaterialization,
+    AssetExecutionContext,
+    AssetKey,
+    Config,
+    DagsterInstance,
     Failure,
     In,
+    InitLoggerContext,
     JobDefinition,
+    MaterializeResult,
     Nothing,
     OpDefinition,
+    OpExecutionContext,
     Out,
     Output,
+    config_mapping,
+    in_process_executor,
     job,
+    logger,
     op,
 )
+from pydantic import Field
 
-from curation_dagster.assets import asset_metadata
-from curation_dagster.checks import CHECK_KINDS, Verdict, evaluation, evaluator
-from curation_dagster.partitions import partition_key
+from curation_dagster import recorder
+from curation_dagster.checks import CHECK_KINDS, Judge, evaluator
+from curation_dagster.partitions import CRAWL, SOURCE, partition_key
+from curation_dagster.planner import Planner, partition_label
+from curation_dagster.recorder import Done
 from curation_dagster.resources import CurationResource
-from stages.catalog import PROGRAMS
+from stages.catalog import PROGRAMS, waves
 from stages.execute import Outcome, execute, metadata
 from stages.parallel import adopt_environment, die_with_parent, limit_threads
 from stages.params import ExecutionParams
@@ -56,44 +75,50 @@ from stages.spec import CrawlSpec
 from stages.store import Store
 
 CRAWL_JOB = "curate_run"
-# The materialization tags Dagster reads an asset partition's data version from: what it writes
-# for a step's MaterializeResult(data_version=...) (no public names in 1.13;
-# tests/curation_dagster/test_runner.py checks both kinds of materialization carry them).
-DATA_VERSION_TAG = "dagster/data_version"
-DATA_VERSION_IS_USER_PROVIDED_TAG = "dagster/data_version_is_user_provided"
+CRAWL_TAG = "curate/crawl"  # on every run of a crawl (``curate run``, ``curate submit``)
+STEPS = [program for wave in waves() for program in wave]
 
 
-@dataclass(frozen=True)
-class Done:
-    """One partition's end: its outcome, its materialization metadata and check verdicts (each
-    check that applies: name, verdict), or its error on one line and its traceback. ``busy``: the
-    seconds its work took outside the program (planning, commit, metadata, checks), wherever it ran."""
+class CrawlConfig(Config):
+    """The run config of the crawl job: which registered crawl, and whether to recompute it all."""
 
-    program: str
-    source: str | None
-    outcome: Outcome | None = None
-    error: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
-    busy: float = 0.0
-    trace: str = ""
+    crawl: str = Field(description="a crawl registered in the data root (curate run / curate submit register it)")
+    force: bool = Field(default=False, description="recompute every partition, current or not")
+
+
+def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None, outcome: Outcome,
+             started: float, checks: bool = True, judge: Judge | None = None) -> Done:
+    """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
+    materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
+    evaluator of the crawl that a step's partitions share)."""
+    from curation_dagster.assets import asset_metadata  # assets imports this module for its steps
+
+    meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
+    verdicts = []
+    if checks:
+        judge = judge or evaluator(resource, spec.crawl)
+        verdicts = [(kind.name, kind.blocking, judge(kind, program, source))
+                    for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
+    wall = meta.get("wall_s")
+    busy = time.perf_counter() - started - (float(wall) if isinstance(wall, int | float) else outcome.seconds)
+    return Done(program, source, outcome, None, meta, verdicts, max(busy, 0.0))
 
 
 def finish(resource: CurationResource, store: Store, spec: CrawlSpec, program: str, source: str | None,
-           execution: ExecutionParams, force: bool, emit: Callable[[str], None] | None = None) -> Done:
-    """Run one partition and describe it: what a pool worker or this process does for each."""
+           execution: ExecutionParams, force: bool, emit: Callable[[str], None] | None = None,
+           checks: bool = True) -> Done:
+    """Run one partition in this process and describe it: what a pool worker does for each."""
     t0 = time.perf_counter()
     try:
         outcome = execute(store, spec, program, source, execution, force=force, emit=emit)
-        meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
-        judge = evaluator(resource, spec.crawl)
-        kinds = [kind for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
-        verdicts = [(kind.name, judge(kind, program, source)) for kind in kinds]
+        return describe(resource, spec, program, source, outcome, t0, checks)
     except Exception as exc:
         return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
-    wall = meta.get("wall_s")
-    busy = time.perf_counter() - t0 - (float(wall) if isinstance(wall, int | float) else outcome.seconds)
-    return Done(program, source, outcome, None, meta, verdicts, max(busy, 0.0))
+
+
+def told(label: str, error: str) -> str:
+    """A partition's error as a step tells it: ``label: error`` (once, when the error names it)."""
+    return error if error.startswith(f"{label}: ") else f"{label}: {error}"
 
 
 def one_line(exc: BaseException) -> str:
@@ -191,7 +216,7 @@ class PartitionPool:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def __enter__(self) -> PartitionPool:
+    def __enter__(self) -> "PartitionPool":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -242,62 +267,289 @@ class PartitionPool:
                     yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
 
 
-# What ``curate run`` is told of each partition its run recorded (or that failed).
-OnDone = Callable[[Done], None]
-KINDS = {kind.name: kind for kind in CHECK_KINDS}
+class Launcher(Protocol):
+    """Runs partitions of one program and yields each as it finishes."""
+
+    def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
+            ) -> Iterator[Done]: ...
 
 
-def _step(program: str, sources: list[str | None], pool: PartitionPool, on_done: OnDone, first: bool) -> OpDefinition:
-    spec = pool.spec
+class Fanout:
+    """Partitions as ``python -m stages`` subprocesses (Pipes) or pods (``PipesK8sClient``), at
+    most ``CurationResource.fan_out`` at once, small ones packed several to a process
+    (``pack_documents``); each partition is described here as it ends."""
 
-    @op(name=program, ins={} if first else {"after": In(Nothing)}, out=Out(Nothing),
-        description=f"{program}: {len(sources)} partition(s) of crawl {spec.crawl}")
-    def _op(context) -> Iterator[Any]:  # type: ignore[no-untyped-def]  # dagster rejects a string annotation
-        errors: dict[str | None, str] = {}
-        for done in pool.run(program, sources, emit=context.log.info):
+    def __init__(self, context: OpExecutionContext | AssetExecutionContext, resource: CurationResource,
+                 spec: CrawlSpec, force: bool = False, checks: bool = True) -> None:
+        self.context = context
+        self.resource = resource
+        self.spec = spec
+        self.force = force
+        self.checks = checks
+        self.store = resource.store()
+        # One evaluator for the step (the checks' bounds and the crawl's record, read once).
+        self.judge = evaluator(resource, spec.crawl) if checks else None
+
+    def packs(self, program: str, sources: list[str | None]) -> list[list[str | None]]:
+        """``sources`` in packs, in order: as many as fit ``pack_documents`` (a source's documents:
+        its ingested ``raw_documents``, 0 before it is ingested), never more than an even share of
+        ``fan_out`` processes, so packing never leaves a process idle."""
+        limit = self.resource.pack_documents
+        if limit <= 0 or len(sources) < 2 or PROGRAMS[program].level != "source":
+            return [[s] for s in sources]
+        share = -(-len(sources) // max(self.resource.fan_out, 1))
+        packs: list[list[str | None]] = []
+        size = 0
+        for source in sources:
+            docs = self._documents(source)
+            if not packs or len(packs[-1]) >= share or size + docs > limit:
+                packs.append([])
+                size = 0
+            packs[-1].append(source)
+            size += docs
+        return packs
+
+    def _documents(self, source: str | None) -> int:
+        from stages.plan import plan_task
+
+        try:
+            manifest = self.store.read_manifest(plan_task(self.store, self.spec, "raw_documents", source).output_dir)
+        except FileNotFoundError:
+            return 0
+        return int(manifest.report.get("documents", 0)) if manifest is not None else 0
+
+    def _pack(self, program: str, pack: list[str | None]) -> list[Done]:
+        t0 = time.perf_counter()
+        try:
+            reported = self.resource.launch(self.context, program, self.spec.crawl, pack, self.force)
+            for _ in range(self.resource.partition_retries):
+                again = [s for s in pack if reported[s].get("killed")]
+                if not again:
+                    break
+                # Killed from outside (not its own error): launched once more; a lease it held on an
+                # S3 data root is taken over once it expires (stages.lease), so no two overlap.
+                for source in again:
+                    self.context.log.warning(f"{partition_label(self.spec, program, source)}: "
+                                             f"{reported[source]['error']}; launching it again")
+                reported.update(self.resource.launch(self.context, program, self.spec.crawl, again, self.force))
+        except Exception as exc:
+            return [Done(program, s, error=one_line(exc), trace=traceback.format_exc()) for s in pack]
+        seconds = {s: float(reported[s].get("seconds", 0.0)) for s in pack}
+        total = sum(seconds.values())
+        return [self._describe(program, s, reported[s], t0, len(pack), total - seconds[s]) for s in pack]
+
+    def _describe(self, program: str, source: str | None, reported: dict[str, Any], t0: float, packed: int,
+                  others_s: float) -> Done:
+        """One partition of a pack of ``packed`` launched at ``t0``; ``others_s``: the seconds the
+        pack's other partitions' programs took (not this one's overhead)."""
+        if "error" in reported:
+            return Done(program, source, error=str(reported["error"]))
+        try:
+            from stages.plan import plan_task
+
+            manifest = self.store.read_manifest(plan_task(self.store, self.spec, program, source).output_dir)
+            if manifest is None or manifest.data_version != reported.get("data_version"):
+                return Done(program, source, error="its process ended without committing its output")
+            outcome = Outcome(manifest, bool(reported["skipped"]), float(reported["seconds"]))
+            done = describe(self.resource, self.spec, program, source, outcome, t0, self.checks, self.judge)
+        except Exception as exc:
+            return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
+        if packed > 1:  # the pack's process time outside its programs, shared by its partitions
+            done = Done(done.program, done.source, done.outcome, None, done.meta, done.verdicts,
+                        max(done.busy - others_s, 0.0) / packed, done.trace)
+        return done
+
+    def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
+            ) -> Iterator[Done]:
+        if not sources:
+            return
+        packs = self.packs(program, sources)
+        with ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(packs))),
+                                thread_name_prefix=f"{program}-launch") as threads:
+            futures = [threads.submit(self._pack, program, pack) for pack in packs]
+            for future in as_completed(futures):
+                yield from future.result()
+
+
+class Listener(Protocol):
+    """What ``curate run`` is told of each partition of its run: one that finished (or failed),
+    one that was current already."""
+
+    def finished(self, done: Done) -> None: ...
+
+    def current(self, program: str, source: str | None) -> None: ...
+
+
+# ``curate run`` runs the crawl job in its own process: its display and its warm pool, by crawl.
+_LISTENERS: dict[str, Listener] = {}
+_POOLS: dict[str, PartitionPool] = {}
+_LOCK = threading.Lock()
+
+
+class attached:
+    """While ``curate run`` runs the crawl job in-process: its listener and pool for ``crawl``."""
+
+    def __init__(self, crawl: str, listener: Listener, pool: PartitionPool | None) -> None:
+        self.crawl, self.listener, self.pool = crawl, listener, pool
+
+    def __enter__(self) -> "attached":
+        with _LOCK:
+            _LISTENERS[self.crawl] = self.listener
+            if self.pool is not None:
+                _POOLS[self.crawl] = self.pool
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _LOCK:
+            _LISTENERS.pop(self.crawl, None)
+            _POOLS.pop(self.crawl, None)
+
+
+def _add_partitions(instance: DagsterInstance, spec: CrawlSpec) -> None:
+    """The crawl's and its sources' dynamic partitions, where the instance lacks them (a crawl
+    launched from the Launchpad: curate run and curate submit add them before)."""
+    if not instance.has_dynamic_partition(CRAWL, spec.crawl):
+        instance.add_dynamic_partitions(CRAWL, [spec.crawl])
+    missing = [s for s in sorted(spec.sources) if not instance.has_dynamic_partition(SOURCE, s)]
+    if missing:
+        instance.add_dynamic_partitions(SOURCE, missing)
+
+
+def _planned(context: OpExecutionContext, program: str, keys: list[str]) -> None:
+    """Log a planned materialization of each partition about to run: the UI shows it in progress
+    (what Dagster logs at the start of an asset run; an op's runtime materializations get none)."""
+    try:  # dagster's own constructor (1.13, pinned); the run still records without it
+        from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
+    except ImportError:
+        return
+    for key in keys:
+        event = DagsterEvent.build_asset_materialization_planned_event(
+            context.job_name, program, AssetMaterializationPlannedData(AssetKey(program), partition=key))
+        context.instance.report_dagster_event(event, context.run_id)
+
+
+def run_step(context: OpExecutionContext, curation: CurationResource, config: CrawlConfig, program: str
+             ) -> Iterator[Any]:
+    """One step of the crawl job: plan ``program``'s partitions, run the stale ones, record each."""
+    spec = curation.spec(config.crawl)
+    if program == STEPS[0]:
+        _add_partitions(context.instance, spec)
+    planner = Planner(context.instance, curation, spec, config.force)
+    plan = planner.step(program)
+    listener = _LISTENERS.get(spec.crawl)
+    order = spec.partitions(program)
+    # The partitions to run, by key: what the UI's log shows before they start (and tests read).
+    context.log.info(f"{program}: {len(plan.stale)} stale partition(s) to run "
+                     f"[{', '.join(str(partition_key(spec.crawl, s)) for s in plan.stale)}], "
+                     f"{len(plan.current)} current")
+    for source in plan.current:
+        if listener is not None:
+            listener.current(program, source)
+    held = planner.held_back(program, plan.current)
+    _planned(context, program, [str(partition_key(spec.crawl, s)) for s in plan.stale])
+    errors: dict[str | None, str] = {}
+    blocked: dict[str | None, str] = {}
+    owned: PartitionPool | None = None
+    launcher: Launcher
+    if curation.mode == "in_process":
+        launcher = _POOLS.get(spec.crawl) or PartitionPool(curation, spec, config.force)
+        owned = None if launcher is _POOLS.get(spec.crawl) else launcher  # type: ignore[assignment]
+    else:
+        launcher = Fanout(context, curation, spec, config.force)
+    try:
+        for done in launcher.run(program, plan.stale, emit=context.log.info):
             received = time.perf_counter()
             name = partition_label(spec, program, done.source)
             if done.outcome is None:
                 errors[done.source] = str(done.error)
                 context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
-                on_done(done)
-                continue
-            key = str(partition_key(spec.crawl, done.source))
-            meta = dict(done.meta)
-            if "wall_s" in meta:  # the profile's overhead: its time outside the program, to its record here
-                meta["overhead_s"] = round(done.busy + time.perf_counter() - received, 4)
-            # No provenance tags (code version, input data versions): Dagster would take a partial
-            # provenance for changed inputs; the data version is ours (params and input versions).
-            yield AssetMaterialization(
-                asset_key=program, partition=key, metadata=meta,
-                tags={DATA_VERSION_TAG: done.outcome.manifest.data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"},
-            )
-            for check, verdict in done.verdicts:
-                yield evaluation(program, KINDS[check], verdict, key)
-            on_done(done)
-        if errors:
-            failed = sorted(errors, key=sources.index)  # the first in the crawl's order is the one told
-            raise Failure(description=f"{partition_label(spec, program, failed[0])}: {errors[failed[0]]}",
-                          metadata={"failed": {partition_label(spec, program, s): errors[s] for s in failed}})
+            else:
+                key = str(partition_key(spec.crawl, done.source))
+                yield recorder.materialization(done, key, received)
+                yield from recorder.evaluations(done, key)
+                for check, verdict in done.blocking_failures():
+                    blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
+            if listener is not None:
+                listener.finished(done)
+    finally:
+        if owned is not None:
+            owned.close()
+    if errors:
+        failed = sorted(errors, key=order.index)  # the first in the crawl's order is the one told
+        raise Failure(description=told(partition_label(spec, program, failed[0]), errors[failed[0]]),
+                      metadata={"failed": {partition_label(spec, program, s): errors[s] for s in failed}})
+    if blocked or held:
+        first = [blocked[s] for s in sorted(blocked, key=order.index)]
+        raise Failure(description=first[0] if first else str(held))
+
+
+def _step(program: str, first: bool) -> OpDefinition:
+    # Named apart from the asset's own op (op names are unique in a code location); the step is
+    # the program's name (``alias``).
+    @op(name=f"crawl_{program}", ins={} if first else {"after": In(Nothing)}, out=Out(Nothing),
+        description=f"{program}: the crawl's stale partitions of {program}, each recorded as it finishes",
+        tags={"kind": "curation"})
+    def _op(context: OpExecutionContext, config: CrawlConfig, curation: CurationResource) -> Iterator[Any]:
+        yield from run_step(context, curation, config, program)
         yield Output(None)  # the next step waits on it
 
     return _op
 
 
-def crawl_job(work: list[tuple[str, list[str | None]]], pool: PartitionPool, on_done: OnDone) -> JobDefinition:
-    """The job of a crawl's run: a step per (program, its stale partitions), in dependency order."""
-    steps = [_step(program, sources, pool, on_done, i == 0) for i, (program, sources) in enumerate(work)]
+@logger(config_schema=None, description="Dagster's console log of the crawl job's runs: INFO and above; quiet while "
+                    "curate run (which prints its own lines) runs the job in its process.")
+def console(init_context: InitLoggerContext) -> logging.Logger:
+    log = logging.Logger("dagster", level=logging.CRITICAL if _LISTENERS else logging.INFO)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+    log.addHandler(handler)
+    return log
 
-    @job(name=CRAWL_JOB, description="curate run: the stale partitions of a crawl, a step per program")
+
+@config_mapping
+def _crawl_config(config: CrawlConfig) -> dict[str, Any]:
+    """The crawl's config, given once, to every step."""
+    step = {"config": {"crawl": config.crawl, "force": config.force}}
+    return {"ops": {program: step for program in STEPS}}
+
+
+def build_crawl_job() -> JobDefinition:
+    """The crawl job: a step per program in dependency order, one process for the run (the steps
+    share the warm pool; the work is in the pool's processes, subprocesses or pods)."""
+    steps = [_step(program, i == 0) for i, program in enumerate(STEPS)]
+
+    @job(name=CRAWL_JOB, config=_crawl_config, executor_def=in_process_executor, logger_defs={"console": console},
+         description="A whole crawl, one run: a step per program, each running its stale partitions side by "
+                     "side and recording every partition as it finishes. Config: the crawl's name (registered "
+                     "in the data root by curate run / curate submit) and force.")
     def _job() -> None:
         after = None
-        for step in steps:
-            after = step() if after is None else step(after)
+        for program, step in zip(STEPS, steps, strict=True):
+            node = step.alias(program)
+            after = node() if after is None else node(after)
 
     return _job
 
 
-def partition_label(spec: CrawlSpec, program: str, source: str | None) -> str:
-    """``program[source]``, or ``program[crawl]`` for a crawl-level partition."""
-    return f"{program}[{source}]" if source else f"{program}[{spec.crawl}]"
+CRAWL_JOB_DEF = build_crawl_job()
 
+
+def materialize_partition(context: AssetExecutionContext, curation: CurationResource, program: str, crawl: str,
+                          source: str | None) -> MaterializeResult:
+    """An asset step (one partition launched from the UI, a backfill's, the automation's): the
+    partition on the resource's launcher, recorded by the recorder. Its checks are its check steps."""
+    spec = curation.spec(crawl)
+    launcher: Launcher
+    if curation.mode == "in_process":
+        done = finish(curation, curation.store(), spec, program, source, curation.execution(), False,
+                      emit=context.log.info, checks=False)
+    else:
+        launcher = Fanout(context, curation, spec, checks=False)
+        (done,) = launcher.run(program, [source])
+    received = time.perf_counter()
+    if done.outcome is None:
+        raise Failure(told(partition_label(spec, program, source), str(done.error)))
+    context.log.info(f"{partition_label(spec, program, source)} "
+                     f"{'up to date' if done.outcome.skipped else 'materialized'} at "
+                     f"{done.outcome.manifest.params_key} in {done.outcome.seconds:.2f}s")
+    return recorder.materialize_result(done, received)

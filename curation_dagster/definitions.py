@@ -28,6 +28,7 @@ from dagster import (
 from curation_dagster.assets import ASSETS
 from curation_dagster.checks import CHECKS
 from curation_dagster.config import load_config
+from curation_dagster.crawl_run import CRAWL_JOB_DEF
 from curation_dagster.location import workdir_from
 from curation_dagster.recrawl import build_recrawl_schedule, build_recrawl_sensor
 from curation_dagster.resources import resource_for
@@ -48,7 +49,9 @@ def _hint_instance() -> None:
 
 def build_definitions(workdir: str | None = None, run_executor: ExecutorDefinition | None = None,
                       **resource_config: object) -> Definitions:
-    """The code location; ``run_executor`` runs a run's steps (default: Dagster's, a process per step).
+    """The code location: the assets and their checks, the crawl job (``curate_run``: a whole crawl,
+    one run), the recrawl schedule and sensors. ``run_executor`` runs an asset run's steps
+    (default: Dagster's, a process per step; the crawl job runs its steps in its run's process).
     ``resource_config``: fields of the ``curation`` resource, over those of the environment
     (``resource_for``); ``workdir``: default ``default_workdir()``."""
     curation = resource_for(os.environ, **({"workdir": workdir} if workdir else {}), **resource_config)
@@ -66,6 +69,7 @@ def build_definitions(workdir: str | None = None, run_executor: ExecutorDefiniti
         asset_checks=CHECKS,
         schedules=[build_recrawl_schedule(cfg.recrawl)],
         sensors=[build_recrawl_sensor(cfg.recrawl), automation],
+        jobs=[CRAWL_JOB_DEF],
         resources={"curation": curation},
         executor=run_executor,
     )
@@ -73,8 +77,9 @@ def build_definitions(workdir: str | None = None, run_executor: ExecutorDefiniti
 
 def k8s_definitions() -> Definitions:
     """The code location on Kubernetes (``dagster api grpc -m curation_dagster.definitions -a
-    k8s_definitions``, k8s/values.yaml): the same assets, every partition in its own pod
-    (``launchers.k8s``); outputs under ``CURATE_DATA_ROOT``, the workdir ``/workdir`` by default."""
+    k8s_definitions``, k8s/values.yaml): the same assets and crawl job, every partition in its own
+    pod (``launchers.k8s``: a crawl step runs up to ``fan_out`` pods at once); outputs under
+    ``CURATE_DATA_ROOT``, the workdir ``/workdir`` by default."""
     return build_definitions(mode="k8s")
 
 

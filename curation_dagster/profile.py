@@ -4,13 +4,12 @@ partition through every stage").
 Per program and partition: documents, bytes, wall time split into read, compute and write (the
 ``timing`` every partition's report carries since ``stages.timing``: the same figures whichever
 way it ran), the orchestration overhead, and GPU time where a GPU ran. Overhead is what Dagster
-adds around the program: its step's duration in the instance's event log (step start to the
-materialization) minus the program's wall time, so it includes launching the step (a Pipes
-subprocess's interpreter start too), resource set-up, the manifest commit and the metadata. A
-switched-off stage's partition that ``curate run`` recorded without a run carries the overhead
-it measured itself (its time outside the program up to the materialization event); a
-partition with no step in that event log (run by ``python -m stages``, or in a deployment whose
-event log is elsewhere) has ``overhead_s`` null.
+adds around the program: the ``overhead_s`` its materialization carries
+(``curation_dagster.recorder``: its time outside the program, from the start of its launch (a
+Pipes subprocess's interpreter start and imports, a pod's start) to its record, the manifest
+commit, the metadata and its checks included), else its step's duration in the instance's event
+log minus the program's wall time; a partition with neither (run by ``python -m stages``, or in a
+deployment whose event log is elsewhere) has ``overhead_s`` null.
 
 ``documents`` is the partition's input documents as its report counts them (``input``,
 ``documents`` or ``nodes``; the ledger's sources' inputs); ``bytes`` the Arrow bytes it read from
@@ -19,8 +18,6 @@ the data root (its source files' bytes for ``raw_documents``, which reads outsid
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from stages.catalog import PROGRAMS
@@ -28,7 +25,7 @@ from stages.dataroot import DataRoot
 from stages.spec import CrawlSpec
 
 if TYPE_CHECKING:
-    from dagster import AssetExecutionContext, DagsterInstance
+    from dagster import DagsterInstance
 
 # GPU seconds a program's report states, where its backend was a GPU (the kernel's own timer).
 GPU_SECONDS = {
@@ -176,20 +173,6 @@ def measured_sizing(root: DataRoot, crawl: str) -> dict[str, float]:
         "candidate_pairs": float(comps.get("candidate_pairs", 0)),
         "verification_text_bytes": float(comps.get("candidate_text_bytes", 0)),
     }
-
-
-def materialization_overhead(context: AssetExecutionContext, metadata: Mapping[str, Any]) -> dict[str, float]:
-    """``overhead_s`` of a step about to record its materialization (its step start to now, minus
-    the program's ``wall_s``): the profile's overhead as the materialization's float metadata.
-    Empty for a cached step or one without timing."""
-    wall = metadata.get("wall_s")
-    if not isinstance(wall, int | float):
-        wall = getattr(wall, "value", None)  # a Pipes result's metadata holds MetadataValues
-    if not isinstance(wall, int | float):
-        return {}
-    starts = _step_starts(context.instance, context.run_id, {})
-    start = starts.get(context.op_def.name)
-    return {} if start is None else {"overhead_s": round(max(time.time() - start - float(wall), 0.0), 4)}
 
 
 def print_profile(result: dict[str, Any]) -> None:

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from dagster import AssetExecutionContext, ConfigurableResource, Failure, MaterializeResult
+from dagster import AssetExecutionContext, ConfigurableResource, Failure, OpExecutionContext
 from pydantic import Field
 
 from curation_dagster.k8s_spec import K8sSettings, pod_arguments
-from curation_dagster.launchers import inprocess, pipes
+from curation_dagster.launchers import pipes
 from curation_dagster.location import workdir_from
 from stages.cli import PARENT_PID_ENV
 from stages.credentials import STORAGE_OPTIONS_ENV, storage_options
@@ -63,7 +63,13 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     workdir: str
     data_root: str | None = None  # default <workdir>/data; any fsspec URL (s3://bucket/prefix)
     storage_options: dict[str, Any] = Field(default_factory=dict)
-    mode: Literal["in_process", "pipes", "k8s"] = "in_process"  # k8s: one pod per partition
+    mode: Literal["in_process", "pipes", "k8s"] = "in_process"  # where a partition runs: the warm pool, a
+    # Pipes subprocess, a pod (curation_dagster.crawl_run)
+    fan_out: int = 8  # pipes, k8s: at most this many partitions of one step at once (subprocesses, pods)
+    partition_retries: int = 1  # pipes: launches again of a partition whose process was killed by a signal
+    # pipes, k8s: small partitions packed into one process or pod, in turn, up to this many input
+    # documents (their source's, as ingested) a pack; 0: one partition per process or pod
+    pack_documents: int = 0
     batch_rows: int = 20_000
     workers: int = 0  # 0 = every core
     executor: Literal["local", "ray"] = "local"
@@ -122,42 +128,44 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
                if e["name"] in POD_THREAD_ENV}
         return [sys.executable, *args["command"][1:]], env
 
-    def materialize(
-        self, context: AssetExecutionContext, program: str, crawl: str, source: str | None
-    ) -> MaterializeResult:
-        """Run one partition (skipped when its committed output is up to date) and describe it."""
-        spec = self.spec(crawl)
-        if source is not None and source not in spec.sources:
-            # The source dimension is shared by every crawl, so source x crawl holds pairs that
-            # are no partition of the crawl. Recording them as empty keeps backfills of any
-            # source x crawl range and the eager automation of fan-in assets from waiting on them.
-            context.log.info(f"{program}[{crawl}|{source}]: source {source!r} is not part of crawl {crawl!r}")
-            return MaterializeResult(metadata={"in_crawl": False, "crawl_sources": sorted(spec.sources)})
-        if self.mode == "pipes":
-            command, env = self.pod_command(program, crawl, source)
-            if self.options():
-                env[STORAGE_OPTIONS_ENV] = json.dumps(self.options())
-            # A run worker that dies (SIGKILL, OOM) takes its stage subprocess with it: the run's
-            # retry writes the partition again, and must find no writer of it still running.
-            env[PARENT_PID_ENV] = str(os.getpid())
-            return pipes.launch(context, command, env)
+    def launch(self, context: OpExecutionContext | AssetExecutionContext, program: str, crawl: str,
+               sources: list[str | None], force: bool = False) -> dict[str | None, dict[str, Any]]:
+        """Run ``python -m stages`` for the partitions of ``sources`` (one, or a pack of small ones,
+        in turn) where this resource's ``mode`` says (a Pipes subprocess, a pod) and return what it
+        reported over Pipes of each: ``skipped``, ``seconds``, ``data_version``, or ``error`` (one line)."""
         if self.mode == "k8s":
             from curation_dagster.launchers import k8s  # imports kubernetes only here
 
-            return k8s.launch(context, self, program, crawl, source)
-        return inprocess.launch(context, self.store(), spec, program, source, self.execution())
+            return k8s.launch(context, self, program, crawl, sources, force=force)
+        if self.mode != "pipes":
+            raise ValueError(f"mode {self.mode!r} runs partitions in this process, not by launching them")
+        command, env = self.pod_command(program, crawl, sources[0])
+        for source in sources[1:]:
+            command += ["--source", str(source)]
+        if force:
+            command.append("--force")
+        if self.options():
+            env[STORAGE_OPTIONS_ENV] = json.dumps(self.options())
+        # A run worker that dies (SIGKILL, OOM) takes its stage subprocess with it: the run's
+        # retry writes the partition again, and must find no writer of it still running.
+        env[PARENT_PID_ENV] = str(os.getpid())
+        return pipes.launch(context, command, env, sources)
 
 
 # Where a code location's environment configures its resource (docs/scale-out.md for the Ray ones:
 # e.g. CURATE_EXECUTOR=ray, CURATE_RAY_ADDRESS=ray://curation-ray-head-svc.curation.svc:10001).
 EXECUTOR_ENV = "CURATE_EXECUTOR"
 RAY_ADDRESS_ENV = "CURATE_RAY_ADDRESS"
+# A crawl step's launching (Pipes subprocesses, pods): partitions at once, documents a pack.
+FAN_OUT_ENV = "CURATE_FAN_OUT"
+PACK_DOCUMENTS_ENV = "CURATE_PACK_DOCUMENTS"
 
 
 def resource_for(env: Mapping[str, str], **fields: Any) -> CurationResource:
     """The ``curation`` resource of a code location whose environment is ``env``: the workdir
     (``curation_dagster.location.workdir_from``; ``/workdir`` by default in a pod, ``mode="k8s"``),
-    ``$CURATE_DATA_ROOT``, ``$CURATE_EXECUTOR`` and ``$CURATE_RAY_ADDRESS``; ``fields`` (resource
+    ``$CURATE_DATA_ROOT``, ``$CURATE_EXECUTOR``, ``$CURATE_RAY_ADDRESS``, ``$CURATE_FAN_OUT`` and
+    ``$CURATE_PACK_DOCUMENTS``; ``fields`` (resource
     fields: ``mode``, ``workdir``, ...) take precedence. The definitions of every code location and
     ``curate k8s render`` build theirs here, so a rendered pod is the one the resource launches."""
     values: dict[str, Any] = {
@@ -165,6 +173,8 @@ def resource_for(env: Mapping[str, str], **fields: Any) -> CurationResource:
         "data_root": env.get(DATA_ROOT_ENV) or None,
         "executor": env.get(EXECUTOR_ENV) or "local",
         "ray_address": env.get(RAY_ADDRESS_ENV) or None,
+        **{name: int(env[var]) for name, var in (("fan_out", FAN_OUT_ENV), ("pack_documents", PACK_DOCUMENTS_ENV))
+           if env.get(var)},
         **fields,
     }
     values["workdir"] = os.path.abspath(values["workdir"])

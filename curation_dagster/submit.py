@@ -4,17 +4,14 @@ the Helm chart).
 
 Submitting a crawl: its spec is registered in the deployment's data root (read from the
 ``curation`` resource's configuration, or ``--data-root``), its ``crawl`` and ``source`` dynamic
-partitions are added (``addDynamicPartition``), and **one asset backfill** is launched
-(``launchPartitionBackfill``) over every asset's partitions of that crawl: each per-source asset
-over the crawl's ``crawl|source`` keys, each crawl-level asset over the crawl. The backfill daemon
-orders the runs by the dependencies, across the two partitionings (a crawl-level asset only after
-every source of its crawl, the next per-source wave only after it), one run per partition key and
-level, each run materializing the assets of its wave (as ``curate run`` does); the backfill is one
-object in the UI, survives the submitter, and its failed partitions re-execute from the UI. While
-it targets a partition, the declarative automation leaves that partition alone
-(``AutomationCondition.eager()`` waits for an in-progress backfill), so a submitted crawl is not
-launched twice. Why not one run per wave launched by the client: a crawl would stop where the
-client stopped.
+partitions are added (``addDynamicPartition``), and **one run** of the code location's crawl job
+(``curate_run``, ``curation_dagster.crawl_run``) is launched (``launchRun``, config
+``{crawl, force}``, tagged ``curate/crawl``): a step per program, each fanning its stale
+partitions out to Pipes subprocesses or pods and recording each as it finishes. The run is
+queued and run by the deployment, so it survives the submitter; a run whose worker dies is
+retried by the daemon (``run_retries``: from the failed step, which plans again and reruns only
+what is not current), and a failed run re-executes from failure in the UI. ``--wait`` follows the
+run and its retries; ``curate status`` reads the crawl's newest run.
 """
 
 from __future__ import annotations
@@ -31,18 +28,17 @@ from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot, data_root_url
 from stages.spec import CrawlSpec
 
-TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
+# Run statuses (GraphQL RunStatus) of a run that is over, and of one queued or under way.
+TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
+ACTIVE = ["QUEUED", "NOT_STARTED", "MANAGED", "STARTING", "STARTED", "CANCELING"]
 CRAWL_TAG = "curate/crawl"
-POLL_S = 2.0
+CRAWL_JOB = "curate_run"  # curation_dagster.crawl_run.CRAWL_JOB (not imported: it loads dagster)
+POLL_S = 1.0
+RETRY_WAIT_S = 300.0  # a failed run tagged to be retried: how long --wait waits for its retry
 
 
 class SubmitError(RuntimeError):
     """The deployment refused or failed; the message is one line."""
-
-
-def partition_keys(spec: CrawlSpec, program: str) -> list[str]:
-    """Dagster partition keys of ``program`` in the crawl: ``crawl|source`` or ``crawl``."""
-    return [spec.crawl if s is None else f"{spec.crawl}|{s}" for s in spec.partitions(program)]
 
 
 def name(program: str, partition: str) -> str:
@@ -116,81 +112,75 @@ class Dagster:
                 raise SubmitError(f"adding {dimension} partition {key!r}: {why}")
         return added
 
-    def launch_backfill(self, spec: CrawlSpec) -> str:
+    def launch_run(self, spec: CrawlSpec, force: bool = False) -> str:
+        """One run of the crawl job for ``spec``'s crawl; its id."""
         params = {
-            "partitionsByAssets": [
-                {"assetKey": {"path": [program]},
-                 "partitions": {"ranges": [{"start": k, "end": k} for k in partition_keys(spec, program)]}}
-                for program in PROGRAMS
-            ],
-            "title": f"crawl {spec.crawl}",
-            "description": f"curate submit: every asset of crawl {spec.crawl} ({', '.join(sorted(spec.sources))})",
-            "tags": [{"key": CRAWL_TAG, "value": spec.crawl}],
+            "selector": {**self.selector, "jobName": CRAWL_JOB},
+            "runConfigData": {"crawl": spec.crawl, "force": force},
+            "executionMetadata": {"tags": [{"key": CRAWL_TAG, "value": spec.crawl}]},
         }
-        data = self.query("""mutation($params: LaunchBackfillParams!) {
-            launchPartitionBackfill(backfillParams: $params) {
-              __typename ... on LaunchBackfillSuccess { backfillId } ... on Error { message } } }""",
+        data = self.query("""mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
+            __typename ... on LaunchRunSuccess { run { runId } }
+            ... on RunConfigValidationInvalid { errors { message } } ... on Error { message } } }""",
                           {"params": params})
-        result = data["launchPartitionBackfill"]
-        if result["__typename"] != "LaunchBackfillSuccess":
-            raise SubmitError(f"launching the backfill of crawl {spec.crawl}: "
-                              f"{' '.join(str(result.get('message', result['__typename'])).split())[:300]}")
-        return str(result["backfillId"])
+        result = data["launchRun"]
+        if result["__typename"] != "LaunchRunSuccess":
+            why = result.get("message") or "; ".join(e["message"] for e in result.get("errors", [])) \
+                or result["__typename"]
+            raise SubmitError(f"launching the run of crawl {spec.crawl}: {' '.join(str(why).split())[:300]}")
+        return str(result["run"]["runId"])
 
-    def backfill(self, backfill_id: str) -> dict[str, Any]:
-        data = self.query("""query($id: String!) { partitionBackfillOrError(backfillId: $id) { __typename
-            ... on PartitionBackfill { id status title tags { key value } assetBackfillData { assetBackfillStatuses {
-              __typename ... on AssetPartitionsStatusCounts { assetKey { path } numPartitionsTargeted
-                numPartitionsInProgress numPartitionsMaterialized numPartitionsFailed } } } }
-            ... on Error { message } } }""", {"id": backfill_id})
-        result = data["partitionBackfillOrError"]
-        if result["__typename"] != "PartitionBackfill":
-            raise SubmitError(f"backfill {backfill_id}: {result.get('message', result['__typename'])}")
+    def runs(self, tags: dict[str, str], statuses: list[str] | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Runs with every one of ``tags`` (newest first): id, status, tags."""
+        flt: dict[str, Any] = {"tags": [{"key": k, "value": v} for k, v in tags.items()]}
+        if statuses:
+            flt["statuses"] = statuses
+        data = self.query("""query($filter: RunsFilter!, $limit: Int!) { runsOrError(filter: $filter, limit: $limit) {
+            __typename ... on Runs { results { runId status tags { key value } } } ... on Error { message } } }""",
+                          {"filter": flt, "limit": limit})
+        runs = data["runsOrError"]
+        if runs["__typename"] != "Runs":
+            raise SubmitError(f"Dagster at {self.url}: {runs.get('message', runs['__typename'])}")
+        return list(runs["results"])
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        data = self.query("""query($id: ID!) { runOrError(runId: $id) { __typename
+            ... on Run { runId status tags { key value } stepStats { stepKey status } } ... on Error { message } } }""",
+                          {"id": run_id})
+        result = data["runOrError"]
+        if result["__typename"] != "Run":
+            raise SubmitError(f"run {run_id}: {result.get('message', result['__typename'])}")
         return result  # type: ignore[no-any-return]
 
-    def latest_backfill(self, crawl: str) -> dict[str, Any] | None:
-        """The newest backfill ``curate submit`` launched for ``crawl``, or None."""
-        data = self.query("""{ partitionBackfillsOrError(limit: 100) { __typename ... on PartitionBackfills {
-            results { id tags { key value } } } } }""")
-        for entry in data["partitionBackfillsOrError"].get("results", []):  # newest first
-            if {"key": CRAWL_TAG, "value": crawl} in entry["tags"]:
-                return self.backfill(entry["id"])
-        return None
+    def events(self, run_id: str, cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+        """The run's materializations, planned materializations and step failures after ``cursor``."""
+        data = self.query("""query($id: ID!, $cursor: String) { logsForRun(runId: $id, afterCursor: $cursor,
+            limit: 10000) { __typename ... on EventConnection { cursor events { __typename
+              ... on MaterializationEvent { stepKey partition assetKey { path } }
+              ... on AssetMaterializationPlannedEvent { stepKey assetKey { path } }
+              ... on ExecutionStepFailureEvent { stepKey error { message className cause { message className } } }
+            } } ... on Error { message } } }""", {"id": run_id, "cursor": cursor})
+        result = data["logsForRun"]
+        if result["__typename"] != "EventConnection":
+            raise SubmitError(f"the events of run {run_id}: {result.get('message', result['__typename'])}")
+        return list(result["events"]), result.get("cursor") or cursor
 
-    def failure(self, backfill_id: str) -> str:
-        """The first failed run of the backfill, on one line: the asset partition and why."""
-        data = self.query("""query($id: String!) { runsOrError(filter: {tags: [{key: "dagster/backfill", value: $id}],
-            statuses: [FAILURE]}, limit: 20) { ... on Runs { results { runId tags { key value } } } } }""",
-                          {"id": backfill_id})
-        runs = data["runsOrError"].get("results", [])
-        if not runs:
-            return f"backfill {backfill_id} failed without a failed run (see {self.url}/runs/b/{backfill_id})"
-        run = runs[-1]  # the oldest: what made the others fail, if anything did
-        tags = {t["key"]: t["value"] for t in run["tags"]}
-        partition = tags.get("dagster/partition", "")
-        events = self.query("""query($id: ID!) { logsForRun(runId: $id, limit: 5000) { ... on EventConnection {
-            events { __typename ... on ExecutionStepFailureEvent { stepKey error { message className
-              cause { message className } } } ... on AssetCheckEvaluationEvent { evaluation { checkName
-              assetKey { path } success severity description } }
-              ... on EngineEvent { stepKey message error { message className } } } } } }""", {"id": run["runId"]})
-        where = f"(run {self.url}/runs/{run['runId']})"
-        items = events["logsForRun"].get("events", [])
-        for event in items:
-            evaluation = event.get("evaluation")
-            if evaluation and not evaluation["success"] and evaluation["severity"] == "ERROR":
-                asset = "/".join(evaluation["assetKey"]["path"])
-                return f"{name(asset, partition)}: check {evaluation['checkName']} failed: " \
-                       f"{one_line(evaluation.get('description') or '')} {where}"
-        for event in items:  # a stage subprocess's own error, reported over Pipes as it closed
-            if event["__typename"] == "EngineEvent" and event.get("error") and \
-                    "closed with exception" in (event.get("message") or ""):
-                return f"{name(event['stepKey'] or '?', partition)}: {one_line(event['error']['message'])} {where}"
-        for event in items:
+    def latest_run(self, crawl: str) -> dict[str, Any] | None:
+        """The newest run of ``crawl``'s crawl job (a retry included), or None."""
+        runs = self.runs({CRAWL_TAG: crawl}, limit=1)
+        return self.run(runs[0]["runId"]) if runs else None
+
+    def failure(self, run_id: str) -> str:
+        """Why the run failed, on one line: its failed step's error (the partition and why)."""
+        where = f"(run {self.url}/runs/{run_id})"
+        events, _ = self.events(run_id)
+        for event in events:
             if event["__typename"] == "ExecutionStepFailureEvent":
-                error = event["error"] or {}
-                info = error.get("cause") or error
-                return f"{name(event['stepKey'] or '?', partition)}: {one_line(info.get('message') or '')} {where}"
-        return f"run {run['runId']} of partition {partition} failed {where}"
+                error: dict[str, Any] = event["error"] or {}
+                cause: dict[str, Any] | None = error.get("cause")
+                info = cause if cause and "Failure" not in error.get("className", "") else error
+                return f"{one_line(info.get('message') or '')} {where}"
+        return f"run {run_id} failed outside its steps {where}"
 
 
 def one_line(text: str) -> str:
@@ -201,85 +191,127 @@ def one_line(text: str) -> str:
     return rest if sep and "." in head and " " not in head else last
 
 
-def statuses(backfill: dict[str, Any]) -> dict[str, tuple[int, int, int, int]]:
-    """Per asset: (targeted, materialized, in progress, failed) partitions of a backfill."""
-    out = {}
-    for entry in (backfill.get("assetBackfillData") or {}).get("assetBackfillStatuses", []):
-        if entry["__typename"] == "AssetPartitionsStatusCounts":
-            out["/".join(entry["assetKey"]["path"])] = (entry["numPartitionsTargeted"],
-                                                        entry["numPartitionsMaterialized"],
-                                                        entry["numPartitionsInProgress"], entry["numPartitionsFailed"])
-    return out
+def tags(run: dict[str, Any]) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in run.get("tags", [])}
 
 
-def submit(dagster: Dagster, root: DataRoot, spec: CrawlSpec, log: Callable[[str], None]) -> str:
-    """Register the spec, add the partitions, launch the backfill; its id. Refused while an
-    earlier backfill of the crawl runs: its partitions would be written twice at once, and its
-    later runs would read the new spec."""
-    running = dagster.latest_backfill(spec.crawl)
-    if running is not None and running["status"] not in TERMINAL:
-        raise SubmitError(f"crawl {spec.crawl} has a backfill in progress ({dagster.url}/runs/b/{running['id']}): "
-                          "wait for it, or cancel it in the UI, before submitting the crawl again")
+def submit(dagster: Dagster, root: DataRoot, spec: CrawlSpec, log: Callable[[str], None], force: bool = False) -> str:
+    """Register the spec, add the partitions, launch the crawl's run; its id. Refused while an
+    earlier run of the crawl is queued or under way: it would read the new spec midway."""
+    active = dagster.runs({CRAWL_TAG: spec.crawl}, ACTIVE, limit=1)
+    if active:
+        raise SubmitError(f"crawl {spec.crawl} has a run in progress ({dagster.url}/runs/{active[0]['runId']}): "
+                          "wait for it, or terminate it in the UI, before submitting the crawl again")
     record = root.register(spec)
     log(f"crawl {spec.crawl} registered in {root.url} (#{record.sequence}, sources {', '.join(sorted(spec.sources))})")
     added = dagster.add_partitions("crawl", [spec.crawl]) + dagster.add_partitions("source", sorted(spec.sources))
     if added:
         log(f"partitions added: {', '.join(added)}")
-    backfill_id = dagster.launch_backfill(spec)
-    log(f"backfill {backfill_id} launched: {dagster.url}/runs/b/{backfill_id}?tab=runs")
-    return backfill_id
+    run_id = dagster.launch_run(spec, force)
+    log(f"run {run_id} launched: {dagster.url}/runs/{run_id}")
+    return run_id
 
 
-def wait(dagster: Dagster, root: DataRoot, spec: CrawlSpec, backfill_id: str, log: Callable[[str], None],
-         timeout_s: float | None = None) -> None:
-    """Follow the backfill to its end, printing each asset as its partitions complete; raise
-    SubmitError (one line) unless the crawl's removal ledger is committed for ``spec``."""
+@dataclass
+class Followed:
+    """What ``--wait`` has seen of a crawl's run and its retries: materialized partitions per program."""
+
+    done: dict[str, set[str]]
+    runs: list[str]
+
+
+def wait(dagster: Dagster, root: DataRoot, spec: CrawlSpec, run_id: str, log: Callable[[str], None],
+         timeout_s: float | None = None) -> Followed:
+    """Follow the run (and the retries the daemon launches for it) to its end, printing each
+    program as its partitions are recorded; raise SubmitError (one line) unless it succeeded and
+    the crawl's removal ledger is committed for ``spec``."""
     t0 = time.monotonic()
-    shown: dict[str, tuple[int, int, int, int]] = {}
+    followed = Followed({}, [run_id])
+    cursor: str | None = None
     while True:
-        backfill = dagster.backfill(backfill_id)
-        now = statuses(backfill)
+        events, cursor = dagster.events(run_id, cursor)
+        changed: dict[str, int] = {}
+        for event in events:
+            if event["__typename"] == "MaterializationEvent":
+                program = "/".join(event["assetKey"]["path"])
+                followed.done.setdefault(program, set()).add(event.get("partition") or spec.crawl)
+                changed[program] = len(followed.done[program])
         for program in PROGRAMS:
-            counts = now.get(program)
-            if counts is None or counts == shown.get(program):
+            if program in changed:
+                log(f"  {time.monotonic() - t0:6.1f}s {program:<24} {changed[program]}/{len(spec.partitions(program))}")
+        run = dagster.run(run_id)
+        if run["status"] in TERMINAL:
+            if run["status"] == "FAILURE" and _will_retry(dagster, run):
+                retry = _retry(dagster, run_id, t0, timeout_s)
+                log(f"  {time.monotonic() - t0:6.1f}s run {run_id} failed ({dagster.failure(run_id)}); "
+                    f"retried as run {retry}: {dagster.url}/runs/{retry}")
+                run_id, cursor = retry, None
+                followed.runs.append(retry)
                 continue
-            targeted, done, running, failed = counts
-            if done or failed or running:
-                state = f"{done}/{targeted}" + (f", {running} running" if running else "") + \
-                        (f", {failed} failed" if failed else "")
-                log(f"  {time.monotonic() - t0:6.1f}s {program:<24} {state}")
-            shown[program] = counts
-        if backfill["status"] in TERMINAL:
             break
         if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-            raise SubmitError(f"backfill {backfill_id} of crawl {spec.crawl} still {backfill['status']} after "
-                              f"{timeout_s:.0f}s: {dagster.url}/runs/b/{backfill_id}")
+            raise SubmitError(f"run {run_id} of crawl {spec.crawl} still {run['status']} after {timeout_s:.0f}s: "
+                              f"{dagster.url}/runs/{run_id}")
         time.sleep(POLL_S)
-    if any(c[3] for c in now.values()) or backfill["status"] in ("COMPLETED_FAILED", "FAILED"):
-        raise SubmitError(dagster.failure(backfill_id))
-    if backfill["status"] == "CANCELED":
-        raise SubmitError(f"backfill {backfill_id} of crawl {spec.crawl} was canceled")
+    if run["status"] == "FAILURE":
+        raise SubmitError(dagster.failure(run_id))
+    if run["status"] == "CANCELED":
+        raise SubmitError(f"run {run_id} of crawl {spec.crawl} was canceled")
     if not root.published(spec):
-        raise SubmitError(f"backfill {backfill_id} finished ({backfill['status']}) but crawl {spec.crawl}'s removal "
-                          f"ledger is not committed in {root.url}")
-    log(f"crawl {spec.crawl} done in {time.monotonic() - t0:.1f}s ({backfill['status']})")
+        raise SubmitError(f"run {run_id} succeeded but crawl {spec.crawl}'s removal ledger is not committed in "
+                          f"{root.url}")
+    log(f"crawl {spec.crawl} done in {time.monotonic() - t0:.1f}s ({len(followed.runs)} run(s))")
+    return followed
 
 
-def status_table(dagster: Dagster, crawl: str) -> list[str]:
-    """``curate status``: per asset, the crawl's partitions materialized, running and failed in
-    the latest backfill ``curate submit`` launched for the crawl."""
-    backfill = dagster.latest_backfill(crawl)
-    if backfill is None:
-        raise SubmitError(f"no backfill of crawl {crawl!r} on {dagster.url} (submit it with `curate submit`)")
-    now = statuses(backfill)
-    lines = [f"crawl {crawl}: backfill {backfill['id']} {backfill['status']} ({dagster.url}/runs/b/{backfill['id']})",
-             f"{'ASSET':<26}{'PARTITIONS':>11}{'DONE':>7}{'RUNNING':>9}{'FAILED':>8}"]
+def _will_retry(dagster: Dagster, run: dict[str, Any]) -> bool:
+    """Whether the deployment retries this failed run: Dagster tags it (``dagster/will_retry``) a
+    moment after it stores the failure, so an untagged one is read again for a few seconds."""
+    deadline = time.monotonic() + 15
+    while "dagster/will_retry" not in tags(run) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        run = dagster.run(run["runId"])
+    return tags(run).get("dagster/will_retry") == "true"
+
+
+def _retry(dagster: Dagster, run_id: str, t0: float, timeout_s: float | None) -> str:
+    """The retry the daemon launches for a failed run (tagged ``dagster/parent_run_id``)."""
+    deadline = time.monotonic() + (RETRY_WAIT_S if timeout_s is None else max(timeout_s - (time.monotonic() - t0), 0))
+    while True:
+        children = dagster.runs({"dagster/parent_run_id": run_id}, limit=1)
+        if children:
+            return str(children[0]["runId"])
+        if time.monotonic() > deadline:
+            raise SubmitError(f"run {run_id} failed ({dagster.failure(run_id)}) and its retry did not start")
+        time.sleep(POLL_S)
+
+
+def status_table(dagster: Dagster, root: DataRoot, crawl: str) -> list[str]:
+    """``curate status``: the crawl's newest run, and per program its partitions, those recorded by
+    that run and the runs it retried, and its step's state in the newest run that has the step."""
+    run = dagster.latest_run(crawl)
+    if run is None:
+        raise SubmitError(f"no run of crawl {crawl!r} on {dagster.url} (submit it with `curate submit`)")
+    record = root.record(crawl)
+    first = tags(run).get("dagster/root_run_id", run["runId"])
+    chain = [dagster.run(first)] if first != run["runId"] else []
+    chain += [dagster.run(r["runId"]) for r in reversed(dagster.runs({"dagster/root_run_id": first}))
+              if r["runId"] != run["runId"]] + [run]  # oldest first
+    recorded: dict[str, set[str]] = {}
+    steps: dict[str, str] = {}
+    for each in chain:
+        events, _ = dagster.events(each["runId"])
+        for event in events:
+            if event["__typename"] == "MaterializationEvent":
+                recorded.setdefault("/".join(event["assetKey"]["path"]), set()).add(event.get("partition") or crawl)
+        steps.update({s["stepKey"]: s["status"] for s in each.get("stepStats", [])})
+    lines = [f"crawl {crawl}: run {run['runId']} {run['status']} ({dagster.url}/runs/{run['runId']})"
+             + (f", retry of {len(chain) - 1} run(s)" if len(chain) > 1 else ""),
+             f"{'PROGRAM':<26}{'PARTITIONS':>11}{'RECORDED':>10}  STEP"]
     for program in PROGRAMS:
-        if program in now:
-            targeted, done, running, failed = now[program]
-            lines.append(f"{program:<26}{targeted:>11}{done:>7}{running:>9}{failed:>8}")
-    total = [sum(c[i] for c in now.values()) for i in range(4)]
-    lines.append(f"{'TOTAL':<26}{total[0]:>11}{total[1]:>7}{total[2]:>9}{total[3]:>8}")
-    if total[3]:
-        lines.append(f"failed: {dagster.failure(backfill['id'])}")
+        total = len(record.spec.partitions(program)) if record is not None else 0
+        lines.append(f"{program:<26}{total:>11}{len(recorded.get(program, ())):>10}  "
+                     f"{(steps.get(program) or 'not started').lower()}")
+    if run["status"] == "FAILURE":
+        lines.append(f"failed: {dagster.failure(run['runId'])}")
     return lines

@@ -1,11 +1,13 @@
-"""``python -m stages PROGRAM --data-root URL --crawl NAME [--source NAME]``: run one partition.
+"""``python -m stages PROGRAM --data-root URL --crawl NAME [--source NAME ...]``: run one partition
+(or several of one program, one after another: a pack of small partitions in one process).
 
 The same entry point runs in a subprocess, a container or a Kubernetes pod. It needs nothing but
 the data root: the crawl's spec is read from its registry (``stages.dataroot``); execution
 tuning comes with ``--tuning`` (or from ``<workdir>/curate.yaml`` with ``--workdir``, the local
 default, whose data root is also the default). When launched by Dagster through Pipes
-(``DAGSTER_PIPES_CONTEXT`` set), it reports the materialization back over Pipes; otherwise it
-prints one JSON line with the output directory and whether it was cached. A long partition says
+(``DAGSTER_PIPES_CONTEXT`` set), it reports its outcome (or its error, on one line) over Pipes to
+the step that launched it, which records the materialization; either way it prints one JSON line
+with the output directory and whether it was cached. A long partition says
 how far it is every ``progress_interval_s`` (``stages.progress``): over Pipes into the run's log,
 else on stderr.
 """
@@ -16,11 +18,12 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot, NoDataRoot, UnknownCrawl
 from stages.errors import StageError
-from stages.execute import execute, metadata
+from stages.execute import execute
 from stages.filters import FilterError
 from stages.parallel import die_with_parent
 from stages.params import ExecutionParams, ExecutionTuning, workdir_tuning
@@ -34,11 +37,21 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _print(program: str, source: str | None, outcome: Any) -> None:
+    print(json.dumps({"program": program, "source": source, "skipped": outcome.skipped, "seconds": outcome.seconds,
+                      "data_version": outcome.manifest.data_version}), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stages", description=__doc__)
     parser.add_argument("program", choices=sorted(PROGRAMS))
     parser.add_argument("--crawl", required=True)
-    parser.add_argument("--source")
+    parser.add_argument("--source", action="append", help="a source (repeat: several partitions, in turn)")
     parser.add_argument("--data-root", help="where the crawl's spec and the outputs are (default: "
                                             "$CURATE_DATA_ROOT, else the workdir's)")
     parser.add_argument("--workdir", help="a local workdir: its data root, and its curate.yaml's execution tuning")
@@ -68,24 +81,36 @@ def main(argv: list[str] | None = None) -> int:
     execution = tuning.apply(ExecutionParams(batch_rows=args.batch_rows, workers=args.workers,
                                              executor=args.executor, ray_address=args.ray_address,
                                              backend=args.backend))
+    sources: list[str | None] = list(args.source) if args.source else [None]
     if "DAGSTER_PIPES_CONTEXT" in os.environ:
         from dagster_pipes import open_dagster_pipes  # only the Pipes entry point needs it
 
+        failed = False
         with open_dagster_pipes() as pipes:
-            # Progress lines go to the run's log in the UI (through the Pipes message channel).
-            outcome = execute(store, spec, args.program, args.source, execution, args.force, emit=pipes.log.info)
-            # Pipes reads a dict value as a {raw_value, type} schema: mark dicts and lists as JSON.
-            meta = {k: {"raw_value": v, "type": "json"} if isinstance(v, dict | list) else v
-                    for k, v in metadata(outcome).items()}
-            pipes.report_asset_materialization(metadata=meta, data_version=outcome.manifest.data_version)
-    else:
+            # Progress lines go to the run's log in the UI (through the Pipes message channel); each
+            # partition's outcome, or its error on one line, to the step that launched this, which
+            # records it.
+            for source in sources:
+                try:
+                    outcome = execute(store, spec, args.program, source, execution, args.force, emit=pipes.log.info)
+                except Exception as exc:
+                    pipes.report_custom_message({"source": source, "error": _one_line(exc)})
+                    if not isinstance(exc, (FileNotFoundError, KeyError, ValueError, StageError)):  # FilterError too
+                        raise  # a bug: its traceback, in the run's log
+                    print(f"error: {args.program}: {exc}", file=sys.stderr)
+                    failed = True
+                    continue
+                pipes.report_custom_message({"source": source, "skipped": outcome.skipped, "seconds": outcome.seconds,
+                                             "data_version": outcome.manifest.data_version})
+                _print(args.program, source, outcome)
+        return 1 if failed else 0
+    for source in sources:
         try:
-            outcome = execute(store, spec, args.program, args.source, execution, args.force, emit=_stderr)
+            outcome = execute(store, spec, args.program, source, execution, args.force, emit=_stderr)
         except (FileNotFoundError, KeyError, ValueError, StageError) as exc:  # FilterError too
             print(f"error: {args.program}: {exc}", file=sys.stderr)
             return 1
-    print(json.dumps({"program": args.program, "skipped": outcome.skipped, "seconds": outcome.seconds,
-                      "data_version": outcome.manifest.data_version}))
+        _print(args.program, source, outcome)
     return 0
 
 

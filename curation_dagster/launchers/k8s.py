@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from dagster import AssetExecutionContext, Failure, MaterializeResult
+from dagster import AssetExecutionContext, Failure, OpExecutionContext
 
 from curation_dagster.k8s_spec import ENV_PREFIX, GPU_RESOURCE, K8sSettings, StageCommands, pod_arguments, to_yaml
 from stages.catalog import PROGRAMS, partition_name
@@ -105,15 +105,47 @@ def pipes_client(settings: K8sSettings, spec: Mapping[str, Any], partition: str)
 
 
 def launch(
-    context: AssetExecutionContext, curation: StageCommands, program: str, crawl: str, source: str | None,
-    settings: K8sSettings | None = None,
-) -> MaterializeResult:
-    """Run one partition in its own pod through ``PipesK8sClient`` and return what it reported."""
+    context: OpExecutionContext | AssetExecutionContext, curation: StageCommands, program: str, crawl: str,
+    sources: list[str | None], settings: K8sSettings | None = None, force: bool = False,
+) -> dict[str | None, dict[str, Any]]:
+    """Run the partitions of ``sources`` (one, or a pack of small ones) in one pod through
+    ``PipesK8sClient``; what it reported over Pipes of each. The pod is the first source's, its
+    command names every source."""
+    from curation_dagster.launchers.pipes import reported
+
     settings = settings or K8sSettings.from_env()
-    arguments = pod_arguments(settings, curation, program, crawl, source)
-    client = pipes_client(settings, arguments["base_pod_spec"], partition_name(program, crawl, source))
-    invocation = client.run(context=context, pod_wait_timeout=settings.pod_wait_timeout_s, **arguments)
-    return invocation.get_materialize_result()
+    arguments = pod_arguments(settings, curation, program, crawl, sources[0])
+    for source in sources[1:]:
+        arguments["command"] = [*arguments["command"], "--source", str(source)]
+    if force:
+        arguments["command"] = [*arguments["command"], "--force"]
+    client = pipes_client(settings, arguments["base_pod_spec"], partition_name(program, crawl, sources[0]))
+    try:
+        invocation = client.run(context=context, pod_wait_timeout=settings.pod_wait_timeout_s, **arguments)
+    except Exception as exc:
+        # A pod that exited with an error: dagster-k8s's error holds its last log lines, the Pipes
+        # messages among them; a stage's own error is reported there, on one line.
+        messages = _custom_messages(str(exc))
+        if not messages:
+            raise
+        return reported(messages, sources, code=1)
+    return reported(invocation.get_custom_messages(), sources)
+
+
+def _custom_messages(log: str) -> list[Any]:
+    """The payloads of the Pipes ``report_custom_message`` lines in a pod's log text."""
+    out = []
+    for line in log.splitlines():
+        start = line.find('{"__dagster_pipes_version"')
+        if start < 0:
+            continue
+        try:
+            message = json.loads(line[start:])
+        except ValueError:
+            continue
+        if message.get("method") == "report_custom_message":
+            out.append(message.get("params", {}).get("payload"))
+    return out
 
 
 def pod_manifest(

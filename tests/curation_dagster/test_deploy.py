@@ -2,16 +2,18 @@
 
 One deployment is started from the test exactly as an operator starts it (PostgreSQL, daemon,
 webserver and gRPC code server as separate processes; runs queued and launched as processes;
-each asset partition a Pipes subprocess with the stage pod's command line) on an S3 data root
-served by moto on 127.0.0.1. A 3-source crawl submitted with `curate submit --wait` gives the same
-report and ledger as `curate run` of the same sources, every asset partition materialized once
-and only after its inputs, although mid-crawl a run worker is SIGKILLed while its stage
-subprocess runs (the run is retried) and then the daemon is SIGKILLed (`curate deploy` starts
-it again); no two runs ever execute one asset partition at once (the step windows in the event
-log); the UI's runs pages, in headless Chromium, show the crawl's runs; a failing source fails
-`submit --wait` with one line naming the asset partition and the reason; SIGTERM to `curate
-deploy` mid-run leaves no process behind. The deployment's curate.yaml turns the automation
-sensor off, so that every run is the backfill's.
+each partition a Pipes subprocess with the stage pod's command line, several at once) on an S3
+data root served by moto on 127.0.0.1. A 3-source crawl submitted with `curate submit --wait` is
+one run of the crawl job (plus its retry) and gives the same report and ledger as `curate run` of
+the same sources, every asset partition materialized once and only after its inputs, although
+mid-crawl a partition's stage subprocess is SIGKILLed (its step launches it again), then a run
+worker is SIGKILLed while its stage subprocess runs (the run is retried from its failed step) and
+then the daemon is SIGKILLed (`curate deploy` starts it again); no two attempts ever execute one
+asset partition at once (the step windows in the event log); the run's page, in headless
+Chromium, shows a materialization of every partition; a failing source fails `submit --wait` with
+one line naming the asset partition and the reason; SIGTERM to `curate deploy` mid-run leaves no
+process behind. The deployment's curate.yaml turns the automation sensor off, so that every run
+is the crawl's.
 """
 
 from __future__ import annotations
@@ -348,10 +350,11 @@ def start_deploy(workdir: Path, data_root: str, env: dict[str, str], port: int) 
     return proc
 
 
-def backfill_runs(url: str, backfill_id: str) -> list[dict[str, Any]]:
-    query = """query($id: String!) { runsOrError(filter: {tags: [{key: "dagster/backfill", value: $id}]}) {
-        ... on Runs { results { runId status startTime endTime tags { key value } assetSelection { path } } } } }"""
-    return graphql_post(url, query, {"id": backfill_id})["runsOrError"]["results"]  # type: ignore[no-any-return]
+def crawl_runs(url: str, crawl: str) -> list[dict[str, Any]]:
+    """Every run of the crawl (``curate submit``'s and the daemon's retries), newest first."""
+    query = """query($crawl: String!) { runsOrError(filter: {tags: [{key: "curate/crawl", value: $crawl}]}) {
+        ... on Runs { results { runId jobName status startTime endTime tags { key value } } } } }"""
+    return graphql_post(url, query, {"crawl": crawl})["runsOrError"]["results"]  # type: ignore[no-any-return]
 
 
 RUN_EVENTS = """query($id: ID!, $after: String) { logsForRun(runId: $id, afterCursor: $after, limit: 5000) {
@@ -375,37 +378,47 @@ def run_events(url: str, run_id: str) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Step:
-    """One execution of one asset partition, as the event log records it."""
+    """One attempt at one asset partition, as the event log records it: the step of its program
+    in one run, from the step's start (the step logs the partitions it is about to run) to the
+    partition's materialization, else to the step's end, else to the end of its run (whose worker
+    died)."""
 
     run_id: str
     asset: str
     partition: str
     start: float  # seconds since the epoch
-    end: float  # its success or failure event, else the end of its run (whose worker died)
+    end: float
     materialized: bool
+
+
+TO_RUN = re.compile(r"^(\w+): \d+ stale partition\(s\) to run \[([^\]]*)\]")
 
 
 def steps(url: str, runs: list[dict[str, Any]]) -> list[Step]:
     out = []
     for run in runs:
-        partition = next(t["value"] for t in run["tags"] if t["key"] == "dagster/partition")
         started: dict[str, float] = {}
         ended: dict[str, float] = {}
-        materialized: set[str] = set()
+        planned: dict[str, list[str]] = {}
+        materialized: dict[tuple[str, str], float] = {}
         for event in run_events(url, run["runId"]):
             key, at = event.get("stepKey"), float(event.get("timestamp") or 0) / 1000
             if event["__typename"] == "ExecutionStepStartEvent" and key in PROGRAMS:
                 started[key] = at
             elif event["__typename"] in ("ExecutionStepSuccessEvent", "ExecutionStepFailureEvent") and key in PROGRAMS:
                 ended[key] = at
+            elif event["__typename"] == "LogMessageEvent" and (m := TO_RUN.match(event.get("message") or "")):
+                planned[m[1]] = [k for k in m[2].split(", ") if k]
             elif event["__typename"] == "MaterializationEvent":
-                assert event["partition"] == partition, event
-                materialized.add(event["assetKey"]["path"][0])
-        assert materialized <= set(started), run
-        for key, at in started.items():
-            end = ended.get(key, run["endTime"])
-            assert end is not None and end >= at, (run, key)
-            out.append(Step(run["runId"], key, partition, at, end, key in materialized))
+                program = event["assetKey"]["path"][0]
+                assert event["partition"] in planned.get(program, []), event  # only what its step planned
+                materialized[(program, event["partition"])] = at
+        for program, partitions in planned.items():
+            for partition in partitions:
+                end = materialized.get((program, partition), ended.get(program, run["endTime"]))
+                assert end is not None and end >= started[program], (run, program, partition)
+                out.append(Step(run["runId"], program, partition, started[program], end,
+                                (program, partition) in materialized))
     return out
 
 
@@ -460,15 +473,17 @@ def failure(url: str, run_id: str) -> str:
 
 
 class Faults(threading.Thread):
-    """Beside ``curate submit --wait``, mid-crawl: SIGKILL the run worker of a ``target`` partition
-    while its stage subprocess runs (found in the process table, confirmed by the run's
-    ``Started process for run (pid: N)`` event); as soon as the code server has failed that run,
-    SIGKILL the daemon (its run-retry pass runs every 5 s, so this is mostly before it launched the
-    retry: then the new daemon that ``curate deploy`` starts launches it)."""
+    """Beside ``curate submit --wait``, mid-crawl: SIGKILL the stage subprocess of one
+    ``raw_documents`` partition (its step launches it again); SIGKILL the run worker while a
+    ``target`` partition's stage subprocess runs (found in the process table, confirmed by the
+    run's ``Started process for run (pid: N)`` event); as soon as the run is failed, SIGKILL the
+    daemon (its run-retry pass runs every 5 s, so this is mostly before it launched the retry:
+    then the new daemon that ``curate deploy`` starts launches it)."""
 
     def __init__(self, root: int, url: str, deploy_log: Path, target: str = "minhash_signatures") -> None:
         super().__init__(daemon=True)
         self.root, self.url, self.deploy_log, self.target = root, url, deploy_log, target
+        self.killed_stage = ""
         self.killed_run = ""
         self.stage = ""
         self.daemon_pid = 0
@@ -477,23 +492,30 @@ class Faults(threading.Thread):
 
     def run(self) -> None:
         try:
+            os.kill(self._stage("raw_documents").pid, signal.SIGKILL)
+            self.killed_stage = "raw_documents"
             self._kill_a_run_worker()
             self._kill_the_daemon()
         except BaseException as exc:  # reported by the test's thread
             self.error = f"{type(exc).__name__}: {exc}"
 
-    def _kill_a_run_worker(self) -> None:
+    def _stage(self, program: str) -> Proc:
+        """A stage subprocess of ``program`` that a run worker started."""
         deadline = time.monotonic() + 600
         while True:
-            assert time.monotonic() < deadline, f"no {self.target} stage subprocess seen"
+            assert time.monotonic() < deadline, f"no {program} stage subprocess seen"
             procs = tree(self.root)
             stage = next((p for p in procs.values() if role(p, procs, self.root) == "stage subprocess"
-                          and f"-m stages {self.target} " in p.cmd and p.ppid in procs
+                          and f"-m stages {program} " in p.cmd and p.ppid in procs
                           and role(procs[p.ppid], procs, self.root) == "run worker"), None)
             if stage is not None:
-                break
-            time.sleep(0.1)
-        worker = procs[stage.ppid]
+                self.procs = procs
+                return stage
+            time.sleep(0.05)
+
+    def _kill_a_run_worker(self) -> None:
+        stage = self._stage(self.target)
+        worker = self.procs[stage.ppid]
         for run in graphql_post(self.url, RUNS_STARTED)["runsOrError"]["results"]:
             messages = [e.get("message") or "" for e in run_events(self.url, run["runId"])]
             if f"Started process for run (pid: {worker.pid})." in messages:
@@ -547,32 +569,32 @@ class Background(threading.Thread):
             raise self.error
 
 
-def assert_the_ui_shows_the_runs(url: str, backfill_id: str, run_ids: list[str], user_data: Path) -> None:
-    """Headless Chromium on the webserver: the backfill's runs tab lists every run of the crawl,
-    the runs page the backfill; screenshots of both in tests/artifacts/."""
+def assert_the_ui_shows_the_run(url: str, run_id: str, partitions: list[str], user_data: Path) -> None:
+    """Headless Chromium on the webserver: the crawl's run page shows its steps and a
+    materialization of every partition (its log, filtered to materializations), the runs page the
+    run; screenshots of both in tests/artifacts/."""
     graphql_post(url, "mutation { setNuxSeen }")  # no "join the community" dialog
     ARTIFACTS.mkdir(exist_ok=True)
     browser = Browser(user_data, 1600, 1400)
 
-    def shows(page: str, wanted: list[str], every: bool = True) -> None:
-        """Wait until the page's DOM holds every (or any) string in ``wanted``."""
+    def shows(page: str, wanted: list[str]) -> None:
+        """Wait until the page's DOM holds every string in ``wanted``."""
         browser.open(page)
         missing, dom = wanted, ""
         deadline = time.monotonic() + 90
-        while (missing if every else len(missing) == len(wanted)) and time.monotonic() < deadline:
+        while missing and time.monotonic() < deadline:
             time.sleep(1)
             with contextlib.suppress(RuntimeError):  # no document yet while the page loads
                 dom = browser.dom()
             missing = [w for w in wanted if w not in dom]
-        assert not (missing if every else len(missing) == len(wanted)), f"{page} does not show {missing}"
+        assert not missing, f"{page} does not show {missing}"
 
     try:
-        # The backfill's runs tab: every run of the crawl, a link each, under the backfill's id.
-        shows(f"{url}/runs/b/{backfill_id}?tab=runs", [backfill_id] + [f"/runs/{r}" for r in run_ids])
-        browser.screenshot(ARTIFACTS / "deploy_backfill_runs.png")
-        # The runs page: the crawl's backfill (runs within a backfill are folded into it by
-        # default), or its runs.
-        shows(f"{url}/runs", [f"/runs/b/{backfill_id}"] + [f"/runs/{r}" for r in run_ids], every=False)
+        # The run's page, its log filtered to materializations: one per partition, each naming it.
+        shows(f"{url}/runs/{run_id}?logs=type%3AASSET_MATERIALIZATION",
+              [run_id[:8], "curate_run", "removal_ledger", "minhash_signatures", *partitions])
+        browser.screenshot(ARTIFACTS / "deploy_run.png")
+        shows(f"{url}/runs", [f"/runs/{run_id}", "curate_run"])
         browser.screenshot(ARTIFACTS / "deploy_runs.png")
     finally:
         browser.close()
@@ -609,17 +631,21 @@ def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_a
             faults.join(60)
             assert faults.error is None, faults.error
             assert code == 0, out + err
-            assert f"{url}/runs/b/" in out  # the UI link of the backfill
-            backfill_id = out.split(f"{url}/runs/b/")[1].split("?")[0]
+            assert f"{url}/runs/" in out  # the UI link of the run
+            submitted_run = out.split(f"{url}/runs/")[1].split()[0]
 
-            # The killed run failed and was retried; so was any other run that failed (a run the
-            # killed daemon was launching, failed by run monitoring): each retry chain ends in success.
-            runs = backfill_runs(url, backfill_id)
+            # One run for the crawl: the killed one, retried from its failed step (so was any other
+            # run that failed: one the killed daemon was launching, failed by run monitoring); each
+            # retry chain ends in success.
+            runs = crawl_runs(url, T.CRAWL)
+            assert {r["jobName"] for r in runs} == {"curate_run"} and runs[-1]["runId"] == submitted_run
             tags = {run["runId"]: {t["key"]: t["value"] for t in run["tags"]} for run in runs}
             status = {run["runId"]: run["status"] for run in runs}
             retries = [r["runId"] for r in runs if tags[r["runId"]].get("dagster/parent_run_id")]
+            assert len(runs) == 1 + len(retries) and len(retries) <= 2
             failed = {r: failure(url, r) for r, s in status.items() if s == "FAILURE"}
-            assert faults.killed_run in failed and "SIGKILL" in failed[faults.killed_run]
+            assert faults.killed_run == submitted_run and faults.killed_run in failed
+            assert "SIGKILL" in failed[faults.killed_run]
             assert set(status.values()) <= {"SUCCESS", "FAILURE"}
             for run_id, why in failed.items():
                 chain = [run_id]
@@ -629,34 +655,40 @@ def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_a
                 assert tags[chain[1]]["dagster/parent_run_id"] == run_id and status[chain[-1]] == "SUCCESS"
             restarted = [line for line in deploy_log.read_text().splitlines() if "daemon exited with code -9" in line]
             assert len(restarted) == 1 and "restarted it (pid " in restarted[0]
+            # The killed stage subprocess: its step launched the partition again, in the same run.
+            messages = [e.get("message") or "" for e in run_events(url, submitted_run)]
+            assert any(m.startswith("raw_documents[") and "killed by signal 9" in m and "launching it again" in m
+                       for m in messages), messages
             executed = steps(url, runs)
             assert_one_writer_at_a_time(executed)
             assert_dependency_order(executed, T.CRAWL, T.SOURCES)
             killed = [s for s in executed if s.run_id == faults.killed_run and s.asset == faults.target]
-            assert len(killed) == 1 and not killed[0].materialized  # it was killed mid-partition
-            # The UI, in the browser while the next crawl runs (its backfill's 30 s ticks are idle time).
-            ui = Background(assert_the_ui_shows_the_runs, url, backfill_id, [r["runId"] for r in runs],
+            assert killed and not all(s.materialized for s in killed)  # it was killed mid-step
+            # The UI, in the browser while the next crawl runs.
+            partitions = [f"{T.CRAWL}|{s}" for s in T.SOURCES]
+            ui = Background(assert_the_ui_shows_the_run, url, runs[0]["runId"], partitions,
                             base / "chrome") if CHROMIUM is not None else None  # Debian's chromium: make chromium
 
             code, out, err = curate("status", "--dagster", url, "--crawl", T.CRAWL)
             assert code == 0, err
-            assert "COMPLETED_SUCCESS" in out and "removal ledger committed" in out
-            assert f"{'removal_ledger':<26}{1:>11}{1:>7}{0:>9}{0:>8}" in out
+            assert f"run {runs[0]['runId']} SUCCESS" in out and "removal ledger committed" in out
+            assert f"{'raw_documents':<26}{len(T.SOURCES):>11}{len(T.SOURCES):>10}  success" in out
+            assert f"{'removal_ledger':<26}{1:>11}{1:>10}  success" in out
 
             # A source that does not exist: one line naming the asset partition and why.
             code, out, err = curate("submit", "--dagster", url, "--crawl", "broken", "--source",
                                     f"web={base / 'nowhere'}", "--stages", STAGES, "--wait", "--timeout", "300")
             assert code == 1
-            assert err.count("\n") == 1 and err.startswith("curate: error: raw_documents[broken|web]: source URL ")
+            assert err.count("\n") == 1 and err.startswith("curate: error: raw_documents[web]: source URL "), err
             assert "matches no JSONL or Parquet file" in err
             if ui is not None:
                 ui.result(120)
 
-            # Resubmitted (every partition up to date): SIGTERM once its first run is under way.
+            # Resubmitted (every partition up to date): SIGTERM once its run is under way.
             code, out, err = curate("submit", "--dagster", url, "--crawl", T.CRAWL, "--stages", STAGES)
             assert code == 0, err
             code, out, err = curate("submit", "--dagster", url, "--crawl", T.CRAWL, "--stages", STAGES)
-            assert code == 1 and f"crawl {T.CRAWL} has a backfill in progress" in err and err.count("\n") == 1
+            assert code == 1 and f"crawl {T.CRAWL} has a run in progress" in err and err.count("\n") == 1
             deadline = time.monotonic() + 180
             while not any(role(p, procs, deploy.pid) == "run worker" for procs in [sampler.sample()]
                           for p in procs.values()):
@@ -712,6 +744,7 @@ def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_a
     assert ledgers[0].num_rows > 0 and ledgers[0].equals(ledgers[1])
     with capsys.disabled():
         print(f"\ncurate deploy: ready in {started:.1f}s, stopped in {stopped:.1f}s; crawl {T.CRAWL} "
-              f"({STAGES}): curate submit --wait {submitted:.1f}s (a run worker and the daemon SIGKILLed, "
+              f"({STAGES}): curate submit --wait {submitted:.1f}s (a stage subprocess, a run worker and the daemon "
+              f"SIGKILLed, "
               f"{len(runs)} runs, {len(retries)} retries, the killed run's by {faults.retried_by}), curate run "
               f"{ran:.1f}s\n{sampler.table()}\nfailed runs:\n" + "\n".join(f"  {r}: {w}" for r, w in failed.items()))

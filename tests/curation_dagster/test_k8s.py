@@ -252,11 +252,11 @@ def test_curate_k8s_render_is_the_pod_the_code_location_launches(
     class Client:
         def run(self, **kwargs: Any) -> Any:
             launched.update(kwargs)
-            return type("Invocation", (), {"get_materialize_result": lambda self: None})()
+            return type("Invocation", (), {"get_custom_messages": lambda self: []})()
 
     monkeypatch.setattr(k8s, "pipes_client", lambda settings, spec, partition: Client())
     curation = k8s_definitions().resources["curation"]
-    k8s.launch(cast(Any, None), curation, "minhash_signatures", "c1", "web")
+    k8s.launch(cast(Any, None), curation, "minhash_signatures", "c1", ["web"])
     assert launched["command"] == command
     assert doc == k8s.pod_manifest(k8s_spec.K8sSettings.from_env(), curation, "minhash_signatures", "c1", "web")
     for key in ("base_pod_meta", "base_pod_spec"):  # what build_pod_body merges into the manifest

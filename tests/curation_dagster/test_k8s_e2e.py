@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 import kubernetes_validate
 import pytest
-from dagster import AssetKey, DagsterInstance, Failure, materialize
+from dagster import AssetKey, DagsterEventType, DagsterInstance, Failure, materialize
 
 from curation_dagster import k8s_spec
 from curation_dagster.assets import ASSETS
@@ -486,7 +486,9 @@ def running(fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     kubernetes.client.Configuration.set_default(default)
 
 
-IMAGE_ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+# The images' environment: this interpreter, and this checkout's code (what the image is built from).
+IMAGE_ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LANG": "C.UTF-8",
+             "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
 @pytest.fixture
@@ -569,6 +571,48 @@ def test_cpu_and_gpu_partitions_run_as_pods(
                                       strict=True):
         rendered = k8s.pod_manifest(settings, resource, program, "c1", source)
         assert _without_run_values(pod) == _without_run_values(rendered)
+
+
+def test_a_crawl_on_kubernetes_is_one_run_of_the_crawl_job_with_a_pod_per_partition(
+    crawl: tuple[Path, CrawlSpec], cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``k8s_definitions``' crawl job: one Dagster run, a step per program, every partition of the
+    crawl a pod through ``PipesK8sClient`` (the switched-off stages' too), each recorded as its own
+    materialization with its checks; the ledger is the one the executor alone writes."""
+    import pyarrow as pa
+
+    from curation_dagster.definitions import k8s_definitions
+    from stages.execute import execute_crawl
+    from stages.store import Store
+
+    workdir, spec = crawl
+    monkeypatch.setenv("CURATE_WORKDIR", str(workdir))
+    defs = k8s_definitions()
+    job = defs.get_job_def("curate_run")
+    resource = CurationResource(workdir=str(workdir), mode="k8s", workers=1, fan_out=4)
+    instance = DagsterInstance.ephemeral()
+    result = job.execute_in_process(run_config={"crawl": "c1"}, instance=instance, resources={"curation": resource},
+                                    raise_on_error=False)
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+    (run,) = instance.get_runs()
+    partitions = [(p, s) for p in catalog.PROGRAMS for s in spec.partitions(p)]
+    assert len(cluster.posted) == len(partitions)  # N pods, one run
+    assert sorted(p["metadata"]["labels"]["curation-dagster.io/program"] for p in cluster.posted) == sorted(
+        p for p, _ in partitions)
+    assert cluster.pods == {} and cluster.unhandled == []
+    mats = sorted((m.asset_key.to_user_string(), str(m.partition)) for m in (
+        e.asset_materialization for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION))
+        if m is not None)
+    assert mats == sorted((p, str(partition_key("c1", s))) for p, s in partitions)
+    alone = Store(str(tmp_path / "alone"))
+    execute_crawl(alone, spec)
+
+    def ledger(store: Any) -> pa.Table:
+        pdir = plan_task(store, spec, "removal_ledger", None).output_dir
+        return store.read_table(pdir, "ledger").sort_by([("doc_id", "ascending"), ("stage", "ascending")])
+
+    mine = ledger(resource.store())
+    assert mine.num_rows > 0 and mine.equals(ledger(alone))
 
 
 def _without_run_values(pod: dict[str, Any]) -> dict[str, Any]:

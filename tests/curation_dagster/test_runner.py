@@ -15,8 +15,9 @@ from curation_dagster.checks import CHECK_KINDS
 from curation_dagster.crawl_run import CRAWL_JOB
 from curation_dagster.instance import ensure_instance_config
 from curation_dagster.partitions import partition_key
+from curation_dagster.recorder import DATA_VERSION_TAG
 from curation_dagster.resources import CurationResource
-from curation_dagster.runner import DATA_VERSION_TAG, run_crawl
+from curation_dagster.runner import run_crawl
 from stages.catalog import PROGRAMS, waves
 from stages.plan import plan_task
 from stages.spec import CrawlSpec
@@ -148,8 +149,8 @@ def test_force_recomputes_every_partition(tmp_path: Path) -> None:
 
 
 def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
-    """The plan marks a partition stale when one it reads is: a new LSH setting reruns the LSH
-    buckets and everything after them in one run, nothing before them."""
+    """A step finds a partition stale when an input it reads changed: a new LSH setting reruns the
+    LSH buckets and everything after them in one run, nothing before them."""
     crawl = spec(stages=["fuzzy"])
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work))
@@ -158,10 +159,15 @@ def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
         run_crawl(work, work / "dagster", changed, quiet=True, resource=resource)
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         second, first = instance.get_runs()  # newest first
+        # Every step starts and plans its program; only the LSH buckets and what reads them run.
         steps = [e.step_key for e in instance.all_logs(second.run_id, of_type=DagsterEventType.STEP_START)]
         after = [p for wave in waves() for p in wave]
-        after = after[after.index("lsh_buckets"):]
         assert steps == after
+        after = after[after.index("lsh_buckets"):]
+        ran = [e.asset_materialization.asset_key.to_user_string()
+               for e in instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+               if e.asset_materialization is not None]
+        assert list(dict.fromkeys(ran)) == after
         keys_before, keys_after = crawl.keys(), changed.keys()
         for program in after:
             for source in crawl.partitions(program):
@@ -170,3 +176,51 @@ def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
                 assert [r.run_id for r in records] == [second.run_id, first.run_id], (program, source)
         assert keys_before[("minhash_signatures", "news")] == keys_after[("minhash_signatures", "news")]
         assert keys_before[("lsh_buckets", None)] != keys_after[("lsh_buckets", None)]
+
+
+def test_the_crawl_job_on_pipes_subprocesses_records_what_the_pool_does(tmp_path: Path) -> None:
+    """The code location's crawl job with ``mode="pipes"`` (``curate deploy``'s launcher: each
+    partition a ``python -m stages`` subprocess with the pod's command line, several at once):
+    one run, every partition materialized once with its checks and ``overhead_s``, the same
+    ledger as ``curate run``'s pool, small partitions packed two to a process; launched again,
+    it runs nothing and records nothing."""
+    import dagster as dg
+
+    from curation_dagster.crawl_run import CRAWL_JOB_DEF
+    from curation_dagster.deploy import definitions
+
+    dg.Definitions.validate_loadable(definitions())  # the deployment's code location, the job in it
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=2, pack_documents=1000)
+        resource.dataroot().register(crawl)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        for _ in range(2):
+            result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
+                                                      resources={"curation": resource}, raise_on_error=False)
+            assert result.success
+        second, first = instance.get_runs()  # newest first
+        mats = [e.asset_materialization for e in instance.all_logs(first.run_id,
+                                                                  of_type=DagsterEventType.ASSET_MATERIALIZATION)]
+        got = sorted((m.asset_key.to_user_string(), str(m.partition)) for m in mats if m is not None)
+        assert got == sorted((p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in crawl.partitions(p))
+        assert all(m is not None and 0.0 < m.metadata["overhead_s"].value < 60.0 for m in mats)
+        planned = instance.all_logs(first.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED)
+        assert len(planned) == len(got)
+        checks = instance.all_logs(first.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+        assert len(checks) == sum(len(crawl.partitions(p)) for p in PROGRAMS for k in CHECK_KINDS
+                                  if k.applies(PROGRAMS[p]))
+        assert instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION) == []
+        # Packed: as many as fit the documents bound, at most an even share of the processes each.
+        from curation_dagster.crawl_run import Fanout
+
+        sources = crawl.partitions("minhash_signatures")
+        fanout = Fanout(None, resource, crawl)  # type: ignore[arg-type]  # packs() needs no context
+        assert fanout.packs("minhash_signatures", sources) == [sources[:2], sources[2:]]
+        assert fanout.packs("lsh_buckets", [None]) == [[None]]
+        small = resource.model_copy(update={"pack_documents": 5})  # fewer than one source holds
+        assert Fanout(None, small, crawl).packs("minhash_signatures", sources) == [[s] for s in sources]  # type: ignore[arg-type]
+        alone = Store(str(tmp_path / "alone"))
+        run_all(alone, crawl)
+        assert _sorted(read(resource.store(), crawl, "removal_ledger", "ledger")).equals(
+            _sorted(read(alone, crawl, "removal_ledger", "ledger")))
