@@ -54,7 +54,7 @@ from curation_dagster.crawl_run import (
     crawl_job,
     partition_label,
 )
-from curation_dagster.instance import ensure_instance_config
+from curation_dagster.instance import add_partitions, open_instance
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.resources import CurationResource
 from stages.catalog import PROGRAMS, waves
@@ -80,8 +80,7 @@ def _up_to_date(instance: DagsterInstance, resource: CurationResource, spec: Cra
     store = resource.store()
     try:
         task = plan_task(store, spec, program, source)
-        manifest = store.read_manifest(task.output_dir)
-        if manifest is None or manifest.data_version != data_version(store, task):
+        if store.current_manifest(task.output_dir, data_version(store, task)) is None:
             return False
     except FileNotFoundError:
         return False
@@ -131,9 +130,8 @@ def run_crawl(
 
     resource = resource or CurationResource(workdir=str(workdir))
     resource.dataroot().register(spec)
-    instance = DagsterInstance.from_config(str(ensure_instance_config(home)))
-    instance.add_dynamic_partitions(CRAWL, [spec.crawl])
-    instance.add_dynamic_partitions(SOURCE, sorted(spec.sources))
+    instance = open_instance(home)  # created once, whatever runs at the same time
+    add_partitions(instance, {CRAWL: [spec.crawl], SOURCE: sorted(spec.sources)})
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), disable=quiet, transient=False,
