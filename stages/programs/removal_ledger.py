@@ -35,7 +35,7 @@ LEDGER = pa.schema([
     ("score", pa.float64()),
     ("detail", pa.string()),
 ])
-QUARANTINE_COLUMNS = ["doc_id", "record_id", "source", "reason", "detail"]
+QUARANTINE_COLUMNS = ["doc_id", "record_id", "source", "reason", "detail", "duplicate_of"]
 
 
 HEURISTIC = "heuristic"
@@ -141,7 +141,10 @@ def run(
             output.write("ledger", pa.table({
                 "doc_id": batch["doc_id"], "record_id": batch["record_id"], "source": batch["source"],
                 "stage": pa.repeat(pa.scalar(QUARANTINE, pa.string()), n), "reason": batch["reason"],
-                "duplicate_of": pa.nulls(n, pa.string()), "duplicate_of_record_id": pa.nulls(n, pa.string()),
+                # duplicate_record_id: the kept document, of the same record id by definition
+                "duplicate_of": batch["duplicate_of"],
+                "duplicate_of_record_id": pc.if_else(pc.is_valid(batch["duplicate_of"]), batch["record_id"],
+                                                     pa.scalar(None, pa.string())),
                 "score": pa.nulls(n, pa.float64()), "detail": batch["detail"],
             }, schema=LEDGER))
             ledger_counts[(s, QUARANTINE)] += n
