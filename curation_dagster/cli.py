@@ -705,4 +705,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from curation_dagster.console import exit_process
+
+    exit_process(main())

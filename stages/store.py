@@ -289,7 +289,11 @@ class Store:
         with timed("read") as clock:
             for name in names:
                 with self._part(f"{pdir}/{name}"), self.fs.open(f"{pdir}/{name}", "rb") as fh:
-                    tables.append(pq.read_table(fh, columns=columns))
+                    # ParquetFile.read, not pq.read_table: read_table's dataset scanner drops its
+                    # read-ahead state (holding buffers of this Python file) on an Arrow I/O thread
+                    # after it returns; at interpreter exit that thread's wait for the GIL ends in
+                    # std::terminate (exit 134: the curate ledger abort of issue 30).
+                    tables.append(pq.ParquetFile(fh).read(columns=columns))
             if clock is not None:
                 clock.read_bytes += sum(t.nbytes for t in tables)
         if not tables:
