@@ -109,7 +109,22 @@ def open_instance(home: str | os.PathLike[str]) -> DagsterInstance:
 
     folder = ensure_instance_config(Path(home))
     with instance_lock(folder):
-        return DagsterInstance.from_config(str(folder))
+        try:
+            return DagsterInstance.from_config(str(folder))
+        except Exception as exc:  # a dagster.yaml edited into nonsense, a database file that is not one
+            raise _damaged(folder, exc) from exc
+
+
+def _damaged(folder: Path, exc: Exception) -> Exception:
+    """``exc`` from opening the instance in ``folder`` as a ``DamagedFile`` naming where it came
+    from: the folder for a storage error (a database file that is not one), else ``dagster.yaml``
+    (YAML, config and import errors of the classes it names)."""
+    from stages.errors import DamagedFile
+
+    name = type(exc).__name__
+    if type(exc).__module__.split(".")[0] in ("sqlalchemy", "sqlite3", "alembic"):
+        return DamagedFile(str(folder), "Dagster instance storage", f"{name}: {exc}")
+    return DamagedFile(str(folder / "dagster.yaml"), "Dagster instance config", f"{name}: {exc}")
 
 
 def add_partitions(instance: DagsterInstance, keys: Mapping[str, Sequence[str]]) -> None:

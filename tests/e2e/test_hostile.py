@@ -212,3 +212,10 @@ def test_exit_process_joins_threads_runs_atexit_flushes_and_exits_with_the_code(
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert proc.returncode == 3 and proc.stdout == "unflushed thread done" and marker.read_text() == "ran"
+
+
+@pytest.mark.parametrize("text", ["run_storage: [unclosed", "run_storage:\n  module: nowhere\n  class: Nothing\n"])
+def test_a_damaged_dagster_yaml_is_one_line_naming_it(work: Path, text: str) -> None:
+    path = work / "dagster" / "dagster.yaml"
+    path.write_text(text)
+    one_line_error(*rerun(work)[::2], str(path))
