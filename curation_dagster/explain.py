@@ -62,7 +62,7 @@ def explain(store: Store, spec: CrawlSpec, ledger_dir: str, doc_id: str) -> tupl
         if doc is None:
             ids = _doc_ids_of_record(store, spec, ledger_dir, doc_id)
             if not ids:
-                return f"{doc_id}: neither a document nor a record id of crawl {spec.crawl}", False
+                return f"{doc_id}: not a document (nor a record id) of crawl {spec.crawl}", False
             parts = [explain(store, spec, ledger_dir, i)[0] for i in ids if i != doc_id]
             return "\n".join([f"record_id {doc_id}: {len(ids)} document(s)", *parts]), True
         return (f"{doc_id}: kept (source {doc['source']}, record_id {doc['record_id']})\n"
