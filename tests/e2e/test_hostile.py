@@ -204,7 +204,7 @@ def test_curate_ledger_exits_0_every_time(base: Path, tmp_path: Path) -> None:
 def test_exit_process_joins_threads_runs_atexit_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
     marker = tmp_path / "atexit"
     script = ("import atexit, sys, threading, time\n"
-              "from curation_dagster.console import exit_process\n"
+              "from stages.parallel import exit_process\n"
               f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
               "threading.Thread(target=lambda: (time.sleep(0.5), print('thread done', end=''))).start()\n"
               "print('unflushed ', end='')\n"
