@@ -696,8 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         print("curate: interrupted", file=sys.stderr)
         return 130  # as a shell reports a command ended by SIGINT
     except Exception as exc:  # a bug or an error no handler names: still one line and exit 1
-        if os.environ.get("CURATE_TRACEBACK"):
-            raise
+        if os.environ.get("CURATE_TRACEBACK") or isinstance(exc, ModuleNotFoundError):
+            raise  # (a missing module: curation_dagster.console names the extra that brings it)
         line = " ".join(str(exc).split())[:500]
         print(f"curate: error: {type(exc).__name__}: {line} (unexpected: CURATE_TRACEBACK=1 prints the traceback)",
               file=sys.stderr)
