@@ -292,7 +292,8 @@ class Store:
                     # ParquetFile.read, not pq.read_table: read_table's dataset scanner drops its
                     # read-ahead state (holding buffers of this Python file) on an Arrow I/O thread
                     # after it returns; at interpreter exit that thread's wait for the GIL ends in
-                    # std::terminate (exit 134: the curate ledger abort of issue 30).
+                    # std::terminate (exit 134: issue 30). Rarer this way, not gone: processes end
+                    # through stages.parallel.exit_process, without the teardown.
                     tables.append(pq.ParquetFile(fh).read(columns=columns))
             if clock is not None:
                 clock.read_bytes += sum(t.nbytes for t in tables)
