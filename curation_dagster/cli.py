@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import sys
-import tomllib
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -37,14 +36,16 @@ from typing import Any, Literal
 from curation_dagster.crawls import crawl_spec
 from curation_dagster.location import workdir_paths
 from stages.catalog import QUARANTINE, STAGES
+from stages.configfile import load_mapping
 from stages.credentials import CredentialInURL
 from stages.dataroot import DATA_ROOT_FILE, DataRoot, NoDataRoot, StalePrior, UnknownCrawl
+from stages.errors import DamagedFile, StageError
 from stages.filters import FilterError
 from stages.params import LSH_PRESETS
 from stages.reports import RemovalLedgerReport, read_as
 from stages.sizing import Assumptions
 from stages.spec import CrawlSpec
-from stages.store import Store
+from stages.store import MANIFEST, Store
 
 # Where `make run` trains the sample's quality classifier (under the sample folder), and the
 # threshold its config keeps documents at: P(hq) >= 0.5, the training threshold.
@@ -57,19 +58,12 @@ class CliError(Exception):
 
 
 def _read_config(path: str | None) -> dict[str, Any]:
+    """The ``--config`` file (YAML, TOML or JSON by its suffix); a damaged one is one line naming it."""
     if not path:
         return {}
-    p = Path(path)
-    if not p.exists():
+    if not Path(path).exists():
         raise CliError(f"config file {path} does not exist")
-    text = p.read_text()
-    if p.suffix == ".toml":
-        return tomllib.loads(text)
-    if p.suffix in (".yaml", ".yml"):
-        import yaml
-
-        return yaml.safe_load(text) or {}
-    return json.loads(text)
+    return load_mapping(path)
 
 
 def _spec(
@@ -133,17 +127,12 @@ def _stale_dependents(root: DataRoot, crawl: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import yaml
-
     from curation_dagster.config import load_config
     from curation_dagster.resources import CurationResource
     from curation_dagster.runner import RunFailed, run_crawl
 
     workdir, home = workdir_paths(args.workdir)
-    try:  # a bad curate.yaml fails here in one line, not inside the first Dagster run
-        load_config(workdir)
-    except (ValueError, OSError, yaml.YAMLError) as exc:  # pydantic's ValidationError is a ValueError
-        raise CliError(f"{workdir / 'curate.yaml'}: {' '.join(str(exc).split())}") from exc
+    load_config(workdir)  # a bad curate.yaml fails here in one line naming it, not inside the first Dagster run
     executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
         else "local"
     resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
@@ -197,7 +186,10 @@ def load_report(root: DataRoot, crawl: str) -> RemovalLedgerReport:
     store, pdir, _ = _ledger_dir(root, crawl)
     manifest = store.read_manifest(pdir)
     assert manifest is not None
-    return read_as(manifest, RemovalLedgerReport)
+    try:
+        return read_as(manifest, RemovalLedgerReport)
+    except ValueError as exc:  # a report that is not a ledger's (pydantic's ValidationError)
+        raise DamagedFile(store.url(f"{pdir}/{MANIFEST}"), "removal ledger report", str(exc)) from None
 
 
 def print_report(report: RemovalLedgerReport) -> None:
@@ -430,9 +422,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     instance = None
     if args.workdir:  # the workdir's Dagster instance has the steps' event log (the overhead)
-        from dagster import DagsterInstance
+        from curation_dagster.instance import open_instance
 
-        instance = DagsterInstance.from_config(str(workdir_paths(args.workdir)[1]))
+        instance = open_instance(workdir_paths(args.workdir)[1])
     result = profile(_dataroot(args), args.crawl, instance)
     if args.json:
         print(json.dumps(result, indent=1))
@@ -611,7 +603,7 @@ def parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("explain", help="why a document was removed, and what it duplicated")
     _where(ex)
     ex.add_argument("--crawl", required=True)
-    ex.add_argument("doc_id")
+    ex.add_argument("doc_id", help="a doc id, or a record id: every document that carries it")
     ex.set_defaults(fn=cmd_explain)
 
     sa = sub.add_parser("sample", help="build a small real-text sample corpus from this Python installation")
@@ -744,14 +736,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.fn(args))
-    except (CliError, UnknownCrawl, NoDataRoot, StalePrior, FilterError, CredentialInURL) as exc:
-        print(f"curate: error: {exc}", file=sys.stderr)
+    except (CliError, StageError, UnknownCrawl, NoDataRoot, StalePrior, FilterError, CredentialInURL) as exc:
+        print(f"curate: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError, KeyError) as exc:  # pydantic validation, bad names, paths
         msg = str(exc).strip().splitlines()
         print(f"curate: error: {type(exc).__name__}: {' '.join(m.strip() for m in msg[:3])}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("curate: interrupted", file=sys.stderr)
+        return 130  # as a shell reports a command ended by SIGINT
+    except Exception as exc:  # a bug or an error no handler names: still one line and exit 1
+        if os.environ.get("CURATE_TRACEBACK") or isinstance(exc, ModuleNotFoundError):
+            raise  # (a missing module: curation_dagster.console names the extra that brings it)
+        line = " ".join(str(exc).split())[:500]
+        print(f"curate: error: {type(exc).__name__}: {line} (unexpected: CURATE_TRACEBACK=1 prints the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from stages.parallel import exit_process
+
+    exit_process(main())

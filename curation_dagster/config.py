@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from stages.configfile import InvalidConfig, load_mapping
 from stages.credentials import check_url
 from stages.params import ExecutionTuning
 
@@ -121,7 +121,8 @@ def load_config(workdir: str | Path) -> WorkdirConfig:
     path = config_path(workdir)
     if not path.exists():
         return WorkdirConfig()
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    return WorkdirConfig.model_validate(data)
+    data = load_mapping(path)
+    try:
+        return WorkdirConfig.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidConfig(str(path), "invalid config", " ".join(str(exc).split())) from None

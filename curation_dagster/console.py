@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from stages.parallel import exit_process
+
 # Top-level modules that an extra brings (pyproject.toml) -> that extra.
 EXTRA_OF = {
     **dict.fromkeys(("dagster", "dagster_webserver", "dagster_graphql", "rich", "PIL"), "orchestrator"),
@@ -24,6 +26,15 @@ EXTRA_OF = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``curate`` console script (``argv`` None: the process's own arguments; the process
+    ends here, through ``exit_process``); with ``argv``, the exit code, for callers in-process."""
+    code = _main(argv)
+    if argv is None:
+        exit_process(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         from curation_dagster.cli import main as cli_main
 

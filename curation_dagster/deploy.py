@@ -244,9 +244,11 @@ class Deployment:
         log = self.base / "logs" / f"{name}.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True, cwd=self.workdir, **kwargs)
+                                    env=env, start_new_session=True, cwd=self.workdir,
+                                    preexec_fn=_dies_with_parent(stop_signal), **kwargs)
         child = Child(name, proc, log, stop_signal, argv, env)
         self.children.append(child)
+        self._write_state()  # from the first child on: a SIGKILLed deploy's successor finds them all
         return child
 
     def _check_stop(self) -> None:
@@ -344,6 +346,7 @@ class Deployment:
     def start(self) -> None:
         """Start every process, in dependency order, and wait until the UI serves the code location."""
         self._refuse_second()
+        self._stop_leftovers()
         if not port_free(self.port):
             raise DeployError(f"port {self.port} on 127.0.0.1 is in use: choose another with --port")
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
@@ -391,9 +394,41 @@ class Deployment:
     def _write_state(self) -> None:
         state = {"url": self.url, "data_root": self.data_root, "workdir": str(self.workdir),
                  "postgres_port": self.pg_port, "grpc_port": self.grpc_port, "pid": os.getpid(),
-                 "processes": {c.name: c.proc.pid for c in self.children}}
-        (self.base / "deployment.json").write_text(json.dumps(state, indent=1))
+                 "processes": {c.name: c.proc.pid for c in self.children},
+                 "commands": {c.name: c.argv for c in self.children},
+                 "stop_signals": {c.name: int(c.stop_signal) for c in self.children}}
+        path = self.base / "deployment.json"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, path)  # whole: a successor never reads half of it
         self.owns_state = True
+
+    def _stop_leftovers(self) -> list[str]:
+        """Stop what a deployment of this workdir killed with SIGKILL left running (its children
+        die with it where the platform allows, ``_dies_with_parent``; this is for the others): each
+        process its ``deployment.json`` names that still runs the command it recorded, then a
+        PostgreSQL server still serving this workdir's cluster (``postmaster.pid``, in case it
+        was killed before the state named it). Returns what was stopped, as ``name (pid N)``."""
+        stopped: list[str] = []
+        path = self.base / "deployment.json"
+        try:
+            old = json.loads(path.read_text())
+            processes = dict(old.get("processes") or {})
+            commands, signals = dict(old.get("commands") or {}), dict(old.get("stop_signals") or {})
+        except (OSError, ValueError, TypeError, AttributeError):
+            processes, commands, signals = {}, {}, {}
+        leftovers = [(name, int(pid), signals.get(name, signal.SIGTERM), commands.get(name))
+                     for name, pid in processes.items()]
+        pg = _postmaster_pid(self.base / "postgres")
+        if pg is not None and all(pid != pg for _, pid, _, _ in leftovers):
+            leftovers.append(("postgres", pg, signal.SIGINT, None))
+        for name, pid, sig, argv in leftovers:
+            if _runs(pid, argv, self.base) and _stop_process(pid, int(sig)):
+                stopped.append(f"{name} (pid {pid})")
+        if stopped:
+            self.log(f"stopped what a killed deployment of {self.workdir} left running: {', '.join(stopped)}")
+        path.unlink(missing_ok=True)
+        return stopped
 
     def supervise(self) -> None:
         """Until asked to stop: a daemon or webserver that exits on its own is started again (and
@@ -447,6 +482,69 @@ class Deployment:
         if self.subreaper:
             _reap_orphans()
         self.children.clear()
+
+
+def _dies_with_parent(sig: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel send a child ``sig`` (its own stop signal: PostgreSQL's
+    fast shutdown, Dagster's SIGTERM) when the deploy process dies, SIGKILL included
+    (``PR_SET_PDEATHSIG``, Linux; set after the child changed user, which would clear it). None
+    elsewhere: there ``_stop_leftovers`` of the next deploy is the only clean-up."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, sig)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return preexec
+
+
+def _postmaster_pid(pgdata: Path) -> int | None:
+    """The pid in ``<pgdata>/postmaster.pid`` (PostgreSQL's own lock file: first line), or None."""
+    try:
+        return int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def _runs(pid: int, argv: list[str] | None, base: Path) -> bool:
+    """Process ``pid`` is alive and runs ``argv`` (as recorded), or, when none was recorded, a
+    command naming a path under ``base``: never a stranger that reused the pid."""
+    try:
+        cmdline = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return False
+    if argv:  # a script started through its #! line runs as [interpreter, script, args...]
+        want = [str(a) for a in argv]
+        return want[0] in cmdline[:2] and cmdline[len(cmdline) - len(want) + 1:] == want[1:]
+    return any(str(base) in a for a in cmdline)
+
+
+def _stop_process(pid: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid``'s process group (the process itself when it leads none), wait up to
+    ``STOP_TIMEOUT_S``, then SIGKILL what is left. True when it was running."""
+    try:
+        group = os.getpgid(pid) == pid
+        (os.killpg if group else os.kill)(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and not _zombie(pid):
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+    return True
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat_line[stat_line.rindex(")") + 2:].startswith("Z")
 
 
 def _script(bindir: Path, name: str) -> str:

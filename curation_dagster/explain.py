@@ -50,13 +50,30 @@ def kept_where(row: dict[str, Any], kept: dict[str, Any] | None, crawl: str) -> 
     return f"record_id {row['duplicate_of_record_id']}, source {source}, crawl {where}"
 
 
+def _doc_ids_of_record(store: Store, spec: CrawlSpec, ledger_dir: str, record_id: str) -> list[str]:
+    """Every doc_id of this crawl whose record id is ``record_id``: documents ingested (kept or
+    removed later) and those quarantined (a ``duplicate_record_id`` among them), sorted; streamed."""
+    found: set[str] = set()
+    dirs = [(plan_task(store, spec, "raw_documents", s).output_dir, "documents") for s in sorted(spec.sources)]
+    for pdir, table in [*dirs, (ledger_dir, "ledger")]:
+        for batch in store.iter_batches(pdir, table, ["doc_id", "record_id"]):
+            hit = batch.filter(pc.equal(batch["record_id"], record_id))
+            found.update(hit["doc_id"].to_pylist())
+    return sorted(found)
+
+
 def explain(store: Store, spec: CrawlSpec, ledger_dir: str, doc_id: str) -> tuple[str, bool]:
-    """(text to print, whether the document was found in the crawl)."""
+    """(text to print, whether it was found in the crawl). ``doc_id`` is a doc id, else a record
+    id: then every document carrying that record id is explained."""
     row = _first(store, ledger_dir, "ledger", None, doc_id)
     doc = _document(store, spec, doc_id)
     if row is None:
         if doc is None:
-            return f"{doc_id}: not a document of crawl {spec.crawl}", False
+            ids = _doc_ids_of_record(store, spec, ledger_dir, doc_id)
+            if not ids:
+                return f"{doc_id}: not a document (nor a record id) of crawl {spec.crawl}", False
+            parts = [explain(store, spec, ledger_dir, i)[0] for i in ids if i != doc_id]
+            return "\n".join([f"record_id {doc_id}: {len(ids)} document(s)", *parts]), True
         return (f"{doc_id}: kept (source {doc['source']}, record_id {doc['record_id']})\n"
                 f"  text: {_snippet(doc['text'])}"), True
     lines = [

@@ -60,8 +60,9 @@ class Planner:
         """The partition's committed output is current and the instance recorded it."""
         try:
             task = plan_task(self.store, self.spec, program, source)
-            manifest = self.store.read_manifest(task.output_dir)
-            if manifest is None or manifest.data_version != data_version(self.store, task):
+            # Committed for its inputs' versions now, every part it names whole (a deleted or
+            # truncated part is recomputed, never served).
+            if self.store.current_manifest(task.output_dir, data_version(self.store, task)) is None:
                 return False
         except FileNotFoundError:  # an input not committed yet
             return False

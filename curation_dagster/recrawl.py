@@ -33,6 +33,7 @@ from dagster import (
 
 from curation_dagster.config import RecrawlConfig, load_config
 from curation_dagster.crawls import crawl_spec
+from curation_dagster.instance import add_partitions
 from curation_dagster.partitions import CRAWL, SOURCE, crawl_partitions, source_partitions
 from curation_dagster.resources import CurationResource
 from stages.catalog import waves
@@ -218,9 +219,7 @@ def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition:
         if spec is None:
             return SkipReason(f"crawl {crawl!r}: no source to register")
         # A schedule cannot return dynamic partition requests: add them before requesting runs.
-        instance.add_dynamic_partitions(CRAWL, [crawl])
-        known = set(instance.get_dynamic_partitions(SOURCE))
-        instance.add_dynamic_partitions(SOURCE, sorted(set(spec.sources) - known))
+        add_partitions(instance, {CRAWL: [crawl], SOURCE: sorted(spec.sources)})
         return run_requests(spec, "recrawl_schedule")
 
     return recrawl_schedule

@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from curation_dagster.checks import report_stale_dependents
 from curation_dagster.crawl_run import CRAWL_JOB_DEF, CRAWL_TAG, PartitionPool, attached
-from curation_dagster.instance import ensure_instance_config
+from curation_dagster.instance import add_partitions, open_instance
 from curation_dagster.partitions import CRAWL, SOURCE
 from curation_dagster.planner import Planner, partition_label
 from curation_dagster.recorder import Done, Verdict
@@ -66,9 +66,8 @@ def run_crawl(
 
     resource = resource or CurationResource(workdir=str(workdir))
     resource.dataroot().register(spec)
-    instance = DagsterInstance.from_config(str(ensure_instance_config(home)))
-    instance.add_dynamic_partitions(CRAWL, [spec.crawl])
-    instance.add_dynamic_partitions(SOURCE, sorted(spec.sources))
+    instance = open_instance(home)  # created once, whatever runs at the same time
+    add_partitions(instance, {CRAWL: [spec.crawl], SOURCE: sorted(spec.sources)})
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), disable=quiet, transient=False,

@@ -1,5 +1,4 @@
-import sys
-
 from stages.cli import main
+from stages.parallel import exit_process
 
-sys.exit(main())
+exit_process(main())

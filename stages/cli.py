@@ -115,4 +115,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from stages.parallel import exit_process
+
+    exit_process(main())

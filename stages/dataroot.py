@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stages.credentials import check_url, storage_options
+from stages.errors import DamagedFile
 from stages.plan import plan_task
 from stages.spec import CrawlSpec, prior_outputs
 from stages.store import Store, check_name, retry, use_storage_options
@@ -136,7 +137,7 @@ class DataRoot:
         if blob is None and self.legacy_specs is not None and (self.legacy_specs / f"{crawl}.json").exists():
             self._migrate()
             blob = self.store.read_text(path)
-        return None if blob is None else CrawlRecord.model_validate_json(blob)
+        return None if blob is None else _parse_record(path, blob)
 
     def spec(self, crawl: str) -> CrawlSpec:
         record = self.record(crawl)
@@ -147,7 +148,7 @@ class DataRoot:
     def records(self) -> list[CrawlRecord]:
         """Every registered crawl, in registration order."""
         self._migrate()
-        out = [CrawlRecord.model_validate_json(blob) for blob in self._blobs()]
+        out = [_parse_record(path, blob) for path, blob in self._blobs()]
         return sorted(out, key=lambda r: r.order)
 
     def _names(self) -> list[str]:
@@ -160,10 +161,12 @@ class DataRoot:
         names = (str(p).rstrip("/").rsplit("/", 1)[-1] for p in paths)
         return sorted(n.removesuffix(".json") for n in names if n.endswith(".json") and not n.startswith("."))
 
-    def _blobs(self) -> list[str]:
+    def _blobs(self) -> list[tuple[str, str]]:
+        """(path, text) of every crawl record."""
         folder = f"{self.store.root}/{CRAWLS_DIR}"
-        blobs = (self.store.read_text(f"{folder}/{name}.json") for name in self._names())
-        return [b for b in blobs if b is not None]
+        paths = [f"{folder}/{name}.json" for name in self._names()]
+        blobs = ((p, self.store.read_text(p)) for p in paths)
+        return [(p, b) for p, b in blobs if b is not None]
 
     def published(self, spec: CrawlSpec) -> bool:
         """The crawl's removal ledger is committed for ``spec``."""
@@ -200,7 +203,7 @@ class DataRoot:
                      key=lambda p: (p.stat().st_mtime, p.stem))
         if not old:
             return
-        sequence = max((CrawlRecord.model_validate_json(b).sequence for b in self._blobs()), default=0)
+        sequence = max((_parse_record(p, b).sequence for p, b in self._blobs()), default=0)
         for path in old:
             spec = CrawlSpec.model_validate_json(path.read_text())
             sequence += 1
@@ -298,3 +301,16 @@ class DataRoot:
         current = prior_outputs(record.spec)
         return [r.crawl for r in self.records()
                 if r.crawl != crawl and crawl in r.spec.dedup_against and r.spec.dedup_against[crawl] != current]
+
+
+def _parse_record(path: str, blob: str) -> CrawlRecord:
+    """The crawl record in ``blob``; a damaged one (truncated, not a record) is a ``DamagedFile``
+    naming ``path``."""
+    from pydantic import ValidationError
+
+    try:
+        return CrawlRecord.model_validate_json(blob)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {"msg": str(exc), "loc": ()}
+        where = ".".join(str(p) for p in first.get("loc", ())) or "record"
+        raise DamagedFile(path, "crawl record", f"{where}: {first['msg']} ({exc.error_count()} error(s))") from None

@@ -41,8 +41,10 @@ def execute(
     task = plan_task(store, spec, program, source)
     progress = Progress(partition_name(program, spec.crawl, task.source), emit, execution.progress_interval_s)
     version = data_version(store, task)
-    existing = store.read_manifest(task.output_dir)
-    if existing is not None and existing.data_version == version and not force:
+    # Current: committed for this data version with every part it names whole (a deleted or
+    # truncated part is recomputed, never served).
+    existing = store.current_manifest(task.output_dir, version)
+    if existing is not None and not force:
         progress.finish(skipped=True)
         return Outcome(existing, True, time.perf_counter() - t0)
     writer = store.writer(task.output_dir)

@@ -39,7 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 from stages.errors import StageError
 
 ENTRY_POINT_GROUP = "curation_dagster.filters"
-NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")  # fullmatch: "$" matches before a trailing newline
 
 
 @runtime_checkable
@@ -101,7 +101,7 @@ def describe(ref: str, kwargs: Mapping[str, Any]) -> tuple[str, int, tuple[str, 
     ``kwargs`` against its constructor, without building it (no model loaded for planning)."""
     cls = load_class(ref)
     name, version = getattr(cls, "name", None), getattr(cls, "version", None)
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise FilterError(f"custom filter {ref!r}: class attribute name must be a string like 'digit_ratio', "
                           f"got {name!r}")
     if not isinstance(version, int) or isinstance(version, bool):

@@ -13,11 +13,13 @@ Ray is imported only by the Ray executor.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from stages.params import ExecutionParams
 
@@ -67,6 +69,30 @@ def die_with_parent(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process with ``code`` once its work is done, as the interpreter would, but without
+    the interpreter's teardown: non-daemon threads are joined, atexit handlers run (Ray's shutdown,
+    temporary folders, logging) and stdout/stderr flushed, then ``os._exit``. Native thread pools
+    (Arrow's I/O and CPU pools, OpenMP, BLAS) may still hold Python objects; during teardown such
+    a thread's wait for the GIL ends in ``std::terminate`` (exit 134 after the work was written,
+    issue 30). Without the teardown the exit code is the command's outcome, always: ``curate``
+    and ``python -m stages`` (a stage pod's command) end here."""
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls first at exit
+    if shutdown is not None:
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (curate ledger | head) or stream
+            pass
+    os._exit(code)
 
 
 def zip_results(

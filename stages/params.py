@@ -178,7 +178,7 @@ def _with_filter_classes(data: Any) -> Any:
         if data.get("enabled", True):
             name, version, keep_kwargs = describe(ref, values.get("kwargs") or {})
             name = values.get("name") or name
-            if not NAME.match(name):
+            if not NAME.fullmatch(name):
                 raise FilterError(f"custom filter {ref!r}: name {name!r} is not a name like 'digit_ratio'")
             if name in {e["name"] for e in entries}:
                 raise FilterError(f"custom filter {ref!r}: name {name!r} is taken by another filter; give the "
@@ -435,15 +435,12 @@ class ExecutionTuning(BaseModel):
 
 def workdir_tuning(workdir: str | os.PathLike[str]) -> ExecutionTuning:
     """The ``execution:`` section of ``<workdir>/curate.yaml`` (defaults when absent)."""
-    import yaml
+    from stages.configfile import load_mapping
 
     path = os.path.join(os.fspath(workdir), "curate.yaml")
     if not os.path.exists(path):
         return ExecutionTuning()
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
+    data = load_mapping(path)
     return ExecutionTuning.model_validate(data.get("execution") or {})
 
 

@@ -123,6 +123,49 @@ def kept_where(duplicate_of_source: pa.Array | pa.ChunkedArray, crawl: str) -> t
     return source, of_crawl
 
 
+PART_ROWS = 1 << 20  # rows of a removal part built at once (~150 MiB of Arrow columns at most)
+
+
+def removal_parts(
+    doc_id: np.ndarray, source_index: np.ndarray, names: list[str], reason: str,
+    rows: np.ndarray, kept: np.ndarray | None, part_rows: int = PART_ROWS,
+) -> Iterator[pa.Table]:
+    """``REMOVED`` tables, ``part_rows`` rows at a time, for the rows ``rows`` of a crawl's
+    columns (``doc_id``: ``"S32"`` (n,), see ``stages.keep.fixed_ids``; ``source_index``: int (n,)
+    into ``names``), each the duplicate of row ``kept[i]`` (or none). Built from the numpy
+    buffers: no Python object and no fixed-width unicode copy per removed document, so a removal
+    list of any length costs its index arrays (16 bytes a removed document) plus one part."""
+    labels = pa.array(names, pa.string())
+    if len(rows) == 0:
+        yield REMOVED.empty_table()  # the table exists, with its schema, when nothing is removed
+    for start in range(0, len(rows), part_rows):
+        r = rows[start:start + part_rows]
+        d = kept[start:start + part_rows] if kept is not None else None
+        n = len(r)
+        yield pa.table({
+            "doc_id": _id_column(doc_id[r]),
+            "source": labels.take(pa.array(source_index[r])),
+            "reason": pa.repeat(pa.scalar(reason, pa.string()), n),
+            "duplicate_of": _id_column(doc_id[d]) if d is not None else pa.nulls(n, pa.string()),
+            "duplicate_of_source": (labels.take(pa.array(source_index[d])) if d is not None
+                                    else pa.nulls(n, pa.string())),
+            "score": pa.nulls(n, pa.float64()),
+        }, schema=REMOVED)
+
+
+def _id_column(ids: np.ndarray) -> pa.Array:
+    """A string column of fixed-width ``"S<w>"`` ids, from their bytes (ids shorter than the
+    width, NUL-padded by numpy, go through a copy instead)."""
+    width = ids.dtype.itemsize
+    raw = np.ascontiguousarray(ids).view(np.uint8)
+    if len(ids) == 0 or width == 0 or not raw.reshape(len(ids), width)[:, -1].all():
+        return pa.array(ids.astype(str) if len(ids) else [], pa.string())
+    offsets = np.arange(0, width * (len(ids) + 1), width, dtype=np.int64 if width * len(ids) >= 2**31 else np.int32)
+    kind = pa.large_string() if offsets.dtype == np.int64 else pa.string()
+    out = pa.Array.from_buffers(kind, len(ids), [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
+    return out if kind == pa.string() else out.cast(pa.string())
+
+
 def raw_dirs(inputs: Inputs) -> list[str]:
     """``raw_documents`` partitions a task may read texts from: its crawl's and, for incremental
     dedup, those of the earlier crawls it is deduplicated against."""

@@ -20,6 +20,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -28,7 +29,7 @@ import fsspec.config
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages.errors import StageError
+from stages.errors import DamagedFile, StageError
 from stages.lease import Lease, LeaseBusy, LeaseLost, checks_preconditions, supports_leases
 from stages.timing import timed, timed_iter
 
@@ -40,7 +41,8 @@ MANIFEST = "_manifest.json"
 INTERMEDIATE_COMPRESSION = "lz4"
 FINAL_COMPRESSION = "zstd"
 UNIQUE_COLUMNS = frozenset({"doc_id"})  # columns with a value per row: no dictionary, no statistics
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# fullmatch, never match with "$": in Python "$" also matches before a trailing newline.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 T = TypeVar("T")
@@ -91,7 +93,7 @@ class UnsafeNameError(ValueError):
 
 def check_name(kind: str, name: str) -> str:
     """Return ``name`` if it is a safe path segment (letters, digits, ``._-``; no ``..``)."""
-    if not _NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise UnsafeNameError(
             f"invalid {kind} name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
@@ -112,13 +114,50 @@ class Manifest:
     tables: dict[str, list[str]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
+    # Bytes of each part file at commit (part name -> size): ``Store.is_whole`` compares them with
+    # one listing of the partition, so a deleted or truncated part is recomputed, never served.
+    # Empty in manifests written before sizes were recorded (then only presence is checked).
+    sizes: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True, indent=1)
 
     @classmethod
-    def from_json(cls, blob: str) -> Manifest:
-        return cls(**json.loads(blob))
+    def from_json(cls, blob: str, path: str = MANIFEST) -> Manifest:
+        """The manifest in ``blob``; anything else (truncated, not JSON, fields missing or of
+        another type) is a ``DamagedFile`` naming ``path``."""
+        try:
+            data = json.loads(blob)
+        except ValueError as exc:
+            raise DamagedFile(path, "manifest", f"not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise DamagedFile(path, "manifest", f"a JSON {type(data).__name__}, not an object")
+        missing = [f for f in _MANIFEST_FIELDS if f not in data]
+        unknown = sorted(set(data) - set(_MANIFEST_TYPES))
+        if missing or unknown:
+            raise DamagedFile(path, "manifest", f"fields missing: {', '.join(missing) or '-'}; unknown: "
+                                                 f"{', '.join(unknown) or '-'}")
+        wrong = [k for k, v in data.items() if not isinstance(v, _MANIFEST_TYPES[k])]
+        tables, sizes = data.get("tables", {}), data.get("sizes", {})
+        if not wrong and not all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in tables.values()):
+            wrong.append("tables")
+        if not wrong and not all(isinstance(v, int) for v in (*data.get("rows", {}).values(), *sizes.values())):
+            wrong.append("rows/sizes")
+        if wrong:
+            raise DamagedFile(path, "manifest", f"fields of the wrong type: {', '.join(wrong)}")
+        return cls(**data)
+
+    def parts(self) -> list[str]:
+        """Every part file the manifest names, in table order."""
+        return [name for names in self.tables.values() for name in names]
+
+
+# A manifest's fields and the JSON types they must have (source is null for a crawl-level output).
+_MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
+    "program": str, "params_key": str, "data_version": str, "crawl": str, "source": (str, type(None)),
+    "params": dict, "tables": dict, "rows": dict, "report": dict, "sizes": dict,
+}
+_MANIFEST_FIELDS = ("program", "params_key", "data_version", "crawl", "source", "params")
 
 
 class Store:
@@ -140,8 +179,43 @@ class Store:
         return "/".join(parts)
 
     def read_manifest(self, pdir: str) -> Manifest | None:
-        blob = self.read_text(f"{pdir}/{MANIFEST}")
-        return None if blob is None else Manifest.from_json(blob)
+        """The partition's committed manifest, None when there is none; a damaged one is a
+        ``DamagedFile`` naming it."""
+        path = f"{pdir}/{MANIFEST}"
+        blob = self.read_text(path)
+        return None if blob is None else Manifest.from_json(blob, self.url(path))
+
+    def url(self, path: str) -> str:
+        """``path`` as its user knows it: the local path, else with its protocol (``s3://...``)."""
+        return path if self.is_local else str(self.fs.unstrip_protocol(path))
+
+    def damaged_parts(self, pdir: str, manifest: Manifest) -> list[str]:
+        """The parts ``manifest`` names that are missing from ``pdir`` or not of the size recorded
+        at commit, from one listing of the partition (a LIST request on object storage)."""
+        names = manifest.parts()
+        if not names:
+            return []
+        if not self.is_local:
+            self.fs.invalidate_cache(pdir)  # another process may have changed it since it was listed
+        try:
+            listing = retry(lambda: self.fs.ls(pdir, detail=True))
+        except FileNotFoundError:
+            return names
+        found = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in listing}
+        return [n for n in names if n not in found or (n in manifest.sizes and found[n] != manifest.sizes[n])]
+
+    def is_whole(self, pdir: str, manifest: Manifest) -> bool:
+        """Every part ``manifest`` names is in ``pdir`` at the size recorded at commit: what the
+        planner asks before it serves a committed partition as current."""
+        return not self.damaged_parts(pdir, manifest)
+
+    def current_manifest(self, pdir: str, version: str) -> Manifest | None:
+        """The partition's manifest when it is committed for data version ``version`` and whole
+        (``is_whole``), else None: the partition is to be computed (again)."""
+        manifest = self.read_manifest(pdir)
+        if manifest is None or manifest.data_version != version or not self.is_whole(pdir, manifest):
+            return None
+        return manifest
 
     def read_text(self, path: str) -> str | None:
         """A small object's text (a manifest, a crawl record), or None when it does not exist.
@@ -155,6 +229,8 @@ class Store:
                     return str(fh.read())
             except FileNotFoundError:
                 return None
+            except UnicodeDecodeError as exc:  # not a file this project wrote (all of them are UTF-8)
+                raise DamagedFile(self.url(path), "file", f"not UTF-8 text ({exc})") from None
 
         with timed("read"):  # a partition's profile counts its manifest reads (stages.timing)
             return read() if self.is_local else retry(read)
@@ -197,8 +273,20 @@ class Store:
         if manifest is None:
             raise FileNotFoundError(f"no committed output at {pdir}")
         for name in manifest.tables.get(table, []):
-            with self.fs.open(f"{pdir}/{name}", "rb") as fh:
+            with self._part(f"{pdir}/{name}"), self.fs.open(f"{pdir}/{name}", "rb") as fh:
                 yield from timed_iter(pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns))
+
+    @contextmanager
+    def _part(self, path: str) -> Iterator[None]:
+        """A part file that is gone or not Parquet (deleted, truncated, overwritten after its
+        commit) is a ``DamagedFile`` naming it; the planner recomputes such a partition."""
+        try:
+            yield
+        except FileNotFoundError:
+            raise DamagedFile(self.url(path), "part file", "missing; `curate run` recomputes its partition") from None
+        except pa.ArrowInvalid as exc:
+            raise DamagedFile(self.url(path), "part file", f"not whole Parquet ({exc}); `curate run` recomputes "
+                                                            "its partition") from None
 
     def read_parts(self, pdir: str, names: list[str], columns: list[str] | None = None) -> pa.Table:
         """The rows of the part files ``names`` of ``pdir``, committed or not: for a writer's own
@@ -207,8 +295,13 @@ class Store:
         tables = []
         with timed("read") as clock:
             for name in names:
-                with self.fs.open(f"{pdir}/{name}", "rb") as fh:
-                    tables.append(pq.read_table(fh, columns=columns))
+                with self._part(f"{pdir}/{name}"), self.fs.open(f"{pdir}/{name}", "rb") as fh:
+                    # ParquetFile.read, not pq.read_table: read_table's dataset scanner drops its
+                    # read-ahead state (holding buffers of this Python file) on an Arrow I/O thread
+                    # after it returns; at interpreter exit that thread's wait for the GIL ends in
+                    # std::terminate (exit 134: issue 30). Rarer this way, not gone: processes end
+                    # through stages.parallel.exit_process, without the teardown.
+                    tables.append(pq.ParquetFile(fh).read(columns=columns))
             if clock is not None:
                 clock.read_bytes += sum(t.nbytes for t in tables)
         if not tables:
@@ -401,10 +494,23 @@ class PartitionWriter:
             with self.store.fs.open(f"{self.pdir}/{name}", "rb") as fh:
                 yield from timed_iter(pq.ParquetFile(fh).iter_batches(batch_size=batch_rows))
 
+    def _part_sizes(self) -> dict[str, int]:
+        """Bytes of each part this attempt publishes, from one listing of the partition: what
+        ``Store.is_whole`` checks them against."""
+        names = {name for names in self.tables.values() for name in names}
+        if not names:
+            return {}
+        if not self.store.is_local:
+            self.store.fs.invalidate_cache(self.pdir)
+        listing = retry(lambda: self.store.fs.ls(self.pdir, detail=True))
+        sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in listing}
+        return {name: int(sizes[name]) for name in sorted(names) if isinstance(sizes.get(name), int)}
+
     def commit(self, manifest: Manifest) -> Manifest:
         """Write the manifest last (atomically), then remove parts no manifest names."""
         manifest.tables = self.tables
         manifest.rows = self.rows
+        manifest.sizes = self._part_sizes()
         fs = self.store.fs
         if self.store.is_local:
             # The parts the manifest names, on disk before it (a power cut keeps them whole): all

@@ -19,10 +19,13 @@ DECONTAM_HASH = 1  # stages.kernels.decontam: words(), word and n-gram hashing
 EXACT_NORMALIZE = 1  # stages.kernels.exact: normalize() and the text hash
 MINHASH_FAMILY = 1  # stages.kernels.minhash (and its GPU twin): shingles and the hash family (docs/minhash.md)
 LANGUAGE_IDENTIFIER = 1  # stages.kernels.language: line selection, the prose vote, the score
+# 2: the quarantine table names the kept document of a duplicate_record_id (duplicate_of).
+QUARANTINE_FORMAT = 2  # stages.ingest.writer: the columns of raw_documents' quarantine table
 EMBEDDING_FORMAT = 1  # stages.programs.document_embeddings: tokenization, pooling, stored vector layout
 
 # The versions each program's output depends on (by name of the constant above).
 USES: dict[str, tuple[str, ...]] = {
+    "raw_documents": ("QUARANTINE_FORMAT",),
     "document_languages": ("LANGUAGE_IDENTIFIER",),
     "filtered_documents": ("HEURISTIC_SCORER",),
     "exact_duplicates": ("EXACT_NORMALIZE",),

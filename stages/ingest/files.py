@@ -16,6 +16,8 @@ content.
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -98,6 +100,38 @@ def _base_of(path: str) -> str:
     return head.rsplit("/", 1)[0] if "/" in head else ""
 
 
+def _not_a_file(path: str, rel: str, info: dict[str, Any]) -> str | None:
+    """Why the entry ``path`` (listed as neither file nor directory) is not an input file, in one
+    line: a symbolic link loop, a link to nothing, a link to a folder (not followed), a FIFO...;
+    None for a link to a regular file (read as that file)."""
+    import stat
+
+    if info.get("islink"):
+        try:
+            target = os.path.realpath(path, strict=True)
+        except OSError as exc:  # ELOOP: links that point at each other; ENOENT: at nothing
+            if getattr(exc, "errno", None) == errno.ELOOP:
+                return f"{rel}: a symbolic link loop ({os.readlink(path)!r} leads back to itself); remove the link"
+            return f"{rel}: a symbolic link to nothing ({os.readlink(path)!r}); remove the link"
+        if os.path.isdir(target):
+            here = os.path.realpath(os.path.dirname(path))
+            if here == target or here.startswith(target.rstrip("/") + "/"):
+                return (f"{rel}: a symbolic link loop (a link to {target}, a folder that contains the link); "
+                        "remove the link")
+            return (f"{rel}: a symbolic link to the folder {target}, which a listing does not follow; give "
+                    "that folder as a source of its own, or copy it in")
+        if os.path.isfile(target):
+            return None
+        return f"{rel}: a symbolic link to {target}, not a regular file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return f"{rel}: not a regular file"
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+        "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+    return f"{rel}: {kind}, not an input file; move it out of the source"
+
+
 def list_files(params: RawDocumentsParams) -> tuple[fsspec.AbstractFileSystem, list[InputFile], list[str]]:
     """(filesystem, input files sorted by path, ignored hidden/bookkeeping names) of a source:
     a file, a directory (recursively) or a glob."""
@@ -127,6 +161,11 @@ def list_files(params: RawDocumentsParams) -> tuple[fsspec.AbstractFileSystem, l
         if expanded and _hidden(rel):
             ignored.append(rel)
             continue
+        if info.get("type") not in ("file", None):  # "other": a link listings do not follow, a FIFO, ...
+            reason = _not_a_file(p, rel, info)
+            if reason is not None:
+                raise UnsupportedFileError(reason)
+            info = store_call(functools.partial(fs.info, p), "source URL")  # a link to a file: its target's
         fmt, compression = classify(rel, params.format)
         ident = tuple((k, str(info[k])) for k in _CONTENT_KEYS if info.get(k) not in (None, ""))
         files.append(InputFile(p, rel, int(info.get("size") or 0), fmt, compression, ident))

@@ -39,6 +39,7 @@ QUARANTINE = pa.schema([
     ("reason", pa.string()),
     ("detail", pa.string()),
     ("raw", pa.string()),
+    ("duplicate_of", pa.string()),  # duplicate_record_id: the kept document of that record id; else null
 ])
 
 
@@ -130,9 +131,11 @@ class Output:
         for doc_id, (record_id, reason, detail, raw) in zip(self.ids.assign(keys), rows, strict=True):
             self.quarantine(doc_id.hex(), record_id, reason, detail, raw)
 
-    def quarantine(self, doc_id: str, record_id: str | None, reason: str, detail: str, raw: str) -> None:
+    def quarantine(self, doc_id: str, record_id: str | None, reason: str, detail: str, raw: str,
+                   duplicate_of: str | None = None) -> None:
         self.bad.append({"doc_id": doc_id, "record_id": record_id, "source": self.source,
-                         "reason": reason, "detail": detail[:500], "raw": raw[:RAW_EXCERPT]})
+                         "reason": reason, "detail": detail[:500], "raw": raw[:RAW_EXCERPT],
+                         "duplicate_of": duplicate_of})
         self.reasons[reason] += 1
         if len(self.bad) >= self.batch_rows:
             self._flush_bad()
@@ -183,4 +186,4 @@ class Output:
             assert record_id is not None
             self.quarantine(doc_id, record_id, "duplicate_record_id",
                             f"record_id {record_id!r} also names a different record, {moved[doc_id]} "
-                            "(the lowest doc_id of the id is kept)", raw)
+                            "(the lowest doc_id of the id is kept)", raw, duplicate_of=moved[doc_id])

@@ -40,7 +40,7 @@ LEDGER = pa.schema([
     ("score", pa.float64()),
     ("detail", pa.string()),
 ])
-QUARANTINE_COLUMNS = ["doc_id", "record_id", "source", "reason", "detail"]
+QUARANTINE_COLUMNS = ["doc_id", "record_id", "source", "reason", "detail", "duplicate_of"]
 
 
 HEURISTIC = "heuristic"
@@ -144,11 +144,15 @@ def run(
         for batch in store.iter_batches(inputs.dir("raw_documents", s), "quarantine", QUARANTINE_COLUMNS,
                                         execution.batch_rows):
             n = batch.num_rows
+            kept, none = pc.is_valid(batch["duplicate_of"]), pa.scalar(None, pa.string())
             output.write("ledger", pa.table({
                 "doc_id": batch["doc_id"], "record_id": batch["record_id"], "source": batch["source"],
                 "stage": pa.repeat(pa.scalar(QUARANTINE, pa.string()), n), "reason": batch["reason"],
-                "duplicate_of": pa.nulls(n, pa.string()), "duplicate_of_record_id": pa.nulls(n, pa.string()),
-                "duplicate_of_source": pa.nulls(n, pa.string()), "duplicate_of_crawl": pa.nulls(n, pa.string()),
+                # duplicate_record_id: the kept document, of the same record id, source and crawl by definition
+                "duplicate_of": batch["duplicate_of"],
+                "duplicate_of_record_id": pc.if_else(kept, batch["record_id"], none),
+                "duplicate_of_source": pc.if_else(kept, batch["source"], none),
+                "duplicate_of_crawl": pc.if_else(kept, pa.scalar(partition.crawl, pa.string()), none),
                 "score": pa.nulls(n, pa.float64()), "detail": batch["detail"],
             }, schema=LEDGER))
             ledger_counts[(s, QUARANTINE)] += n

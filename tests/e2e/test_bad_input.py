@@ -268,6 +268,7 @@ def test_a_record_id_naming_different_records_keeps_the_lowest_doc_id(tmp_path: 
         assert winner in docs and {d["text"] for d in kept} == {docs[winner]["text"]}
         assert len({b["raw"] for b in moved}) == contents - 1
         assert all(winner in b["detail"] and f"record_id {record_id!r}" in b["detail"] for b in moved)
+        assert all(b["duplicate_of"] == winner for b in moved)  # the kept document, by name
         assert len(kept) + len(moved) == sum(1 for r in CLASH if r.get("id") == record_id)
     assert sum(1 for d in docs.values() if d["record_id"] is None) == 2  # no id: nothing to clash
     assert got["report"]["input"] == len(CLASH) and got["report"]["documents"] == len(CLASH) - len(bad)
