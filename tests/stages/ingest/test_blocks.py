@@ -151,3 +151,16 @@ def test_a_range_read_whole_is_judged_as_one_streamed_line_by_line(tmp_path: Any
     monkeypatch.setattr(tasks, "WHOLE_RANGE_BYTES", -1)  # streamed
     assert _done_as_dict(task.run()) == whole
     assert whole["lines"] == len(PLANTED) + 3 and len(whole["docs"]) == 11  # a repeat is one more here
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=50), st.sampled_from(["", " ", "a\x00", "\u3000x"])),
+                          st.one_of(st.none(), st.integers(-5, 5)), st.one_of(st.none(), st.floats(allow_nan=True))),
+                min_size=1, max_size=12), st.booleans())
+def test_random_parquet_batches(values: list[tuple[str | None, int | None, float | None]], dictionary: bool) -> None:
+    text = pa.array([v[0] for v in values], pa.large_string())
+    table = pa.table({"text": text.cast(pa.string()).dictionary_encode() if dictionary else text,
+                      "id": pa.array([v[1] for v in values], pa.int64()),
+                      "score": pa.array([v[2] for v in values], pa.float64())})
+    one, block = _batch_both_ways(table)
+    assert block == one
