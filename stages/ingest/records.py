@@ -95,7 +95,7 @@ def as_id(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return _valid_text(value)
+        return value if value.isascii() else _valid_text(value)  # ASCII (the usual id or url): no surrogate
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -132,7 +132,7 @@ def judge(rec: Any, params: RawDocumentsParams) -> tuple[dict[str, Any] | None, 
     """(row, reason, detail, record_id) for one parsed record; ``row`` is None when it is bad."""
     if not isinstance(rec, dict):
         return None, "not_an_object", f"record is a JSON {type(rec).__name__}", None
-    record_id = as_id(rec.get(params.id_field)) if params.id_field else None
+    record_id = _record_id(rec, params)
     if params.text_field not in rec or rec[params.text_field] is None:
         return None, "missing_text", f"no {params.text_field!r} field", record_id
     text = rec[params.text_field]
@@ -154,15 +154,22 @@ def judge(rec: Any, params: RawDocumentsParams) -> tuple[dict[str, Any] | None, 
         text.encode("utf-8")
     except UnicodeEncodeError:
         return None, "invalid_utf8", "text holds a lone surrogate (\\ud800-\\udfff), which is not UTF-8", record_id
+    url, metadata = _url_and_metadata(rec, params)
+    return {"record_id": record_id, "url": url, "text": text, "metadata": metadata}, None, "", record_id
+
+
+def _record_id(rec: dict[str, Any], params: RawDocumentsParams) -> str | None:
+    """A record object's id as its document row holds it (``as_id``; None: no id field)."""
+    return as_id(rec.get(params.id_field)) if params.id_field else None
+
+
+def _url_and_metadata(rec: dict[str, Any], params: RawDocumentsParams) -> tuple[str | None, str | None]:
+    """(url, metadata) of a record object as its document row holds them: the url through
+    ``as_id``, every field but text, id and url as canonical JSON (None: there is none). The
+    record rule and the block path both use it, so a block's rows are the record rule's."""
     meta = {k: v for k, v in rec.items() if k not in (params.text_field, params.id_field, params.url_field)}
-    url = rec.get(params.url_field) if params.url_field else None
-    row = {
-        "record_id": record_id,
-        "url": as_id(url),
-        "text": text,
-        "metadata": canonical(meta).decode() if meta else None,
-    }
-    return row, None, "", record_id
+    return as_id(rec.get(params.url_field) if params.url_field else None), \
+        canonical(meta).decode() if meta else None
 
 
 def _needs_judge(texts: pa.Array, max_chars: int | None) -> np.ndarray:
@@ -176,14 +183,6 @@ def _needs_judge(texts: pa.Array, max_chars: int | None) -> np.ndarray:
     if max_chars is not None:
         careful |= np.asarray(pc.fill_null(pc.greater(pc.utf8_length(texts), max_chars), False))
     return careful
-
-
-def _strings(values: list[str | None]) -> pa.Array:
-    """A string column of ids or urls, each as ``as_id`` gives it (lone surrogates escaped)."""
-    try:
-        return pa.array(values, pa.string())
-    except UnicodeEncodeError:
-        return pa.array([as_id(v) for v in values], pa.string())
 
 
 class Collect:
@@ -322,8 +321,7 @@ class Collect:
         by ``judge`` (the same rules, in their order, so the same reason)."""
         n = len(recs)
         careful = _needs_judge(texts, self.params.max_chars)
-        tf, idf, uf = self.params.text_field, self.params.id_field, self.params.url_field
-        special = {tf, idf, uf} - {None}
+        params = self.params
         good: list[int] = []  # rows of ``recs`` that are documents
         take: list[int] = []  # where each one's text is: in ``texts``, or ``n + j`` for ``extra[j]``
         extra: list[str] = []
@@ -337,16 +335,8 @@ class Collect:
             if not careful[i]:
                 try:
                     canon = dumps(rec, option=sort_keys, default=str)
-                    # a string id or url as it is (its lone surrogates are escaped below), else as_id
-                    rid = rec.get(idf) if idf else None
-                    if rid is not None and type(rid) is not str:
-                        rid = as_id(rid)
-                    url = rec.get(uf) if uf else None
-                    if url is not None and type(url) is not str:
-                        url = as_id(url)
-                    meta = None
-                    if not rec.keys() <= special:
-                        meta = canonical({k: v for k, v in rec.items() if k not in (tf, idf, uf)}).decode()
+                    rid = _record_id(rec, params)
+                    url, meta = _url_and_metadata(rec, params)
                 except Exception:  # anything unusual: the record rule says what it is
                     pass
                 else:
@@ -381,7 +371,8 @@ class Collect:
         text = texts if len(good) == n and not extra else texts.take(pa.array(take, pa.int64()))
         text = text.cast(pa.large_string())
         self.segments.append(pa.table({
-            "record_id": _strings(rids), "url": _strings(urls), "text": text, "metadata": pa.array(metas, pa.string()),
+            "record_id": pa.array(rids, pa.string()), "url": pa.array(urls, pa.string()), "text": text,
+            "metadata": pa.array(metas, pa.string()),
         }, schema=PARSED))
         self.positions.extend(i + pos for i in good)
         self.digests.extend(digests)

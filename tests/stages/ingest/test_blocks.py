@@ -134,3 +134,33 @@ def test_binary_or_invalid_utf8_text_is_left_to_the_record_rule() -> None:
     bad = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x01\x00\x00\x00"),
                                                  pa.py_buffer(b"\xff")])
     assert _valid_text_column(pa.record_batch({"text": bad}), "text") is None
+
+
+def test_a_range_read_whole_is_judged_as_one_streamed_line_by_line(tmp_path: Any, monkeypatch: Any) -> None:
+    """RangeTask reads a small range whole (one block); streamed (split_lines, line by line) it
+    finds the same: a byte-order mark, CRLF, blank lines, no final newline, a NUL line."""
+    from stages.ingest import tasks
+    from stages.ingest.files import InputFile
+
+    data = b"\xef\xbb\xbf" + b"\r\n".join(PLANTED) + b"\n\n\x00\n" + PLANTED[0]
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(data)
+    task = tasks.RangeTask(PARAMS, InputFile(str(path), "a.jsonl", len(data), "jsonl", None), start=0,
+                           stop=len(data))
+    whole = _done_as_dict(task.run())
+    monkeypatch.setattr(tasks, "WHOLE_RANGE_BYTES", -1)  # streamed
+    assert _done_as_dict(task.run()) == whole
+    assert whole["lines"] == len(PLANTED) + 3 and len(whole["docs"]) == 11  # a repeat is one more here
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=50), st.sampled_from(["", " ", "a\x00", "\u3000x"])),
+                          st.one_of(st.none(), st.integers(-5, 5)), st.one_of(st.none(), st.floats(allow_nan=True))),
+                min_size=1, max_size=12), st.booleans())
+def test_random_parquet_batches(values: list[tuple[str | None, int | None, float | None]], dictionary: bool) -> None:
+    text = pa.array([v[0] for v in values], pa.large_string())
+    table = pa.table({"text": text.cast(pa.string()).dictionary_encode() if dictionary else text,
+                      "id": pa.array([v[1] for v in values], pa.int64()),
+                      "score": pa.array([v[2] for v in values], pa.float64())})
+    one, block = _batch_both_ways(table)
+    assert block == one
