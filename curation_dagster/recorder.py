@@ -76,12 +76,39 @@ def overhead_s(done: Done, received: float) -> float | None:
     return round(done.busy + time.perf_counter() - received, 4)
 
 
+# Timings, shown after every count (the UI lists metadata in the order it is given), so a
+# partition's page reads counts first and its Plots tab keeps one series per figure.
+TIMINGS = ("seconds", "wall_s", "read_s", "compute_s", "write_s", "overhead_s")
+
+
+def _table(values: dict[str, Any], left: str) -> MetadataValue:
+    """A flat mapping as a two-column Markdown table (not a JSON string)."""
+    lines = [f"| {left} | value |", "|---|---|"]
+    lines += [f"| `{k}` | {v if not isinstance(v, (dict, list)) else f'`{v}`'} |" for k, v in values.items()]
+    return MetadataValue.md("\n".join(lines))
+
+
+def present(meta: dict[str, Any]) -> dict[str, Any]:
+    """A partition's metadata as the UI shows it: counts first, then the parameters (a table of
+    their values, or the plain fact that the program takes none) and the rows of each table
+    (numbers, ``rows/<table>``, each one series in the Plots tab), the timings last."""
+    out = {k: v for k, v in meta.items() if k not in TIMINGS and k not in ("params", "rows")}
+    if "params" in meta:
+        params = meta["params"]
+        out["params"] = _table(params, "parameter") if params else \
+            MetadataValue.text("none: the program takes no parameters")
+    if isinstance(meta.get("rows"), dict):
+        out.update({f"rows/{table}": int(n) for table, n in meta["rows"].items()})
+    out.update({k: meta[k] for k in TIMINGS if k in meta})
+    return out
+
+
 def _metadata(done: Done, received: float) -> dict[str, Any]:
     meta = dict(done.meta)
     over = overhead_s(done, received)
     if over is not None:
         meta["overhead_s"] = over
-    return meta
+    return present(meta)
 
 
 def materialization(done: Done, partition: str, received: float) -> AssetMaterialization:
