@@ -72,10 +72,13 @@ postgres:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		postgresql >/dev/null; } || echo "postgresql not installed: the deployment test will skip"
 
+# The suite on TEST_WORKERS pytest-xdist workers (2: CI's cores). A test module is one unit of work, the
+# longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: $(DEV_STAMP) chromium podman postgres
 	$(BIN)/ruff check stages curation_dagster tests bench
 	$(BIN)/mypy stages curation_dagster
-	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900
+	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check stages curation_dagster tests bench
