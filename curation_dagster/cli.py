@@ -451,7 +451,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     workdir, home = workdir_paths(args.workdir)
     env = {**os.environ, "DAGSTER_HOME": str(home), "CURATE_WORKDIR": str(workdir)}
-    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "curation_dagster.definitions",
+    from curation_dagster.location import write_workspace
+
+    # The code location by its name in pyproject.toml's [tool.dagster] (what `dagster dev` in the
+    # repository root loads): the name curate run's runs carry, so the UI can re-execute them.
+    cmd = [sys.executable, "-m", "dagster", "dev", "-w", str(write_workspace(home)),
            "-h", args.host, "-p", str(args.port)]
     print(f"Dagster UI on http://{args.host}:{args.port} (instance {home})", flush=True)
     # A shell starts a background job (`curate ui &` in a script) with SIGINT ignored; dagster

@@ -28,3 +28,40 @@ def workdir_paths(workdir: str | os.PathLike[str]) -> tuple[Path, Path]:
     with its ``dagster.yaml`` when missing)."""
     root = Path(workdir).resolve()
     return root, ensure_instance_config(root / "dagster")
+
+
+# The embedded code location's name: pyproject.toml's [tool.dagster] code_location_name (what
+# `dagster dev` in the repository root loads), `curate ui`'s workspace, and the origin that
+# `curate run`'s runs carry, so the UI finds their job and can re-execute them.
+LOCATION_NAME = "curation_dagster"
+DEFINITIONS_MODULE = "curation_dagster.definitions"
+REPOSITORY_NAME = "__repository__"  # a Definitions object's repository
+WORKSPACE_YAML = f"""# written by curate ui: the embedded code location under its own name
+load_from:
+  - python_module:
+      module_name: {DEFINITIONS_MODULE}
+      location_name: {LOCATION_NAME}
+"""
+
+
+def write_workspace(home: str | os.PathLike[str]) -> Path:
+    """``<home>/workspace.yaml``: the workspace ``curate ui`` serves (the embedded code location)."""
+    path = Path(home) / "workspace.yaml"
+    if not path.exists() or path.read_text() != WORKSPACE_YAML:
+        path.write_text(WORKSPACE_YAML)
+    return path
+
+
+def run_origin(job_name: str) -> object:
+    """The ``RemoteJobOrigin`` of ``job_name`` in the embedded code location: what a run launched
+    through a code location carries, and what the UI matches a run's job by."""
+    from dagster._core.remote_origin import (
+        ManagedGrpcPythonEnvCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    location = ManagedGrpcPythonEnvCodeLocationOrigin(
+        LoadableTargetOrigin(module_name=DEFINITIONS_MODULE, working_directory=os.getcwd()), LOCATION_NAME)
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, REPOSITORY_NAME), job_name)

@@ -16,6 +16,8 @@ materialization of the partitions it is about to run, so the UI shows them in pr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from rich.markup import escape
 from curation_dagster.checks import report_stale_dependents
 from curation_dagster.crawl_run import CRAWL_JOB_DEF, CRAWL_TAG, PartitionPool, attached
 from curation_dagster.instance import add_partitions, open_instance
+from curation_dagster.location import run_origin
 from curation_dagster.partitions import CRAWL, SOURCE
 from curation_dagster.planner import Planner, partition_label
 from curation_dagster.recorder import Done, Verdict
@@ -113,7 +116,8 @@ class _Display:
 def _crawl_run(instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, force: bool,
                display: _Display) -> None:
     """The crawl's one Dagster run: the code location's crawl job, in this process, on one warm pool."""
-    with PartitionPool(resource, spec, force) as pool, attached(spec.crawl, display, pool):
+    with PartitionPool(resource, spec, force) as pool, attached(spec.crawl, display, pool), \
+            _from_code_location(instance, CRAWL_JOB_DEF.name):
         result = CRAWL_JOB_DEF.execute_in_process(
             run_config={"crawl": spec.crawl, "force": force}, instance=instance, raise_on_error=False,
             resources={"curation": resource}, tags={CRAWL_TAG: spec.crawl},
@@ -121,6 +125,26 @@ def _crawl_run(instance: DagsterInstance, resource: CurationResource, spec: Craw
     if not result.success:
         _, msg = _failure(result)
         raise RunFailed(msg)
+
+
+@contextmanager
+def _from_code_location(instance: DagsterInstance, job_name: str) -> Iterator[None]:
+    """Runs this process creates on ``instance`` carry the embedded code location's origin of
+    ``job_name`` (``curation_dagster.location.run_origin``), as a run launched from the UI would:
+    ``execute_in_process`` records none, and the UI then shows the run's job as not in the
+    definitions, with re-execution off. Only this instance object, only for the block."""
+    create = instance.create_run_for_job
+    origin = run_origin(job_name)
+
+    def with_origin(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("remote_job_origin", origin)
+        return create(*args, **kwargs)
+
+    instance.create_run_for_job = with_origin  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del instance.create_run_for_job  # the class's method again
 
 
 def _print_check(progress: Any, spec: CrawlSpec, program: str, source: str | None, check: str,

@@ -36,7 +36,7 @@ from tests.support.browser import CHROMIUM, Browser
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-LOCATION = "curation_dagster.definitions"
+LOCATION = "curation_dagster"  # curate ui serves the code location by its name (curation_dagster.location)
 REPOSITORY = "__repository__"
 
 

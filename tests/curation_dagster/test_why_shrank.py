@@ -191,3 +191,43 @@ def test_why_a_source_shrank_in_the_ui(ui: int, recrawl: R.Recrawl, tmp_path: Pa
         assert code == 0 and "crawl c1 (an earlier crawl, which kept it)" in out
     finally:
         browser.close()
+
+
+RUNS = """query($f: RunsFilter) { runsOrError(filter: $f) { ... on Runs { results { runId status
+  repositoryOrigin { repositoryLocationName repositoryName } } } } }"""
+REEXECUTE = """mutation($p: ReexecutionParams!) { launchRunReexecution(reexecutionParams: $p) {
+  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+  ... on InvalidSubsetError { message } ... on RunConfigValidationInvalid { errors { message } } } }"""
+STATUS = """query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"""
+
+
+def test_curate_runs_are_runs_of_the_code_location_and_re_execute_from_the_ui(ui: int, recrawl: R.Recrawl) -> None:
+    """curate run's run carries the code location's origin, so the UI finds its job (not "not
+    available in your definitions") and re-executes it: the new run plans every step again and,
+    the crawl being current, succeeds without recomputing."""
+    from tests.curation_dagster.test_ui import LOCATION, REPOSITORY, gql
+
+    runs = gql(ui, RUNS, {"f": {"pipelineName": "curate_run", "tags": [{"key": "curate/crawl", "value": "c2"}]}})
+    (run,) = runs["runsOrError"]["results"]  # one run made the crawl
+    assert run["status"] == "SUCCESS"
+    assert run["repositoryOrigin"] == {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
+    before = ledger_materializations(recrawl.workdir, "c2")
+    out = gql(ui, REEXECUTE, {"p": {"parentRunId": run["runId"], "strategy": "ALL_STEPS"}})["launchRunReexecution"]
+    assert out["__typename"] == "LaunchRunSuccess", out
+    child, deadline, status = out["run"]["runId"], time.monotonic() + 240, None
+    while time.monotonic() < deadline:
+        status = gql(ui, STATUS, {"id": child})["runOrError"]["status"]
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            break
+        time.sleep(2)
+    assert status == "SUCCESS", status
+    assert ledger_materializations(recrawl.workdir, "c2") == before  # current: nothing recorded again
+
+
+def ledger_materializations(workdir: Path, crawl: str) -> int:
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(workdir / "dagster")) as instance:
+        return len(instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("removal_ledger"), asset_partitions=[crawl]),
+            limit=100).records)
