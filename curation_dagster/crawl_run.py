@@ -63,6 +63,7 @@ from pydantic import Field
 
 from curation_dagster import recorder
 from curation_dagster.checks import CHECK_KINDS, Judge, evaluator
+from curation_dagster.metadata import asset_metadata
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.planner import Planner, partition_label
 from curation_dagster.recorder import Done
@@ -91,8 +92,6 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
     """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
     materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
     evaluator of the crawl that a step's partitions share)."""
-    from curation_dagster.assets import asset_metadata  # assets imports this module for its steps
-
     meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
     verdicts = []
     if checks:
@@ -508,9 +507,10 @@ def console(init_context: InitLoggerContext) -> logging.Logger:
 
 @config_mapping
 def _crawl_config(config: CrawlConfig) -> dict[str, Any]:
-    """The crawl's config, given once, to every step."""
+    """The crawl's config, given once, to every step; and the job's own console logger, which
+    Dagster instantiates only when the run config names it (else its DEBUG console log)."""
     step = {"config": {"crawl": config.crawl, "force": config.force}}
-    return {"ops": {program: step for program in STEPS}}
+    return {"ops": {program: step for program in STEPS}, "loggers": {"console": {}}}
 
 
 def build_crawl_job() -> JobDefinition:

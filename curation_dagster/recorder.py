@@ -92,7 +92,10 @@ def present(meta: dict[str, Any]) -> dict[str, Any]:
     """A partition's metadata as the UI shows it: counts first, then the parameters (a table of
     their values, or the plain fact that the program takes none) and the rows of each table
     (numbers, ``rows/<table>``, each one series in the Plots tab), the timings last."""
-    out = {k: v for k, v in meta.items() if k not in TIMINGS and k not in ("params", "rows")}
+    # A mapping of counts (quarantine_reasons, removed_per_reason, ...) is a table, not JSON; the
+    # report stays whole, as JSON, for tools that read it back.
+    out = {k: _table(v, k) if isinstance(v, dict) and k != "report" else v
+           for k, v in meta.items() if k not in TIMINGS and k not in ("params", "rows")}
     if "params" in meta:
         params = meta["params"]
         out["params"] = _table(params, "parameter") if params else \
