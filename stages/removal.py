@@ -153,11 +153,11 @@ def removal_parts(
         d = kept[start:start + part_rows] if kept is not None else None
         n = len(r)
         yield pa.table({
-            "doc_id": _id_column(doc_id[r]),
+            "doc_id": id_column(doc_id[r]),
             "source": labels.take(pa.array(source_index[r])),
             "reason": (pa.repeat(pa.scalar(reason, pa.string()), n) if reasons is None or reason_labels is None
                        else reason_labels.take(pa.array(reasons[0][start:start + part_rows]))),
-            "duplicate_of": _id_column(doc_id[d]) if d is not None else pa.nulls(n, pa.string()),
+            "duplicate_of": id_column(doc_id[d]) if d is not None else pa.nulls(n, pa.string()),
             "duplicate_of_source": (kept_labels.take(pa.array(kept_of[d])) if d is not None
                                     else pa.nulls(n, pa.string())),
             "score": (pa.array(np.asarray(score[start:start + part_rows], np.float64), pa.float64(),
@@ -165,7 +165,7 @@ def removal_parts(
         }, schema=REMOVED)
 
 
-def _id_column(ids: np.ndarray) -> pa.Array:
+def id_column(ids: np.ndarray) -> pa.Array:
     """A string column of fixed-width ``"S<w>"`` ids, from their bytes (ids shorter than the
     width, NUL-padded by numpy, go through a copy instead)."""
     width = ids.dtype.itemsize

@@ -1,7 +1,9 @@
 """semantic_duplicates[crawl]: SemDeDup within each cluster; the removal list of stage ``semantic``.
 
 Streams ``semantic_clusters`` one cluster at a time (memory: the largest cluster, one
-``pairwise_batch_size``-square tile and a few small columns per document), drops documents that
+``pairwise_batch_size``-square tile and numpy columns of 86 bytes an appearance — two ``"S32"``
+ids, source codes, cluster, rank, similarity — with no Python object per document; the removal
+list is written a part at a time by ``stages.removal.removal_parts``), drops documents that
 an earlier remover among the inputs (exact, fuzzy) removed, ranks the cluster (``which_to_keep``)
 and finds, for every document, the most similar earlier-ranked one
 (``stages.kernels.semantic.max_earlier_similarity``); a document spilled into a second cluster
@@ -29,9 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.backend import resolve
+from stages.keep import fixed_ids
 from stages.params import ExecutionParams, SemanticDuplicatesParams
 from stages.programs.semantic_clusters import removed_before
-from stages.removal import REMOVED, removal_table
+from stages.removal import REMOVED, id_column, removal_parts
 from stages.reports import SemanticDuplicatesReport
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
@@ -109,19 +112,30 @@ def run(
     priority_of = partition.spec.keep.source_priority
     n_clusters = pairs = 0
     seconds = 0.0
-    # One appearance per (document, cluster); a spilled document appears twice and keeps the
-    # appearance with the most similar earlier-ranked neighbour (kernels.best_appearances).
+    # The crawl's columns are numpy, no Python object per document: ids as "S32" (fixed_ids),
+    # sources as int32 codes into ``names``, the neighbour as its own id and source code (where
+    # ``has`` is false, the row's own: masked). One appearance per (document, cluster); a spilled
+    # document appears twice and keeps the appearance with the most similar earlier-ranked
+    # neighbour (kernels.best_appearances).
+    names: list[str] = []
+    code_of: dict[str, int] = {}
     parts: dict[str, list[Any]] = {k: [] for k in ("doc", "src", "cluster", "primary", "rank", "nbr",
-                                                         "nbr_src", "sim")}
+                                                         "nbr_src", "has", "sim")}
     for cluster in clusters(inputs, execution.batch_rows):
         if len(gone):
             cluster = cluster.filter(pc.invert(pc.is_in(cluster["doc_id"], value_set=gone)))
         m = cluster.num_rows
         if m == 0:
             continue
-        ids = np.asarray(cluster["doc_id"].to_pylist(), dtype=object)
-        src = np.asarray(cluster["source"].to_pylist(), dtype=object)
-        priority = np.array([priority_of.get(s, 0) for s in src], dtype=np.int64)
+        ids = np.asarray(cluster["doc_id"].to_pylist(), dtype=object)  # one cluster's: for rank_order
+        values = pc.unique(cluster["source"])
+        for v in values.to_pylist():
+            if v not in code_of:
+                code_of[v] = len(names)
+                names.append(v)
+        src = np.asarray([code_of[v] for v in values.to_pylist()], np.int32)[
+            np.asarray(pc.index_in(cluster["source"], value_set=values).to_numpy(zero_copy_only=False), np.int64)]
+        priority = np.asarray([priority_of.get(v, 0) for v in names], np.int64)[src]
         order = rank_order(params.which_to_keep, cluster["distance"].to_numpy(), ids, priority, params.seed)
         x = embedding_matrix(cluster["embedding"].take(pa.array(order)))
         t0 = time.perf_counter()
@@ -129,46 +143,63 @@ def run(
         sim, arg = sim_t.cpu().numpy(), arg_t.cpu().numpy()
         seconds += time.perf_counter() - t0
         pairs += m * (m - 1) // 2
-        ids, src = ids[order], src[order]
+        fixed, src = fixed_ids(cluster["doc_id"])[order], src[order]
         has = arg >= 0
-        parts["doc"].append(ids)
+        nbr = np.where(has, arg, np.arange(m))
+        parts["doc"].append(fixed)
         parts["src"].append(src)
         parts["cluster"].append(np.full(m, cluster["cluster"][0].as_py(), np.int32))
         parts["primary"].append(cluster["primary"].to_numpy(zero_copy_only=False)[order])
         parts["rank"].append(np.arange(m, dtype=np.int32))
-        parts["nbr"].append(np.where(has, ids[np.maximum(arg, 0)], None))
-        parts["nbr_src"].append(np.where(has, src[np.maximum(arg, 0)], None))
+        parts["nbr"].append(fixed[nbr])
+        parts["nbr_src"].append(src[nbr])
+        parts["has"].append(has)
         parts["sim"].append(sim.astype(np.float32))
         n_clusters += 1
     if n_clusters:
         col = {k: np.concatenate(v) for k, v in parts.items()}
-        _, doc_index = np.unique(col["doc"].astype(str), return_inverse=True)
+        appearances = len(col["doc"])
+        del parts
+        _, doc_index = np.unique(col["doc"], return_inverse=True)
         pick = best_appearances(doc_index.reshape(-1), col["sim"], col["primary"], col["cluster"])
+        del doc_index
         col = {k: v[pick] for k, v in col.items()}
     else:
-        col = {k: np.zeros(0, object) for k in parts}
-        col["sim"] = np.zeros(0, np.float32)
+        col = {"doc": np.zeros(0, "S32"), "src": np.zeros(0, np.int32), "cluster": np.zeros(0, np.int32),
+               "primary": np.zeros(0, bool), "rank": np.zeros(0, np.int32), "nbr": np.zeros(0, "S32"),
+               "nbr_src": np.zeros(0, np.int32), "has": np.zeros(0, bool), "sim": np.zeros(0, np.float32)}
+        appearances = 0
+    labels = pa.array(names, pa.string())
+    none = pa.scalar(None, pa.string())
     has = np.isfinite(col["sim"])
+    named = pa.array(col["has"])
     output.write("neighbors", pa.table({
-        "doc_id": pa.array(col["doc"], pa.string()), "source": pa.array(col["src"], pa.string()),
+        "doc_id": id_column(col["doc"]), "source": labels.take(pa.array(col["src"])),
         "cluster": pa.array(col["cluster"], pa.int32()), "rank": pa.array(col["rank"], pa.int32()),
-        "neighbor": pa.array(col["nbr"], pa.string()), "neighbor_source": pa.array(col["nbr_src"], pa.string()),
+        "neighbor": pc.if_else(named, id_column(col["nbr"]), none),
+        "neighbor_source": pc.if_else(named, labels.take(pa.array(col["nbr_src"])), none),
         "similarity": pa.array(np.where(has, col["sim"], 0.0).astype(np.float32), mask=~has),
     }, schema=NEIGHBORS))
-    dup = duplicate_mask(col["sim"], params.eps)
-    output.write("removed", removal_table(
-        col["doc"][dup].astype(str), col["src"][dup], REASON, col["nbr"][dup], col["nbr_src"][dup],
-        col["sim"][dup].astype(np.float64),
-    ))
-    removed_per_source = Counter(col["src"][dup].tolist())
-    bands = Counter(band(float(v)) for v in col["sim"][has])
+    dup = duplicate_mask(col["sim"], params.eps) & col["has"]
+    rows = np.flatnonzero(dup)
     n = len(col["doc"])
-    removed_rows = int(dup.sum())
+    # removal_parts names each removal's kept document by a row of the same columns: the
+    # neighbours of the removed rows are appended after the crawl's rows.
+    doc_all = np.concatenate([col["doc"], col["nbr"][rows]])
+    src_all = np.concatenate([col["src"], col["nbr_src"][rows]])
+    for part in removal_parts(doc_all, src_all, names, REASON, rows, n + np.arange(len(rows)),
+                              score=col["sim"][rows]):
+        output.write("removed", part)
+    del doc_all, src_all
+    counts = np.bincount(col["src"][rows], minlength=len(names))
+    removed_per_source = {names[k]: int(c) for k, c in enumerate(counts) if c}
+    bands = Counter(band(float(v)) for v in col["sim"][has])
+    removed_rows = len(rows)
     return SemanticDuplicatesReport(
         enabled=True,
         input=n,
         clusters=n_clusters,
-        appearances=sum(len(v) for v in parts["doc"]),
+        appearances=appearances,
         removed=removed_rows,
         removed_per_source=dict(sorted(removed_per_source.items())),
         eps=params.eps,
