@@ -128,14 +128,24 @@ PART_ROWS = 1 << 20  # rows of a removal part built at once (~150 MiB of Arrow c
 
 def removal_parts(
     doc_id: np.ndarray, source_index: np.ndarray, names: list[str], reason: str,
-    rows: np.ndarray, kept: np.ndarray | None, part_rows: int = PART_ROWS,
+    rows: np.ndarray, kept: np.ndarray | None, part_rows: int = PART_ROWS, *,
+    kept_index: np.ndarray | None = None, kept_names: list[str] | None = None,
+    score: np.ndarray | None = None, reasons: tuple[np.ndarray, list[str]] | None = None,
 ) -> Iterator[pa.Table]:
     """``REMOVED`` tables, ``part_rows`` rows at a time, for the rows ``rows`` of a crawl's
     columns (``doc_id``: ``"S32"`` (n,), see ``stages.keep.fixed_ids``; ``source_index``: int (n,)
     into ``names``), each the duplicate of row ``kept[i]`` (or none). Built from the numpy
     buffers: no Python object and no fixed-width unicode copy per removed document, so a removal
-    list of any length costs its index arrays (16 bytes a removed document) plus one part."""
+    list of any length costs its index arrays (16 bytes a removed document) plus one part.
+
+    Optional, aligned as said: ``kept_index`` int (n,) into ``kept_names``, the kept document's
+    ``duplicate_of_source`` label (default: its ``source_index`` into ``names``); ``score`` float
+    (len(rows),), NaN written as null; ``reasons`` (codes int (len(rows),), labels): a reason per
+    row instead of the one ``reason``."""
     labels = pa.array(names, pa.string())
+    kept_labels = labels if kept_names is None else pa.array(kept_names, pa.string())
+    kept_of = source_index if kept_index is None else kept_index
+    reason_labels = None if reasons is None else pa.array(reasons[1], pa.string())
     if len(rows) == 0:
         yield REMOVED.empty_table()  # the table exists, with its schema, when nothing is removed
     for start in range(0, len(rows), part_rows):
@@ -143,17 +153,19 @@ def removal_parts(
         d = kept[start:start + part_rows] if kept is not None else None
         n = len(r)
         yield pa.table({
-            "doc_id": _id_column(doc_id[r]),
+            "doc_id": id_column(doc_id[r]),
             "source": labels.take(pa.array(source_index[r])),
-            "reason": pa.repeat(pa.scalar(reason, pa.string()), n),
-            "duplicate_of": _id_column(doc_id[d]) if d is not None else pa.nulls(n, pa.string()),
-            "duplicate_of_source": (labels.take(pa.array(source_index[d])) if d is not None
+            "reason": (pa.repeat(pa.scalar(reason, pa.string()), n) if reasons is None or reason_labels is None
+                       else reason_labels.take(pa.array(reasons[0][start:start + part_rows]))),
+            "duplicate_of": id_column(doc_id[d]) if d is not None else pa.nulls(n, pa.string()),
+            "duplicate_of_source": (kept_labels.take(pa.array(kept_of[d])) if d is not None
                                     else pa.nulls(n, pa.string())),
-            "score": pa.nulls(n, pa.float64()),
+            "score": (pa.array(np.asarray(score[start:start + part_rows], np.float64), pa.float64(),
+                               from_pandas=True) if score is not None else pa.nulls(n, pa.float64())),
         }, schema=REMOVED)
 
 
-def _id_column(ids: np.ndarray) -> pa.Array:
+def id_column(ids: np.ndarray) -> pa.Array:
     """A string column of fixed-width ``"S<w>"`` ids, from their bytes (ids shorter than the
     width, NUL-padded by numpy, go through a copy instead)."""
     width = ids.dtype.itemsize

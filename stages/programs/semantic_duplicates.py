@@ -1,7 +1,10 @@
 """semantic_duplicates[crawl]: SemDeDup within each cluster; the removal list of stage ``semantic``.
 
 Streams ``semantic_clusters`` one cluster at a time (memory: the largest cluster, one
-``pairwise_batch_size``-square tile and a few small columns per document), drops documents that
+``pairwise_batch_size``-square tile and numpy columns of 86 bytes an appearance — two ``"S32"``
+ids, source codes, cluster, rank, similarity — with no Python object per document; the removal
+list is written a part at a time by ``stages.removal.removal_parts``; measured ~360 bytes a
+document at the peak, tested under 450 by ``tests/stages/programs/test_semantic_memory.py``), drops documents that
 an earlier remover among the inputs (exact, fuzzy) removed, ranks the cluster (``which_to_keep``)
 and finds, for every document, the most similar earlier-ranked one
 (``stages.kernels.semantic.max_earlier_similarity``); a document spilled into a second cluster
@@ -21,20 +24,24 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.backend import resolve
+from stages.keep import fixed_ids
 from stages.params import ExecutionParams, SemanticDuplicatesParams
 from stages.programs.semantic_clusters import removed_before
-from stages.removal import REMOVED, removal_table
+from stages.removal import REMOVED, id_column, removal_parts
 from stages.reports import SemanticDuplicatesReport
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
+
+if TYPE_CHECKING:
+    from stages.kernels.semantic import WhichToKeep
 
 REASON = "semantic_duplicate"
 NEIGHBORS = pa.schema([
@@ -90,85 +97,29 @@ def run(
         output.write("removed", REMOVED.empty_table())
         output.write("neighbors", NEIGHBORS.empty_table())
         return SemanticDuplicatesReport(enabled=False, input=0, removed=0, removed_per_source={})
-    import torch
-
-    from stages.kernels.semantic import (
-        best_appearances,
-        duplicate_mask,
-        embedding_matrix,
-        max_earlier_similarity,
-        rank_order,
-    )
-
     device = resolve(execution.backend).device
     # Already dropped by semantic_clusters; checked again so that this removal list can never
     # name a document that an earlier stage removed, whatever produced the clusters.
     gone = pa.chunked_array(
         [removed_before(inputs, s) for s in sorted(partition.spec.sources)], type=pa.string()
     ).combine_chunks()
-    priority_of = partition.spec.keep.source_priority
-    n_clusters = pairs = 0
-    seconds = 0.0
-    # One appearance per (document, cluster); a spilled document appears twice and keeps the
-    # appearance with the most similar earlier-ranked neighbour (kernels.best_appearances).
-    parts: dict[str, list[Any]] = {k: [] for k in ("doc", "src", "cluster", "primary", "rank", "nbr",
-                                                         "nbr_src", "sim")}
-    for cluster in clusters(inputs, execution.batch_rows):
-        if len(gone):
-            cluster = cluster.filter(pc.invert(pc.is_in(cluster["doc_id"], value_set=gone)))
-        m = cluster.num_rows
-        if m == 0:
-            continue
-        ids = np.asarray(cluster["doc_id"].to_pylist(), dtype=object)
-        src = np.asarray(cluster["source"].to_pylist(), dtype=object)
-        priority = np.array([priority_of.get(s, 0) for s in src], dtype=np.int64)
-        order = rank_order(params.which_to_keep, cluster["distance"].to_numpy(), ids, priority, params.seed)
-        x = embedding_matrix(cluster["embedding"].take(pa.array(order)))
-        t0 = time.perf_counter()
-        sim_t, arg_t = max_earlier_similarity(torch.from_numpy(x).to(device), execution.pairwise_batch_size)
-        sim, arg = sim_t.cpu().numpy(), arg_t.cpu().numpy()
-        seconds += time.perf_counter() - t0
-        pairs += m * (m - 1) // 2
-        ids, src = ids[order], src[order]
-        has = arg >= 0
-        parts["doc"].append(ids)
-        parts["src"].append(src)
-        parts["cluster"].append(np.full(m, cluster["cluster"][0].as_py(), np.int32))
-        parts["primary"].append(cluster["primary"].to_numpy(zero_copy_only=False)[order])
-        parts["rank"].append(np.arange(m, dtype=np.int32))
-        parts["nbr"].append(np.where(has, ids[np.maximum(arg, 0)], None))
-        parts["nbr_src"].append(np.where(has, src[np.maximum(arg, 0)], None))
-        parts["sim"].append(sim.astype(np.float32))
-        n_clusters += 1
-    if n_clusters:
-        col = {k: np.concatenate(v) for k, v in parts.items()}
-        _, doc_index = np.unique(col["doc"].astype(str), return_inverse=True)
-        pick = best_appearances(doc_index.reshape(-1), col["sim"], col["primary"], col["cluster"])
-        col = {k: v[pick] for k, v in col.items()}
-    else:
-        col = {k: np.zeros(0, object) for k in parts}
-        col["sim"] = np.zeros(0, np.float32)
+    stats: dict[str, Any] = {}
+    tables = clusters(inputs, execution.batch_rows)
+    if len(gone):
+        tables = (t.filter(pc.invert(pc.is_in(t["doc_id"], value_set=gone))) for t in tables)
+    col, names = appearances(tables, params.which_to_keep, params.seed, partition.spec.keep.source_priority,
+                             device, execution.pairwise_batch_size, stats)
+    for name, table in output_tables(col, names, params.eps, stats):
+        output.write(name, table)
+    n_clusters, pairs, seconds = stats["clusters"], stats["pairs"], stats["seconds"]
+    removed_per_source, removed_rows, n = stats["removed_per_source"], stats["removed"], len(col["doc"])
     has = np.isfinite(col["sim"])
-    output.write("neighbors", pa.table({
-        "doc_id": pa.array(col["doc"], pa.string()), "source": pa.array(col["src"], pa.string()),
-        "cluster": pa.array(col["cluster"], pa.int32()), "rank": pa.array(col["rank"], pa.int32()),
-        "neighbor": pa.array(col["nbr"], pa.string()), "neighbor_source": pa.array(col["nbr_src"], pa.string()),
-        "similarity": pa.array(np.where(has, col["sim"], 0.0).astype(np.float32), mask=~has),
-    }, schema=NEIGHBORS))
-    dup = duplicate_mask(col["sim"], params.eps)
-    output.write("removed", removal_table(
-        col["doc"][dup].astype(str), col["src"][dup], REASON, col["nbr"][dup], col["nbr_src"][dup],
-        col["sim"][dup].astype(np.float64),
-    ))
-    removed_per_source = Counter(col["src"][dup].tolist())
     bands = Counter(band(float(v)) for v in col["sim"][has])
-    n = len(col["doc"])
-    removed_rows = int(dup.sum())
     return SemanticDuplicatesReport(
         enabled=True,
         input=n,
         clusters=n_clusters,
-        appearances=sum(len(v) for v in parts["doc"]),
+        appearances=stats["appearances"],
         removed=removed_rows,
         removed_per_source=dict(sorted(removed_per_source.items())),
         eps=params.eps,
@@ -179,3 +130,107 @@ def run(
         pairs_per_second=round(pairs / seconds) if seconds > 0 else None,
         similarity_bands={b: bands[b] for b in (f">={lo:.2f}" for lo in BANDS) if bands[b]},
     )
+
+
+def appearances(
+    tables: Iterable[pa.Table], which_to_keep: WhichToKeep, seed: int, priority_of: Mapping[str, int],
+    device: str, batch: int, stats: dict[str, Any],
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Every document's best appearance among the clusters ``tables`` (rows of
+    ``semantic_clusters``, one cluster each), ranked (``which_to_keep``) and with its most similar
+    earlier-ranked neighbour: columns doc, nbr ``"S32"``; src, nbr_src int32 into the returned
+    source names; cluster, rank int32; primary, has (a neighbour) bool; sim float32 (-inf for
+    none), one row a document, sorted by doc. Fills ``stats`` (clusters, pairs, seconds,
+    appearances). Memory: 86 bytes an appearance beside the largest cluster."""
+    import torch
+
+    from stages.kernels.semantic import best_appearances, embedding_matrix, max_earlier_similarity, rank_order
+
+    stats.update(clusters=0, pairs=0, seconds=0.0)
+    names: list[str] = []
+    code_of: dict[str, int] = {}
+    parts: dict[str, list[Any]] = {k: [] for k in ("doc", "src", "cluster", "primary", "rank", "nbr",
+                                                         "nbr_src", "has", "sim")}
+    for cluster in tables:
+        m = cluster.num_rows
+        if m == 0:
+            continue
+        ids = np.asarray(cluster["doc_id"].to_pylist(), dtype=object)  # one cluster's: for rank_order
+        values = pc.unique(cluster["source"])
+        for v in values.to_pylist():
+            if v not in code_of:
+                code_of[v] = len(names)
+                names.append(v)
+        src = np.asarray([code_of[v] for v in values.to_pylist()], np.int32)[
+            np.asarray(pc.index_in(cluster["source"], value_set=values).to_numpy(zero_copy_only=False), np.int64)]
+        priority = np.asarray([priority_of.get(v, 0) for v in names], np.int64)[src]
+        order = rank_order(which_to_keep, cluster["distance"].to_numpy(), ids, priority, seed)
+        x = embedding_matrix(cluster["embedding"].take(pa.array(order)))
+        t0 = time.perf_counter()
+        sim_t, arg_t = max_earlier_similarity(torch.from_numpy(x).to(device), batch)
+        sim, arg = sim_t.cpu().numpy(), arg_t.cpu().numpy()
+        stats["seconds"] += time.perf_counter() - t0
+        stats["pairs"] += m * (m - 1) // 2
+        fixed, src = fixed_ids(cluster["doc_id"])[order], src[order]
+        has = arg >= 0
+        nbr = np.where(has, arg, np.arange(m))
+        parts["doc"].append(fixed)
+        parts["src"].append(src)
+        parts["cluster"].append(np.full(m, cluster["cluster"][0].as_py(), np.int32))
+        parts["primary"].append(cluster["primary"].to_numpy(zero_copy_only=False)[order])
+        parts["rank"].append(np.arange(m, dtype=np.int32))
+        parts["nbr"].append(fixed[nbr])
+        parts["nbr_src"].append(src[nbr])
+        parts["has"].append(has)
+        parts["sim"].append(sim.astype(np.float32))
+        stats["clusters"] += 1
+    if stats["clusters"]:
+        # Column by column, each freed as soon as it is replaced: one column's copy at a time.
+        col = {k: np.concatenate(parts.pop(k)) for k in list(parts)}
+        stats["appearances"] = len(col["doc"])
+        _, doc_index = np.unique(col["doc"], return_inverse=True)
+        pick = best_appearances(doc_index.reshape(-1), col["sim"], col["primary"], col["cluster"])
+        del doc_index
+        for k in col:
+            col[k] = col[k][pick]
+    else:
+        col = {"doc": np.zeros(0, "S32"), "src": np.zeros(0, np.int32), "cluster": np.zeros(0, np.int32),
+               "primary": np.zeros(0, bool), "rank": np.zeros(0, np.int32), "nbr": np.zeros(0, "S32"),
+               "nbr_src": np.zeros(0, np.int32), "has": np.zeros(0, bool), "sim": np.zeros(0, np.float32)}
+        stats["appearances"] = 0
+    return col, names
+
+
+def output_tables(
+    col: dict[str, np.ndarray], names: list[str], eps: float, stats: dict[str, Any],
+) -> Iterator[tuple[str, pa.Table]]:
+    """("removed", part)s then ("neighbors", table) from ``appearances``' columns: rows at
+    similarity ``>= 1 - eps`` are removed as duplicates of their neighbour. Fills ``stats``
+    (removed, removed_per_source)."""
+    from stages.kernels.semantic import duplicate_mask
+
+    dup = duplicate_mask(col["sim"], eps) & col["has"]
+    rows = np.flatnonzero(dup)
+    n = len(col["doc"])
+    counts = np.bincount(col["src"][rows], minlength=len(names))
+    stats["removed"] = len(rows)
+    stats["removed_per_source"] = {names[k]: int(c) for k, c in enumerate(counts) if c}
+    # removal_parts names each removal's kept document by a row of the same columns: the
+    # neighbours of the removed rows are appended after the crawl's rows.
+    doc_all = np.concatenate([col["doc"], col["nbr"][rows]])
+    src_all = np.concatenate([col["src"], col["nbr_src"][rows]])
+    for part in removal_parts(doc_all, src_all, names, REASON, rows, n + np.arange(len(rows)),
+                              score=col["sim"][rows]):
+        yield "removed", part
+    del doc_all, src_all, part
+    labels = pa.array(names, pa.string())
+    none = pa.scalar(None, pa.string())
+    has = np.isfinite(col["sim"])
+    named = pa.array(col["has"])
+    yield "neighbors", pa.table({
+        "doc_id": id_column(col["doc"]), "source": labels.take(pa.array(col["src"])),
+        "cluster": pa.array(col["cluster"], pa.int32()), "rank": pa.array(col["rank"], pa.int32()),
+        "neighbor": pc.if_else(named, id_column(col["nbr"]), none),
+        "neighbor_source": pc.if_else(named, labels.take(pa.array(col["nbr_src"])), none),
+        "similarity": pa.array(np.where(has, col["sim"], 0.0).astype(np.float32), mask=~has),
+    }, schema=NEIGHBORS)
