@@ -122,7 +122,9 @@ def test_materializations_carry_the_counts(prepared: ops_workdir.Prepared) -> No
             assert {k: cur[k].value for k in ("input", "kept", "quarantined")} == {
                 k: counts[k] for k in ("input", "kept", "quarantined")}
             assert cur["kept_fraction"].value == round(counts["kept"] / counts["input"], 6)
-            assert {k: v for k, v in cur["removed_per_stage"].value.items() if v} == counts["removed"]
+            assert {k: v for k, v in cur["report"].value["removed_per_stage"].items() if v} == counts["removed"]
+            for stage, n in counts["removed"].items():  # and the UI's table of them (not JSON)
+                assert f"| `{stage}` | {n} |" in cur["removed_per_stage"].value
     native = {r.data["source"]: dict(r.data) for r in ledger["waterfall_table"].value.records}
     assert set(native) == {*expected, "total"}
     for source, counts in expected.items():

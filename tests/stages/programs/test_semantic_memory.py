@@ -7,9 +7,6 @@ and a peak of at most ``BOUND`` bytes a document for 300k documents streamed in 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +14,7 @@ import pyarrow as pa
 
 from stages.programs.semantic_duplicates import NEIGHBORS, REASON, appearances, output_tables
 from stages.removal import REMOVED, removal_table
-from tests.support.peak_rss import PEAK
+from tests.support.peak_rss import PEAK, bytes_per_document
 
 BOUND = 450  # bytes a document at 300k documents (measured 366; the object arrays 817)
 
@@ -143,8 +140,5 @@ rows = sum(t.num_rows for name, t in output_tables(col, names, 0.07, stats) if n
 assert rows == stats["removed"] > n // 2, rows
 print((peak_kib() - base) * 1024 / n)
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[3]), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0, proc.stderr
-    per_doc = float(proc.stdout)
+    per_doc = bytes_per_document(script)
     assert per_doc < BOUND, f"{per_doc:.0f} bytes a document"
