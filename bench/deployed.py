@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import sample_texts
 from orchestration import deal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +158,8 @@ def main() -> None:
             work = root / f"shape{i}"
             work.mkdir()
             work.chmod(0o755)
-            docs, written = deal(root / "corpus", work / "data", sources, mb)
+            texts = ((f"doc{j}", t) for j, t in enumerate(sample_texts(root / "corpus")))
+            docs, written = deal(texts, work / "data", sources, mb, "jsonl")
             cfg = {"sources": {p.name: {"url": str(p), "id_field": "id"} for p in sorted((work / "data").iterdir())}}
             (work / "crawl.json").write_text(json.dumps(cfg))
             ran = local(work, work / "crawl.json", args.stages, env)
