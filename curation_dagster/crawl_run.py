@@ -63,6 +63,7 @@ from pydantic import Field
 
 from curation_dagster import recorder
 from curation_dagster.checks import CHECK_KINDS, Judge, evaluator
+from curation_dagster.instance import add_partitions
 from curation_dagster.metadata import asset_metadata
 from curation_dagster.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.planner import Planner, partition_label
@@ -406,12 +407,9 @@ class attached:
 
 def _add_partitions(instance: DagsterInstance, spec: CrawlSpec) -> None:
     """The crawl's and its sources' dynamic partitions, where the instance lacks them (a crawl
-    launched from the Launchpad: curate run and curate submit add them before)."""
-    if not instance.has_dynamic_partition(CRAWL, spec.crawl):
-        instance.add_dynamic_partitions(CRAWL, [spec.crawl])
-    missing = [s for s in sorted(spec.sources) if not instance.has_dynamic_partition(SOURCE, s)]
-    if missing:
-        instance.add_dynamic_partitions(SOURCE, missing)
+    launched from the Launchpad: curate run and curate submit add them before), under the
+    instance's lock as every other adder (``curation_dagster.instance.add_partitions``)."""
+    add_partitions(instance, {CRAWL: [spec.crawl], SOURCE: sorted(spec.sources)})
 
 
 def _planned(context: OpExecutionContext, program: str, keys: list[str]) -> None:
