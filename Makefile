@@ -44,14 +44,14 @@ run: sample
 		--negative package_docs --no-balance --name sample-quality --out sample/quality/model.bin
 	$(BIN)/curate run --workdir $(WORKDIR) --crawl $(CRAWL) --config sample/curate-quality.json
 
-# Headless Chromium for the UI test (tests/curation_dagster/test_ui.py screenshots the asset graph): Debian's
+# Headless Chromium for the UI test (tests/e2e/test_ui.py screenshots the asset graph): Debian's
 # package, installed once as root; elsewhere the screenshot test skips with a reason.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		chromium fonts-liberation >/dev/null; } || echo "chromium not installed: the UI screenshot test will skip"
 
-# podman, runc and debootstrap for the images (`make images`, tests/curation_dagster/test_images.py): Debian's
+# podman, runc and debootstrap for the images (`make images`, tests/curation_dagster/ops/test_images.py): Debian's
 # packages, installed once as root; elsewhere the image tests skip with a reason.
 podman:
 	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
@@ -64,7 +64,7 @@ images: $(DEV_STAMP) podman
 	PYTHON=$(BIN)/python docker/build-images.sh
 
 # PostgreSQL for `curate deploy` (the deployment's instance storage) and its test
-# (tests/curation_dagster/test_deploy.py): Debian's server package, installed once as root (its binaries are under
+# (tests/curation_dagster/ops/test_deploy.py): Debian's server package, installed once as root (its binaries are under
 # /usr/lib/postgresql/<version>/bin; `curate deploy` creates its own cluster and runs it as the
 # package's `postgres` user); elsewhere the deployment test skips with a reason.
 postgres:

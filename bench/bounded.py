@@ -39,17 +39,17 @@ t0 = time.perf_counter()
 JOBS = {
     "ledger": 'execute(store, spec, "removal_ledger", None, execution, force=True)',
     "doc_id_unique(raw_documents)": (
-        "from curation_dagster.checks import evaluate_doc_id_unique\n"
-        "from curation_dagster.config import ChecksConfig\n"
+        "from curation_dagster.defs.checks import evaluate_doc_id_unique\n"
+        "from curation_dagster.ops.config import ChecksConfig\n"
         "base = peak_kib(); t0 = time.perf_counter()\n"
         'v = evaluate_doc_id_unique(store, spec, "raw_documents", "a", ChecksConfig()); assert v.passed, v'),
     "doc_id_unique(removal_ledger)": (
-        "from curation_dagster.checks import evaluate_doc_id_unique\n"
-        "from curation_dagster.config import ChecksConfig\n"
+        "from curation_dagster.defs.checks import evaluate_doc_id_unique\n"
+        "from curation_dagster.ops.config import ChecksConfig\n"
         "base = peak_kib(); t0 = time.perf_counter()\n"
         'v = evaluate_doc_id_unique(store, spec, "removal_ledger", None, ChecksConfig()); assert v.passed, v'),
     "explain": (
-        "from curation_dagster.explain import explain\n"
+        "from curation_dagster.tools.explain import explain\n"
         'doc = next(store.iter_batches(ledger_dir, "ledger", ["doc_id"], 10)).column(0)[5].as_py()\n'
         "base = peak_kib(); t0 = time.perf_counter()\n"
         "text, found = explain(store, spec, ledger_dir, doc); assert found and 'removed by' in text, text"),

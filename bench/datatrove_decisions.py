@@ -25,7 +25,7 @@ from heuristics import DT_MODE_RULE, run_datatrove
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from curation_dagster.sample import build_sample
+from curation_dagster.tools.sample import build_sample
 from stages.params import FilteredDocumentsParams
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "datatrove_decisions.json"

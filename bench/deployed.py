@@ -68,7 +68,7 @@ def _stats(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def deployed(work: Path, config: Path, stages: str, env: dict[str, str]) -> dict[str, Any]:
-    from curation_dagster.deploy import graphql_post
+    from curation_dagster.ops.deploy import graphql_post
 
     wd = work / "deploy-wd"
     wd.mkdir()
@@ -151,7 +151,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         root = Path(tmp)
         root.chmod(0o755)
-        from curation_dagster.sample import build_sample
+        from curation_dagster.tools.sample import build_sample
 
         build_sample(root / "corpus", max_docs_per_source=args.max_docs, copies=args.copies)
         for i, (sources, mb) in enumerate(shapes):

@@ -226,7 +226,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        from curation_dagster.sample import build_sample
+        from curation_dagster.tools.sample import build_sample
 
         build_sample(root / "corpus", max_docs_per_source=args.max_docs, copies=args.copies)
         (root / "corpus" / "curate.json").write_text(json.dumps({"sources": {

@@ -88,7 +88,7 @@ from common import SKIPPED_SOURCES, sample_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from curation_dagster.sample import build_sample
+from curation_dagster.tools.sample import build_sample
 from stages.kernels import heuristics as H
 from stages.kernels import heuristics_datatrove as D
 from stages.params import ExecutionParams, FilteredDocumentsParams

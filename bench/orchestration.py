@@ -214,7 +214,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if args.texts == "sample":
-            from curation_dagster.sample import build_sample
+            from curation_dagster.tools.sample import build_sample
 
             build_sample(root / "corpus", max_docs_per_source=args.max_docs, copies=args.copies)
         for i, (sources, mb) in enumerate(shapes):

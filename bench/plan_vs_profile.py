@@ -8,7 +8,7 @@ another with a few words replaced, planted at Jaccard ~``--dup-similarity``), ru
 on it without Dagster (``stages.execute.execute_crawl``), profiles it (``curate profile``'s
 figures) and prints each figure of ``curate plan`` beside the measured one, with the ratio and
 whether it is within 2x. The issue asks for this on the 1M-document scale run; the test suite does
-it on the tiny corpus (tests/curation_dagster/test_profile.py). Not run in tests.
+it on the tiny corpus (tests/curation_dagster/tools/test_profile.py). Not run in tests.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from curation_dagster.profile import measured_sizing, print_profile, profile
+from curation_dagster.tools.profile import measured_sizing, print_profile, profile
 from stages.dataroot import DataRoot
 from stages.execute import execute_crawl
 from stages.params import ExecutionParams

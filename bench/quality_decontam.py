@@ -24,7 +24,7 @@ from common import source_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from curation_dagster.sample import build_sample
+from curation_dagster.tools.sample import build_sample
 from stages.kernels import decontam as D
 from stages.kernels import quality as Q
 

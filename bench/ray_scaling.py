@@ -95,7 +95,7 @@ def run_child(
 
 
 def sample(out: Path, max_docs: int, copies: int) -> Path:
-    from curation_dagster.sample import build_sample
+    from curation_dagster.tools.sample import build_sample
 
     folders = build_sample(out, max_docs_per_source=max_docs, copies=copies)
     sources = {name: {"url": str(path), "id_field": "id", "url_field": "url"} for name, path in folders.items()}

@@ -5,7 +5,7 @@
     python bench/semantic.py pairwise [--rows 8192] [--device cpu]
     python bench/semantic.py accuracy [--max-tokens 256] [--device cpu]
 
-``embed``: the same documents (stdlib docstrings from ``curation_dagster.sample``) through plain
+``embed``: the same documents (stdlib docstrings from ``curation_dagster.tools.sample``) through plain
 ``SentenceTransformer.encode`` (batch 32, its own length sort by characters) and through the
 pipeline's Encoder (token-length buckets, token-budget batches, bf16 on a GPU); repeats are
 interleaved and the best of each is reported, with the cosine between the two outputs.
@@ -59,7 +59,7 @@ def docstrings(n: int) -> list[str]:
     import gzip
     import json
 
-    from curation_dagster.sample import build_sample
+    from curation_dagster.tools.sample import build_sample
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_sample(Path(tmp), max_docs_per_source=n)["docstrings"]
@@ -321,7 +321,7 @@ def versioned_docstrings() -> tuple[list[str], list[str], list[str]]:
     site-packages and the pip/setuptools vendor folders; key = package:module:qualname."""
     import site
 
-    from curation_dagster.sample import MIN_DOCSTRING_CHARS, _docstrings
+    from curation_dagster.tools.sample import MIN_DOCSTRING_CHARS, _docstrings
 
     roots = [Path(p) for p in site.getsitepackages()]
     copies: list[tuple[str, Path, str]] = []

@@ -33,8 +33,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from curation_dagster.crawls import crawl_spec
-from curation_dagster.location import workdir_paths
+from curation_dagster.ops.location import workdir_paths
+from curation_dagster.tools.crawls import crawl_spec
 from stages.catalog import QUARANTINE, STAGES
 from stages.configfile import load_mapping
 from stages.credentials import CredentialInURL
@@ -127,9 +127,9 @@ def _stale_dependents(root: DataRoot, crawl: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from curation_dagster.config import load_config
-    from curation_dagster.resources import CurationResource
-    from curation_dagster.runner import RunFailed, run_crawl
+    from curation_dagster.defs.resources import CurationResource
+    from curation_dagster.ops.config import load_config
+    from curation_dagster.run.in_process import RunFailed, run_crawl
 
     workdir, home = workdir_paths(args.workdir)
     load_config(workdir)  # a bad curate.yaml fails here in one line naming it, not inside the first Dagster run
@@ -196,7 +196,7 @@ def print_report(report: RemovalLedgerReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from curation_dagster.lineage import EARLIER, custom_filters, earlier_crawls, step_label, step_value
+    from curation_dagster.tools.lineage import EARLIER, custom_filters, earlier_crawls, step_label, step_value
 
     # Sub-columns (``↳``), each a part of the stage column before it: custom filters' share of the
     # heuristic removals (docs/filters.md), a dedup stage's duplicates of earlier crawls' documents.
@@ -231,8 +231,8 @@ def print_report(report: RemovalLedgerReport) -> None:
 
 def _stopped(root: DataRoot, crawl: str) -> tuple[Store, CrawlSpec, Any] | None:
     """(store, spec, its committed removal lists) of a crawl that has no ledger but some removal
-    list (``curation_dagster.pending``: a blocking check stopped it); None otherwise."""
-    from curation_dagster.pending import pending_removals
+    list (``curation_dagster.tools.pending``: a blocking check stopped it); None otherwise."""
+    from curation_dagster.tools.pending import pending_removals
 
     spec = root.spec(crawl)
     store = root.store
@@ -246,7 +246,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     root = _dataroot(args)
     stopped = _stopped(root, args.crawl)
     if stopped is not None:  # the operator still sees what the stopped stage would remove; exit 1
-        from curation_dagster.pending import counts, stopped_report
+        from curation_dagster.tools.pending import counts, stopped_report
 
         _, _, table = stopped
         print(json.dumps({"crawl": args.crawl, "applied": False, "would_remove": counts(table)}, indent=1)
@@ -294,12 +294,12 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from curation_dagster.explain import explain
+    from curation_dagster.tools.explain import explain
 
     root = _dataroot(args)
     stopped = _stopped(root, args.crawl)
     if stopped is not None:
-        from curation_dagster.pending import explain_pending
+        from curation_dagster.tools.pending import explain_pending
 
         pending = explain_pending(*stopped, args.doc_id)
         print(pending or f"{args.doc_id}: no committed removal list of crawl {args.crawl} names it (the crawl has "
@@ -312,7 +312,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from curation_dagster.sample import build_sample
+    from curation_dagster.tools.sample import build_sample
 
     out = Path(args.out)
     folders = build_sample(out, max_docs_per_source=args.max_docs, copies=args.copies)
@@ -377,7 +377,7 @@ def cmd_train_quality(args: argparse.Namespace) -> int:
 
 
 def cmd_decontam_report(args: argparse.Namespace) -> int:
-    from curation_dagster.decontam_report import decontam_report, print_decontam_report
+    from curation_dagster.tools.decontam_report import decontam_report, print_decontam_report
 
     root = _dataroot(args)
     report = decontam_report(root.store, root.spec(args.crawl))
@@ -391,7 +391,7 @@ def cmd_decontam_report(args: argparse.Namespace) -> int:
 
 
 def cmd_semantic_audit(args: argparse.Namespace) -> int:
-    from curation_dagster.semantic_audit import AuditError, write_audit
+    from curation_dagster.tools.semantic_audit import AuditError, write_audit
 
     # The report goes beside the workdir's data by default, else into the current folder.
     folder = Path(args.workdir) if args.workdir else Path.cwd()
@@ -418,11 +418,11 @@ def cmd_lsh_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from curation_dagster.profile import print_profile, profile
+    from curation_dagster.tools.profile import print_profile, profile
 
     instance = None
     if args.workdir:  # the workdir's Dagster instance has the steps' event log (the overhead)
-        from curation_dagster.instance import open_instance
+        from curation_dagster.ops.instance import open_instance
 
         instance = open_instance(workdir_paths(args.workdir)[1])
     result = profile(_dataroot(args), args.crawl, instance)
@@ -434,7 +434,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from curation_dagster.plan import as_json, parse_model, print_plan, sizing
+    from curation_dagster.tools.sizing import as_json, parse_model, print_plan, sizing
 
     assumptions = Assumptions(dup_rate=args.dup_rate, dup_similarity=args.dup_similarity,
                               tokens_per_char=args.tokens_per_char, gpu_tflops=args.gpu_tflops,
@@ -451,7 +451,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     workdir, home = workdir_paths(args.workdir)
     env = {**os.environ, "DAGSTER_HOME": str(home), "CURATE_WORKDIR": str(workdir)}
-    from curation_dagster.location import write_workspace
+    from curation_dagster.ops.location import write_workspace
 
     # The code location by its name in pyproject.toml's [tool.dagster] (what `dagster dev` in the
     # repository root loads): the name curate run's runs carry, so the UI can re-execute them.
@@ -470,7 +470,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from curation_dagster.deploy import DeployError, deploy
+    from curation_dagster.ops.deploy import DeployError, deploy
 
     try:
         return deploy(Path(args.workdir), args.data_root, args.port, args.max_concurrent_runs, args.max_retries)
@@ -481,7 +481,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def _deployment(args: argparse.Namespace) -> tuple[Any, DataRoot]:
     """The deployment at ``--dagster`` and its data root (``--data-root``, else the one its
     ``curation`` resource is configured with)."""
-    from curation_dagster.submit import Dagster, SubmitError
+    from curation_dagster.ops.submit import Dagster, SubmitError
 
     try:
         dagster = Dagster(args.dagster).connect()
@@ -492,7 +492,7 @@ def _deployment(args: argparse.Namespace) -> tuple[Any, DataRoot]:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from curation_dagster.submit import SubmitError, submit, wait
+    from curation_dagster.ops.submit import SubmitError, submit, wait
 
     dagster, root = _deployment(args)
     spec = _spec_from_args(root, args)
@@ -509,7 +509,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from curation_dagster.submit import SubmitError, status_table
+    from curation_dagster.ops.submit import SubmitError, status_table
 
     dagster, root = _deployment(args)
     try:
@@ -524,9 +524,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s_render(args: argparse.Namespace) -> int:
-    from curation_dagster.k8s_spec import write_templates
-    from curation_dagster.launchers.k8s import render
-    from curation_dagster.resources import resource_for
+    from curation_dagster.defs.launchers.k8s import render
+    from curation_dagster.defs.resources import resource_for
+    from curation_dagster.ops.k8s_spec import write_templates
 
     if args.templates:
         for path in write_templates(args.templates):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the stage (CPU) image and the code-location image with podman, where no container
-# registry is reachable (`make images`; tests/curation_dagster/test_images.py). Three steps, each cached:
+# registry is reachable (`make images`; tests/curation_dagster/ops/test_images.py). Three steps, each cached:
 #
 #  1. the base image: Debian bookworm with its Python 3.11 (python3, python3-venv), made by
 #     debootstrap from the machine's Debian mirror and imported as $BASE. Built once per

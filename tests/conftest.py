@@ -22,14 +22,14 @@ if TYPE_CHECKING:
 # on a loaded 2-core machine (test_images.py with a cold image build; test_ui.py stands for the
 # `prepared` unit); the rest keep their collection order.
 LONGEST_FIRST = (
-    "tests/curation_dagster/test_deploy.py",  # 867 s
-    "tests/curation_dagster/test_images.py",  # 690 s
-    "tests/curation_dagster/test_ui.py",  # 219 s, with test_checks, test_recrawl and test_lineage 321 s
+    "tests/curation_dagster/ops/test_deploy.py",  # 867 s
+    "tests/curation_dagster/ops/test_images.py",  # 690 s
+    "tests/e2e/test_ui.py",  # 219 s, with test_checks, test_recrawl and test_lineage 321 s
     "tests/test_install.py",  # 197 s
     "tests/stages/test_scale_out.py",  # 157 s
     "tests/stages/test_dataroot.py",  # 128 s
-    "tests/curation_dagster/test_dagster_tools.py",  # 126 s
-    "tests/curation_dagster/test_k8s.py",  # 108 s
+    "tests/curation_dagster/defs/test_dagster_tools.py",  # 126 s
+    "tests/curation_dagster/ops/test_k8s.py",  # 108 s
 )
 PREPARED = "prepared"  # the unit of the modules that use the session's `prepared` workdir
 

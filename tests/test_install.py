@@ -36,7 +36,8 @@ def test_orchestration_imports_no_kernels() -> None:
     import sys
 
     code = (
-        "import sys; import curation_dagster.definitions, curation_dagster.deploy, curation_dagster.submit; "
+        "import sys; import curation_dagster.defs.definitions, curation_dagster.ops.deploy, "
+        "curation_dagster.ops.submit; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('numba', 'torch', 'cupy', 'cudf', 'ray') "
         "or m.startswith(('stages.kernels', 'stages.programs'))]; print(bad); sys.exit(1 if bad else 0)"
     )

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from curation_dagster import cli
-from curation_dagster.resources import load_spec
+from curation_dagster.defs.resources import load_spec
 from stages.dataroot import CRAWLS_DIR, DataRoot
 from stages.execute import execute, execute_crawl
 from stages.params import ExecutionParams, RawDocumentsParams
@@ -256,7 +256,7 @@ def test_a_copied_workdir_keeps_its_own_event_log(tmp_path: Path) -> None:
     at its own folder again (an edited file is left as it is)."""
     import shutil
 
-    from curation_dagster.instance import ensure_instance_config
+    from curation_dagster.ops.instance import ensure_instance_config
 
     home = ensure_instance_config(tmp_path / "a" / "dagster")
     assert str(home / "history") in (home / "dagster.yaml").read_text()
@@ -302,7 +302,7 @@ def test_a_credential_in_any_url_is_refused_wherever_it_enters(
     """Source URLs (the params, `curate run|register --source`, curate.yaml's recrawl section),
     the data root (`--data-root`, $CURATE_DATA_ROOT, the workdir's data_root file, a Store, the
     stage entry point of pods): one check, a one-line error naming the kind, never the secret."""
-    from curation_dagster.config import load_config
+    from curation_dagster.ops.config import load_config
     from stages.credentials import CredentialInURL, check_url
     from stages.dataroot import DATA_ROOT_FILE, data_root_url
 

@@ -29,7 +29,7 @@ import pytest
 import zstandard
 
 from curation_dagster import cli
-from curation_dagster.resources import load_spec
+from curation_dagster.defs.resources import load_spec
 from stages.dataroot import CRAWLS_DIR
 from stages.execute import execute
 from stages.params import ExecutionParams, RawDocumentsParams

@@ -195,8 +195,8 @@ def source_chain_job() -> Any:
     (reconstructable)."""
     from dagster import Definitions, define_asset_job, in_process_executor
 
-    from curation_dagster.assets import ASSETS
-    from curation_dagster.resources import CurationResource
+    from curation_dagster.defs.assets import ASSETS
+    from curation_dagster.defs.resources import CurationResource
 
     defs = Definitions(
         assets=ASSETS,
@@ -218,8 +218,8 @@ def test_dagster_reexecutes_a_failed_run_from_the_failed_step(tmp_path: Path, mo
     )
 
     import stages.programs.filtered_documents as filtered
-    from curation_dagster.partitions import CRAWL, SOURCE, partition_key
-    from curation_dagster.resources import save_spec
+    from curation_dagster.defs.partitions import CRAWL, SOURCE, partition_key
+    from curation_dagster.defs.resources import save_spec
 
     work = tmp_path / "w"
     crawl = spec(sources=("news",), stages=("heuristic",))

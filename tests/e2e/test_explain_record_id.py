@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from curation_dagster.resources import load_spec
+from curation_dagster.defs.resources import load_spec
 from stages.store import Store
 from tests.support.tiny_corpus import curate, read
 

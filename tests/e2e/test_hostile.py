@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from curation_dagster.resources import load_spec
+from curation_dagster.defs.resources import load_spec
 from stages.store import MANIFEST, Store
 from tests.support.tiny_corpus import CRAWL, TINY, curate, fast_tmp, output_dir, read, write_config
 

@@ -23,9 +23,9 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from curation_dagster import cli
-from curation_dagster.partitions import partition_key
-from curation_dagster.resources import CurationResource, load_spec
-from curation_dagster.runner import run_crawl
+from curation_dagster.defs.partitions import partition_key
+from curation_dagster.defs.resources import CurationResource, load_spec
+from curation_dagster.run.in_process import run_crawl
 from stages.catalog import PROGRAMS, QUARANTINE, waves
 from stages.kernels.exact import normalize
 from stages.kernels.heuristics import RULE_TABLE, score_text
@@ -272,7 +272,7 @@ def test_explain_a_removed_and_a_kept_document(base: Workdir) -> None:
 
 
 def test_definitions_load_with_an_asset_per_program() -> None:
-    from curation_dagster.definitions import defs
+    from curation_dagster.defs.definitions import defs
 
     keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
     assert keys == set(PROGRAMS)

@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from curation_dagster import cli
-from curation_dagster.assets import ASSETS
-from curation_dagster.checks import CHECKS, blocking_failures
-from curation_dagster.resources import CurationResource, load_spec, save_spec
+from curation_dagster.defs.assets import ASSETS
+from curation_dagster.defs.checks import CHECKS, blocking_failures
+from curation_dagster.defs.resources import CurationResource, load_spec, save_spec
 from stages.catalog import PROGRAMS, STAGES
 from stages.dataroot import CRAWLS_DIR, DATA_ROOT_FILE, DataRoot, NoDataRoot, UnknownCrawl, data_root_url
 from stages.execute import execute_crawl

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, materialize
 
-from curation_dagster.assets import ASSETS
-from curation_dagster.partitions import CRAWL, SOURCE, partition_key
-from curation_dagster.resources import CurationResource, save_spec
+from curation_dagster.defs.assets import ASSETS
+from curation_dagster.defs.partitions import CRAWL, SOURCE, partition_key
+from curation_dagster.defs.resources import CurationResource, save_spec
 from stages import params as P
 from stages.progress import Progress
 from stages.spec import CrawlSpec

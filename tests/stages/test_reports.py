@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from curation_dagster.checks import evaluate_giant_groups, evaluate_over_deletion, removed_by_source
-from curation_dagster.config import ChecksConfig
+from curation_dagster.defs.checks import evaluate_giant_groups, evaluate_over_deletion, removed_by_source
+from curation_dagster.ops.config import ChecksConfig
 from stages import reports as R
 from stages.catalog import PROGRAMS
 from stages.execute import execute, metadata

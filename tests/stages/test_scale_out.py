@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from curation_dagster import cli
-from curation_dagster.resources import CurationResource
+from curation_dagster.defs.resources import CurationResource
 from stages import parallel
 from stages.catalog import PROGRAMS
 from stages.credentials import STORAGE_OPTIONS_ENV

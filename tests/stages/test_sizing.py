@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from curation_dagster.plan import parse_model, sizing
+from curation_dagster.tools.sizing import parse_model, sizing
 from stages.sizing import (
     MINILM,
     Assumptions,

@@ -6,8 +6,8 @@ image's entry points, plus what is loaded by name rather than imported (fsspec's
 implementation, the Dagster instance's storage and run launcher). ``carried(image)``: the
 distributions its Dockerfile installs (the project's dependencies and its ``ARG EXTRAS``, via
 docker/requirements.py), closed over their own requirements with this environment's metadata.
-``missing(image)`` compares the two. tests/curation_dagster/test_k8s.py checks all three images this way;
-tests/curation_dagster/test_images.py also imports the modules inside the two images it builds.
+``missing(image)`` compares the two. tests/curation_dagster/ops/test_k8s.py checks all three images this way;
+tests/curation_dagster/ops/test_images.py also imports the modules inside the two images it builds.
 """
 
 from __future__ import annotations

@@ -58,8 +58,8 @@ def snapshot(prefix: Path, crawl: str) -> Path:
 def materialize(instance: Any, curation: Any, assets: list[str], partition_key: Any) -> None:
     import dagster as dg
 
-    from curation_dagster.assets import ASSETS
-    from curation_dagster.checks import CHECKS
+    from curation_dagster.defs.assets import ASSETS
+    from curation_dagster.defs.checks import CHECKS
 
     result = dg.materialize(
         [*ASSETS, *CHECKS], selection=dg.AssetSelection.assets(*assets), partition_key=partition_key,
@@ -116,9 +116,9 @@ def automate(instance: Any, defs: Any, curation: Any, cursor: Any, prepared: Pre
 def prepare(root: Path) -> Prepared:
     import dagster as dg
 
-    from curation_dagster.definitions import build_definitions
-    from curation_dagster.location import workdir_paths
-    from curation_dagster.resources import CurationResource
+    from curation_dagster.defs.definitions import build_definitions
+    from curation_dagster.defs.resources import CurationResource
+    from curation_dagster.ops.location import workdir_paths
 
     warnings.filterwarnings("ignore", module="dagster")
     t0 = time.perf_counter()

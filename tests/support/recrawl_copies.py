@@ -45,7 +45,7 @@ def _write(path: Path, records: list[dict[str, Any]]) -> None:
 
 def build(root: Path) -> Recrawl:
     """Both crawls run with ``curate run`` into ``root/workdir`` (a SQLite Dagster instance)."""
-    from curation_dagster.sample import build_sample
+    from curation_dagster.tools.sample import build_sample
 
     folders = build_sample(root / "sample", max_docs_per_source=1000)
     # long docstrings, none a near copy of another

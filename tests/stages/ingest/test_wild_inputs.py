@@ -344,7 +344,7 @@ def test_rewritten_inputs_are_not_up_to_date_through_curate_run(tmp_path: Path) 
     path.write_bytes(jsonl(rec(2)))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert cli.main(args) == 0
-    from curation_dagster.resources import load_spec
+    from curation_dagster.defs.resources import load_spec
 
     store = Store(str(tmp_path / "w" / "data"))
     pdir = plan_task(store, load_spec(tmp_path / "w", "c1"), "raw_documents", "s").output_dir

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from curation_dagster.sample import build_sample
+from curation_dagster.tools.sample import build_sample
 from stages import backend as B
 from stages.dataroot import CRAWLS_DIR
 from stages.execute import execute_crawl, metadata
@@ -303,7 +303,7 @@ def test_auto_without_a_gpu_driver_imports_no_torch() -> None:
 
 def test_backend_reaches_execution_params(tmp_path: Path) -> None:
     from curation_dagster.cli import parser
-    from curation_dagster.resources import CurationResource
+    from curation_dagster.defs.resources import CurationResource
 
     args = parser().parse_args(["run", "--workdir", str(tmp_path), "--crawl", "c1", "--backend", "gpu"])
     assert args.backend == "gpu"

@@ -255,7 +255,7 @@ def test_score_documents_equals_score_text_per_document(texts: list[str]) -> Non
 # --- agreement with datatrove on real text -----------------------------------------------------
 
 def _golden_agreement(setting: str, tmp_path: Path) -> tuple[int, float, float]:
-    from curation_dagster.sample import build_sample
+    from curation_dagster.tools.sample import build_sample
 
     data = json.loads(GOLDEN.read_text())
     assert data["datatrove"] == datatrove_rules.DATATROVE_VERSION  # regenerate both together

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from curation_dagster.sample import build_sample
+from curation_dagster.tools.sample import build_sample
 from stages.decontam_sets import load_examples
 from stages.kernels import decontam as D
 from stages.params import Benchmark, ContaminatedDocumentsParams, params_key

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from curation_dagster.sample import build_sample
+from curation_dagster.tools.sample import build_sample
 from stages.execute import execute_crawl
 from stages.plan import plan_task
 from stages.spec import CrawlSpec
@@ -286,8 +286,8 @@ def test_curate_yaml_execution_section_tunes_runs(corpus: tuple[Path, list[dict[
     import yaml
 
     from curation_dagster import cli
-    from curation_dagster.resources import CurationResource, load_spec
-    from curation_dagster.runner import run_crawl
+    from curation_dagster.defs.resources import CurationResource, load_spec
+    from curation_dagster.run.in_process import run_crawl
 
     _, sources = corpus
     work = tmp_path / "w"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from curation_dagster.sample import build_sample
+from curation_dagster.tools.sample import build_sample
 from stages.execute import execute_crawl
 from stages.plan import plan_task
 from stages.spec import CrawlSpec, prior_outputs
@@ -93,7 +93,7 @@ def test_changed_lsh_params_are_refused(crawls: dict[str, object], tmp_path: Pat
 
 
 def test_the_ledger_counts_earlier_crawl_duplicates_apart(crawls: dict[str, object]) -> None:
-    from curation_dagster.lineage import waterfall_markdown, waterfall_rows
+    from curation_dagster.tools.lineage import waterfall_markdown, waterfall_rows
     from stages.reports import RemovalLedgerReport, read_as
 
     store, spec2 = crawls["store"], crawls["spec2"]
@@ -117,7 +117,7 @@ def test_the_ledger_counts_earlier_crawl_duplicates_apart(crawls: dict[str, obje
 
 
 def test_explain_names_the_crawl_that_kept_the_original(crawls: dict[str, object]) -> None:
-    from curation_dagster.explain import explain
+    from curation_dagster.tools.explain import explain
 
     store, spec2 = crawls["store"], crawls["spec2"]
     assert isinstance(store, Store) and isinstance(spec2, CrawlSpec)
@@ -134,7 +134,7 @@ def test_explain_names_the_crawl_that_kept_the_original(crawls: dict[str, object
 
 
 def test_the_ledger_metadata_shows_example_pairs_kept_by_the_earlier_crawl(crawls: dict[str, object]) -> None:
-    from curation_dagster.lineage import removal_ledger_metadata
+    from curation_dagster.tools.lineage import removal_ledger_metadata
     from stages.reports import RemovalLedgerReport, read_as
 
     store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]

@@ -338,7 +338,7 @@ def test_paraphrases_are_found_and_templated_documents_are_not(planted: np.ndarr
 
 
 def stdlib_docstrings(tmp: Path, n: int) -> list[str]:
-    from curation_dagster.sample import build_sample
+    from curation_dagster.tools.sample import build_sample
 
     folder = build_sample(tmp, max_docs_per_source=n)["docstrings"]
     texts: list[str] = []
@@ -389,7 +389,7 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     third source loses everything to the heuristics and embeds nothing. The outputs live outside
     the workdir (as after ``curate run --data-root``), where the audit must find them."""
     from curation_dagster import cli
-    from curation_dagster.resources import save_spec
+    from curation_dagster.defs.resources import save_spec
     from stages.dataroot import DATA_ROOT_FILE
     from stages.execute import execute
     from stages.plan import plan_task

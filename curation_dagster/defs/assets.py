@@ -1,0 +1,113 @@
+"""One asset per stage program, built from the registry: the asset only names its partition
+and hands it to the ``curation`` resource; the work is in ``stages/programs/<name>.py``.
+
+Everything the UI shows about an asset comes from its ``Program`` entry and its params class:
+description, group, kinds (``cpu``/``gpu``), owners, tags, code version (the params version,
+bumped whenever a program's output changes) and the resources one partition needs. Every asset
+is materialized eagerly by declarative automation once its parents are and their blocking
+checks passed, so a crawl registered by the recrawl sensor flows through the whole graph.
+"""
+
+import inspect
+
+from dagster import (
+    AssetDep,
+    AssetExecutionContext,
+    AssetsDefinition,
+    AutomationCondition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+
+from curation_dagster.defs.partitions import by_crawl, partitions_for, split_key
+from curation_dagster.defs.resources import CurationResource
+from stages.catalog import PROGRAMS, Program
+
+OWNERS = ["team:curation"]
+
+# Eager: a partition is requested when it becomes missing (a new crawl or source) or a parent
+# updates, once no parent is missing or in progress and no parent partition's blocking check
+# (over_deletion) failed, so a failed guard holds the crawl back. Not Dagster's
+# all_deps_blocking_checks_passed(): across a fan-in mapping (crawl <- source x crawl) a dep
+# counts as matching when *one* of its partitions does, so one passing source would let the
+# crawl-level stage run past a failed one.
+PARENT_BLOCKING_CHECK_FAILED = AutomationCondition.any_deps_match(
+    AutomationCondition.any_checks_match(AutomationCondition.check_failed(), blocking_only=True)
+).with_label("any_parent_blocking_check_failed")
+AUTOMATION = AutomationCondition.eager() & ~PARENT_BLOCKING_CHECK_FAILED
+
+
+def _deps(program: Program) -> list[AssetDep]:
+    deps = []
+    for name in program.deps:
+        same = PROGRAMS[name].level == program.level
+        deps.append(AssetDep(name) if same else AssetDep(name, partition_mapping=by_crawl))
+    return deps
+
+
+def describe(program: Program) -> str:
+    """The description: what the program makes, its partitioning, stage, resources, params.
+
+    Plain sentences, no Markdown emphasis: the UI renders a description as Markdown on the asset
+    page but shows it as plain text in the catalog and the graph, where ``**`` would be raw."""
+    res = program.resources
+    level = "source × crawl" if program.level == "source" else "crawl (fans in over every source)"
+    part_of = getattr(program, "part_of", None)
+    facts = [f"Partitions: {level}."]
+    if program.stage:
+        facts.append(f"Removal stage: {program.stage}.")
+    elif part_of:
+        facts.append(f"Part of stage: {part_of}.")
+    gpu = f", {res.gpu} GPU" if res.gpu else ""
+    facts.append(f"One partition needs {res.cpu:g} CPU, {res.memory_gib:g} GiB{gpu}.")
+    params_doc = inspect.cleandoc(program.params.__doc__ or "").split("\n\n")[0].replace("\n", " ")
+    segs = "<crawl>/<source>" if program.level == "source" else "<crawl>"
+    return "\n\n".join([
+        program.description,
+        " ".join(facts),
+        f"Parameters: {program.params.__name__} v{program.params.version}: {params_doc}",
+        f"Output: <data root>/{program.name}/<params_key>/{segs}/ (manifest written last).",
+    ])
+
+
+def build_asset(program: Program) -> AssetsDefinition:
+    res = program.resources
+    part_of = getattr(program, "part_of", None)
+    tags: dict[str, str] = {"level": program.level}
+    if program.stage or part_of:
+        tags["stage"] = str(program.stage or part_of)
+
+    @asset(
+        name=program.name,
+        partitions_def=partitions_for(program.level),
+        deps=_deps(program),
+        group_name=program.group,
+        description=describe(program),
+        kinds={"python", "parquet", "gpu" if res.gpu else "cpu"},
+        code_version=str(program.params.version),
+        owners=OWNERS,
+        tags=tags,
+        metadata={
+            "level": program.level, "cpu": res.cpu, "memory_gib": res.memory_gib, "gpu": res.gpu,
+            "image": res.image, "params_class": MetadataValue.text(program.params.__name__),
+        },
+        automation_condition=AUTOMATION,
+    )
+    def _asset(context: AssetExecutionContext, curation: CurationResource) -> MaterializeResult:
+        from curation_dagster.run.crawl_job import materialize_partition  # the crawl job's launchers and recorder
+
+        crawl, source = split_key(context.partition_key, program.level)
+        spec = curation.spec(crawl)
+        if source is not None and source not in spec.sources:
+            # The source dimension is shared by every crawl, so source x crawl holds pairs that
+            # are no partition of the crawl. Recording them as empty keeps backfills of any
+            # source x crawl range and the eager automation of fan-in assets from waiting on them.
+            context.log.info(f"{program.name}[{crawl}|{source}]: source {source!r} is not part of crawl {crawl!r}")
+            return MaterializeResult(metadata={"in_crawl": False, "crawl_sources": sorted(spec.sources)})
+        return materialize_partition(context, curation, program.name, crawl, source)
+
+    return _asset
+
+
+ASSETS: list[AssetsDefinition] = [build_asset(p) for p in PROGRAMS.values()]

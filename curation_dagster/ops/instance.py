@@ -1,0 +1,150 @@
+"""The workdir's Dagster instance: ``<workdir>/dagster/dagster.yaml``, written for a new workdir.
+
+The embedded default is SQLite in that folder with runs in-process, and one event-log database
+for all runs on pooled connections (``curation_dagster.ops.event_log.PooledSqliteEventLogStorage``):
+Dagster's default opens a new database per run (~0.4 s each), and its consolidated one a new
+connection per statement (~12 ms per stored event). That storage takes an absolute path, so a
+workdir that was copied or moved gets its file pointed at its own folder again, and a file an
+earlier version wrote gets this version's storage (only a file this module wrote; an edited one
+is left alone).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
+
+HEADER = "# The embedded default: SQLite storage in this folder, runs in-process (written by curate)."
+DAGSTER_YAML = HEADER + """
+telemetry:
+  enabled: false
+# One event-log database for all runs, on pooled connections: the default opens a new database
+# per run (~0.4 s), Dagster's consolidated storage a new connection per statement (~12 ms an event).
+event_log_storage:
+  module: curation_dagster.ops.event_log
+  class: PooledSqliteEventLogStorage
+  config:
+    base_dir: {history}
+"""
+# What earlier versions wrote: recognized as ours, and rewritten with this version's storage.
+EARLIER_YAML = (HEADER + """
+telemetry:
+  enabled: false
+# One event-log database for all runs: the default opens a new database per run, which costs
+# ~0.4 s per run, and a crawl is dozens of short runs (one per asset partition).
+event_log_storage:
+  module: dagster._core.storage.event_log
+  class: ConsolidatedSqliteEventLogStorage
+  config:
+    base_dir: {history}
+""",)
+_BASE_DIR = re.compile(r"^    base_dir: (.*)$", re.MULTILINE)
+
+
+def _render(home: Path) -> str:
+    return DAGSTER_YAML.format(history=json.dumps(str(home / "history")))  # a YAML double-quoted string
+
+
+LOCK_FILE = ".curate-instance.lock"
+
+
+@contextmanager
+def instance_lock(home: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive ``flock`` of the instance in ``home`` (``<home>/.curate-instance.lock``).
+
+    Creating the instance (writing ``dagster.yaml``, the SQLite storages stamping their alembic
+    version) and adding dynamic partitions are each a check-then-write: two processes doing one
+    at once leave a database with two alembic heads (every later run on the workdir fails) or
+    fail on a UNIQUE constraint. The kernel drops the lock when its holder dies."""
+    folder = Path(home)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks: the holder's work takes well under a second
+        yield
+    finally:
+        os.close(fd)  # drops the lock
+
+
+def ensure_instance_config(home: Path) -> Path:
+    """Create ``home`` and its ``dagster.yaml`` if missing, or re-point a copied one; returns home.
+    Under the instance lock, and the file replaced whole: a process starting at the same time
+    never reads half of it."""
+    home = Path(home).resolve()
+    with instance_lock(home):
+        path = home / "dagster.yaml"
+        want = _render(home)
+        if not path.exists():
+            _write_whole(path, want)
+            return home
+        text = path.read_text()
+        found = _BASE_DIR.search(text)
+        ours = found is not None and any(text == t.format(history=found.group(1))
+                                         for t in (DAGSTER_YAML, *EARLIER_YAML))
+        if text != want and ours:
+            _write_whole(path, want)  # ours, for another folder (the workdir was copied or moved) or version
+    return home
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def open_instance(home: str | os.PathLike[str]) -> DagsterInstance:
+    """The Dagster instance in ``home`` (its ``dagster.yaml`` written first when missing), created
+    exactly once whatever else opens it at the same time: the storages are built (their databases
+    created and stamped) under the instance lock."""
+    from dagster import DagsterInstance
+
+    folder = ensure_instance_config(Path(home))
+    with instance_lock(folder):
+        try:
+            return DagsterInstance.from_config(str(folder))
+        except Exception as exc:  # a dagster.yaml edited into nonsense, a database file that is not one
+            raise _damaged(folder, exc) from exc
+
+
+def _damaged(folder: Path, exc: Exception) -> Exception:
+    """``exc`` from opening the instance in ``folder`` as a ``DamagedFile`` naming where it came
+    from: the folder for a storage error (a database file that is not one), else ``dagster.yaml``
+    (YAML, config and import errors of the classes it names)."""
+    from stages.errors import DamagedFile
+
+    name = type(exc).__name__
+    if type(exc).__module__.split(".")[0] in ("sqlalchemy", "sqlite3", "alembic"):
+        return DamagedFile(str(folder), "Dagster instance storage", f"{name}: {exc}")
+    return DamagedFile(str(folder / "dagster.yaml"), "Dagster instance config", f"{name}: {exc}")
+
+
+def add_partitions(instance: DagsterInstance, keys: Mapping[str, Sequence[str]]) -> None:
+    """Add each dynamic partitions definition's ``keys`` (name -> partition keys) that the instance
+    does not hold yet, under the lock of its home: Dagster's ``add_dynamic_partitions`` reads
+    then inserts, and two processes adding the same key at once fail on a UNIQUE constraint."""
+    with instance_lock(instance.root_directory):
+        for name, wanted in keys.items():
+            known = set(instance.get_dynamic_partitions(name))
+            new = [key for key in dict.fromkeys(wanted) if key not in known]
+            if new:
+                instance.add_dynamic_partitions(name, new)
+
+
+def workdir_of(home: str | Path) -> Path | None:
+    """The workdir whose instance ``home`` is (``<workdir>/dagster`` with a ``dagster.yaml`` that
+    ``ensure_instance_config`` wrote), else None."""
+    path = Path(home) / "dagster.yaml"
+    try:
+        written = path.read_text().startswith(HEADER)
+    except OSError:
+        return None
+    return Path(home).resolve().parent if written and Path(home).name == "dagster" else None

@@ -1,0 +1,553 @@
+"""The crawl job: one Dagster run per crawl, a step per program, every partition recorded as it
+finishes.
+
+``curate_run`` is a static job of the code location (it shows in the Launchpad, its config is
+the crawl: ``{crawl: NAME, force: false}``, the spec itself is the data root's). Its steps are the
+programs in dependency order (``stages.catalog.waves`` flattened). A step plans its program's
+partitions when it starts (``curation_dagster.run.planner``: the steps before it have committed their
+outputs), logs a planned materialization for each stale one (the UI shows it in progress), fans
+the stale ones out to a launcher and records each as it finishes (``curation_dagster.run.recorder``):
+its own materialization and check evaluations. "Re-execute from failure", a run retry, or the same
+crawl launched again reruns only what is not current.
+
+The launchers differ only in where a partition's ``stages.execute.execute`` runs:
+
+- the warm pool (``PartitionPool``, ``mode="in_process"``: ``curate run``, ``dagster dev``):
+  worker processes forked from a fork server, each partition's kernels on its share of the cores;
+- a ``python -m stages`` subprocess with the stage pod's command line speaking Dagster Pipes
+  (``mode="pipes"``: ``curate deploy``), or a Kubernetes pod through ``PipesK8sClient``
+  (``mode="k8s"``): at most ``CurationResource.fan_out`` partitions of a step at once.
+
+A partition's checks are evaluated where it is described (the pool worker, else the run worker).
+A step fails after its other partitions finish and are recorded, with the first failed
+partition's error on one line; a blocking check that failed, on a partition the step ran or on a
+current one, fails the step too, and the later steps do not run. An asset launched on its own
+from the UI (one partition, or a backfill's) runs through the same launchers and recorder
+(``materialize_partition``).
+"""
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any, Protocol
+
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    Config,
+    DagsterInstance,
+    Failure,
+    In,
+    InitLoggerContext,
+    JobDefinition,
+    MaterializeResult,
+    Nothing,
+    OpDefinition,
+    OpExecutionContext,
+    Out,
+    Output,
+    config_mapping,
+    in_process_executor,
+    job,
+    logger,
+    op,
+)
+from pydantic import Field
+
+from curation_dagster.defs.checks import CHECK_KINDS, Judge, evaluator
+from curation_dagster.defs.partitions import CRAWL, SOURCE, partition_key
+from curation_dagster.defs.resources import CurationResource
+from curation_dagster.ops.instance import add_partitions
+from curation_dagster.run import recorder
+from curation_dagster.run.metadata import asset_metadata
+from curation_dagster.run.planner import Planner, partition_label
+from curation_dagster.run.recorder import Done
+from stages.catalog import PROGRAMS, waves
+from stages.execute import Outcome, execute, metadata
+from stages.parallel import adopt_environment, die_with_parent, limit_threads
+from stages.params import ExecutionParams
+from stages.spec import CrawlSpec
+from stages.store import Store
+
+CRAWL_JOB = "curate_run"
+CRAWL_TAG = "curate/crawl"  # on every run of a crawl (``curate run``, ``curate submit``)
+STEPS = [program for wave in waves() for program in wave]
+
+
+class CrawlConfig(Config):
+    """The run config of the crawl job: which registered crawl, and whether to recompute it all."""
+
+    crawl: str = Field(description="a crawl registered in the data root (curate run / curate submit register it)")
+    force: bool = Field(default=False, description="recompute every partition, current or not")
+
+
+def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None, outcome: Outcome,
+             started: float, checks: bool = True, judge: Judge | None = None) -> Done:
+    """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
+    materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
+    evaluator of the crawl that a step's partitions share)."""
+    meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
+    verdicts = []
+    if checks:
+        judge = judge or evaluator(resource, spec.crawl)
+        verdicts = [(kind.name, kind.blocking, judge(kind, program, source))
+                    for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
+    wall = meta.get("wall_s")
+    busy = time.perf_counter() - started - (float(wall) if isinstance(wall, int | float) else outcome.seconds)
+    return Done(program, source, outcome, None, meta, verdicts, max(busy, 0.0))
+
+
+def finish(resource: CurationResource, store: Store, spec: CrawlSpec, program: str, source: str | None,
+           execution: ExecutionParams, force: bool, emit: Callable[[str], None] | None = None,
+           checks: bool = True) -> Done:
+    """Run one partition in this process and describe it: what a pool worker does for each."""
+    t0 = time.perf_counter()
+    try:
+        outcome = execute(store, spec, program, source, execution, force=force, emit=emit)
+        return describe(resource, spec, program, source, outcome, t0, checks)
+    except Exception as exc:
+        return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
+
+
+def told(label: str, error: str) -> str:
+    """A partition's error as a step tells it: ``label: error`` (once, when the error names it)."""
+    return error if error.startswith(f"{label}: ") else f"{label}: {error}"
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as the one line ``curate run`` prints: its message's last line, else its class."""
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
+
+
+DIED = "its worker process died (out of memory?)"
+# A worker's resource, store and crawl, set by the pool's initializer.
+_WORKER: dict[str, Any] = {}
+# What a worker has imported when the pool's fork server forks it: the executor and the programs.
+PRELOAD = ["curation_dagster.run.crawl_job", *(f"stages.programs.{name}" for name in PROGRAMS)]
+
+
+def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:
+    die_with_parent(os.getppid())  # the fork server: it exits when the process that started it does
+    try:
+        # The fork server's environment is that of the first pool of this process: take this one's.
+        adopt_environment(environ)
+        resource = CurationResource(**resource_fields)
+        _WORKER.update(resource=resource, store=resource.store(), spec=spec)
+    except Exception as exc:
+        _WORKER["error"] = f"the worker process could not start: {one_line(exc)}"
+
+
+def _work(program: str, source: str | None, execution: ExecutionParams, force: bool) -> Done:
+    if "error" in _WORKER:
+        return Done(program, source, error=_WORKER["error"])
+    cores = execution.resolved_workers()
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # libraries not loaded yet
+        os.environ[name] = str(cores)
+    limit_threads(cores)
+    return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force)
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's CPU set)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _memory_bytes() -> int | None:
+    """Memory available now: Linux's ``MemAvailable``, at most what this process's cgroup (v2: a
+    container's limit) has left; None where neither is known."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as fh:
+            found += [int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:")]
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return max(min(found), 0) if found else None
+
+
+class PartitionPool:
+    """Worker processes that run partitions of one crawl side by side, started once per
+    ``curate run`` and reused by every step: ``workers`` processes at most (the execution
+    settings' workers, else the cores this process may use, at most one per source). A step of k
+    partitions runs at most as many at once as the memory available when the pool started holds
+    of its program's requested memory (``Program.resources.memory_gib``: one at a time, in this
+    process, where that is under two), and gives each ``cores // (partitions at once)`` cores:
+    its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads."""
+
+    def __init__(self, resource: CurationResource, spec: CrawlSpec, force: bool = False) -> None:
+        self.resource = resource
+        self.spec = spec
+        self.force = force
+        self.store: Store = resource.store()
+        self.execution = resource.execution()
+        self.cores = self.execution.workers or _cores()
+        self.workers = min(self.cores, len(spec.sources))
+        self.memory = _memory_bytes()
+        self._pool: ProcessPoolExecutor | None = None
+        if self.workers >= 2 and self.execution.executor == "local" and resource.mode == "in_process":
+            # Workers are forked from a fork server, a fresh process with the programs imported: not
+            # from this one, whose kernels may have started OpenMP threads (fork is unsafe then).
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(PRELOAD)
+            # The data root and its options as resolved here, whatever the workers' environment.
+            fields = {name: getattr(resource, name) for name in type(resource).model_fields}
+            fields.update(data_root=resource.root(), storage_options=resource.options())
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
+                                             initargs=(fields, spec, dict(os.environ)))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "PartitionPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def side_by_side(self, program: str, partitions: int) -> int:
+        """How many partitions of ``program`` run at once on the pool (0: here, in turn)."""
+        wants_gpu = PROGRAMS[program].resources.gpu > 0 and self.execution.backend != "cpu"
+        if self._pool is None or partitions < 2 or wants_gpu:
+            return 0
+        fit = self.workers
+        if self.memory is not None:
+            fit = min(fit, int(self.memory // (max(PROGRAMS[program].resources.memory_gib, 0.25) * 2**30)))
+        return 0 if fit < 2 else min(fit, partitions)
+
+    def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
+            ) -> Iterator[Done]:
+        """Every partition of ``program`` in ``sources``, each yielded as it finishes. A worker
+        process that dies (the OOM killer) breaks the pool: every partition of the step not done
+        by then fails, and so do later steps' (a rerun resumes)."""
+        at_once = self.side_by_side(program, len(sources))
+        if not at_once:
+            for source in sources:
+                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit)
+            return
+        assert self._pool is not None
+        execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
+        # All at once when the pool's size is the bound (its queue keeps every worker busy while
+        # this process records), else ``at_once`` in flight.
+        in_flight = len(sources) if at_once >= self.workers else at_once
+        queue = list(sources)
+        pending: dict[Future[Done], str | None] = {}
+        while queue or pending:
+            while queue and len(pending) < in_flight:
+                source = queue.pop(0)
+                try:
+                    pending[self._pool.submit(_work, program, source, execution, self.force)] = source
+                except BrokenProcessPool as exc:  # a worker died in an earlier step
+                    yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
+            if not pending:
+                continue
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                source = pending.pop(future)
+                try:
+                    yield future.result()
+                except BrokenProcessPool as exc:
+                    yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
+
+
+class Launcher(Protocol):
+    """Runs partitions of one program and yields each as it finishes."""
+
+    def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
+            ) -> Iterator[Done]: ...
+
+
+class Fanout:
+    """Partitions as ``python -m stages`` subprocesses (Pipes) or pods (``PipesK8sClient``), at
+    most ``CurationResource.fan_out`` at once, small ones packed several to a process
+    (``pack_documents``); each partition is described here as it ends."""
+
+    def __init__(self, context: OpExecutionContext | AssetExecutionContext, resource: CurationResource,
+                 spec: CrawlSpec, force: bool = False, checks: bool = True) -> None:
+        self.context = context
+        self.resource = resource
+        self.spec = spec
+        self.force = force
+        self.checks = checks
+        self.store = resource.store()
+        # One evaluator for the step (the checks' bounds and the crawl's record, read once).
+        self.judge = evaluator(resource, spec.crawl) if checks else None
+
+    def packs(self, program: str, sources: list[str | None]) -> list[list[str | None]]:
+        """``sources`` in packs, in order: as many as fit ``pack_documents`` (a source's documents:
+        its ingested ``raw_documents``, 0 before it is ingested), never more than an even share of
+        ``fan_out`` processes, so packing never leaves a process idle."""
+        limit = self.resource.pack_documents
+        if limit <= 0 or len(sources) < 2 or PROGRAMS[program].level != "source":
+            return [[s] for s in sources]
+        share = -(-len(sources) // max(self.resource.fan_out, 1))
+        packs: list[list[str | None]] = []
+        size = 0
+        for source in sources:
+            docs = self._documents(source)
+            if not packs or len(packs[-1]) >= share or size + docs > limit:
+                packs.append([])
+                size = 0
+            packs[-1].append(source)
+            size += docs
+        return packs
+
+    def _documents(self, source: str | None) -> int:
+        from stages.plan import plan_task
+
+        try:
+            manifest = self.store.read_manifest(plan_task(self.store, self.spec, "raw_documents", source).output_dir)
+        except FileNotFoundError:
+            return 0
+        return int(manifest.report.get("documents", 0)) if manifest is not None else 0
+
+    def _pack(self, program: str, pack: list[str | None]) -> list[Done]:
+        t0 = time.perf_counter()
+        try:
+            reported = self.resource.launch(self.context, program, self.spec.crawl, pack, self.force)
+            for _ in range(self.resource.partition_retries):
+                again = [s for s in pack if reported[s].get("killed")]
+                if not again:
+                    break
+                # Killed from outside (not its own error): launched once more; a lease it held on an
+                # S3 data root is taken over once it expires (stages.lease), so no two overlap.
+                for source in again:
+                    self.context.log.warning(f"{partition_label(self.spec, program, source)}: "
+                                             f"{reported[source]['error']}; launching it again")
+                reported.update(self.resource.launch(self.context, program, self.spec.crawl, again, self.force))
+        except Exception as exc:
+            return [Done(program, s, error=one_line(exc), trace=traceback.format_exc()) for s in pack]
+        seconds = {s: float(reported[s].get("seconds", 0.0)) for s in pack}
+        total = sum(seconds.values())
+        return [self._describe(program, s, reported[s], t0, len(pack), total - seconds[s]) for s in pack]
+
+    def _describe(self, program: str, source: str | None, reported: dict[str, Any], t0: float, packed: int,
+                  others_s: float) -> Done:
+        """One partition of a pack of ``packed`` launched at ``t0``; ``others_s``: the seconds the
+        pack's other partitions' programs took (not this one's overhead)."""
+        if "error" in reported:
+            return Done(program, source, error=str(reported["error"]))
+        try:
+            from stages.plan import plan_task
+
+            manifest = self.store.read_manifest(plan_task(self.store, self.spec, program, source).output_dir)
+            if manifest is None or manifest.data_version != reported.get("data_version"):
+                return Done(program, source, error="its process ended without committing its output")
+            outcome = Outcome(manifest, bool(reported["skipped"]), float(reported["seconds"]))
+            done = describe(self.resource, self.spec, program, source, outcome, t0, self.checks, self.judge)
+        except Exception as exc:
+            return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
+        if packed > 1:  # the pack's process time outside its programs, shared by its partitions
+            done = Done(done.program, done.source, done.outcome, None, done.meta, done.verdicts,
+                        max(done.busy - others_s, 0.0) / packed, done.trace)
+        return done
+
+    def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
+            ) -> Iterator[Done]:
+        if not sources:
+            return
+        packs = self.packs(program, sources)
+        with ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(packs))),
+                                thread_name_prefix=f"{program}-launch") as threads:
+            futures = [threads.submit(self._pack, program, pack) for pack in packs]
+            for future in as_completed(futures):
+                yield from future.result()
+
+
+class Listener(Protocol):
+    """What ``curate run`` is told of each partition of its run: one that finished (or failed),
+    one that was current already."""
+
+    def finished(self, done: Done) -> None: ...
+
+    def current(self, program: str, source: str | None) -> None: ...
+
+
+# ``curate run`` runs the crawl job in its own process: its display and its warm pool, by crawl.
+_LISTENERS: dict[str, Listener] = {}
+_POOLS: dict[str, PartitionPool] = {}
+_LOCK = threading.Lock()
+
+
+class attached:
+    """While ``curate run`` runs the crawl job in-process: its listener and pool for ``crawl``."""
+
+    def __init__(self, crawl: str, listener: Listener, pool: PartitionPool | None) -> None:
+        self.crawl, self.listener, self.pool = crawl, listener, pool
+
+    def __enter__(self) -> "attached":
+        with _LOCK:
+            _LISTENERS[self.crawl] = self.listener
+            if self.pool is not None:
+                _POOLS[self.crawl] = self.pool
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _LOCK:
+            _LISTENERS.pop(self.crawl, None)
+            _POOLS.pop(self.crawl, None)
+
+
+def _add_partitions(instance: DagsterInstance, spec: CrawlSpec) -> None:
+    """The crawl's and its sources' dynamic partitions, where the instance lacks them (a crawl
+    launched from the Launchpad: curate run and curate submit add them before), under the
+    instance's lock as every other adder (``curation_dagster.ops.instance.add_partitions``)."""
+    add_partitions(instance, {CRAWL: [spec.crawl], SOURCE: sorted(spec.sources)})
+
+
+def _planned(context: OpExecutionContext, program: str, keys: list[str]) -> None:
+    """Log a planned materialization of each partition about to run: the UI shows it in progress
+    (what Dagster logs at the start of an asset run; an op's runtime materializations get none)."""
+    try:  # dagster's own constructor (1.13, pinned); the run still records without it
+        from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
+    except ImportError:
+        return
+    for key in keys:
+        event = DagsterEvent.build_asset_materialization_planned_event(
+            context.job_name, program, AssetMaterializationPlannedData(AssetKey(program), partition=key))
+        context.instance.report_dagster_event(event, context.run_id)
+
+
+def run_step(context: OpExecutionContext, curation: CurationResource, config: CrawlConfig, program: str
+             ) -> Iterator[Any]:
+    """One step of the crawl job: plan ``program``'s partitions, run the stale ones, record each."""
+    spec = curation.spec(config.crawl)
+    if program == STEPS[0]:
+        _add_partitions(context.instance, spec)
+    planner = Planner(context.instance, curation, spec, config.force)
+    plan = planner.step(program)
+    listener = _LISTENERS.get(spec.crawl)
+    order = spec.partitions(program)
+    # The partitions to run, by key: what the UI's log shows before they start (and tests read).
+    context.log.info(f"{program}: {len(plan.stale)} stale partition(s) to run "
+                     f"[{', '.join(str(partition_key(spec.crawl, s)) for s in plan.stale)}], "
+                     f"{len(plan.current)} current")
+    for source in plan.current:
+        if listener is not None:
+            listener.current(program, source)
+    held = planner.held_back(program, plan.current)
+    _planned(context, program, [str(partition_key(spec.crawl, s)) for s in plan.stale])
+    errors: dict[str | None, str] = {}
+    blocked: dict[str | None, str] = {}
+    owned: PartitionPool | None = None
+    launcher: Launcher
+    if curation.mode == "in_process":
+        launcher = _POOLS.get(spec.crawl) or PartitionPool(curation, spec, config.force)
+        owned = None if launcher is _POOLS.get(spec.crawl) else launcher  # type: ignore[assignment]
+    else:
+        launcher = Fanout(context, curation, spec, config.force)
+    try:
+        for done in launcher.run(program, plan.stale, emit=context.log.info):
+            received = time.perf_counter()
+            name = partition_label(spec, program, done.source)
+            if done.outcome is None:
+                errors[done.source] = str(done.error)
+                context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
+            else:
+                key = str(partition_key(spec.crawl, done.source))
+                yield recorder.materialization(done, key, received)
+                yield from recorder.evaluations(done, key)
+                for check, verdict in done.blocking_failures():
+                    blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
+            if listener is not None:
+                listener.finished(done)
+    finally:
+        if owned is not None:
+            owned.close()
+    if errors:
+        failed = sorted(errors, key=order.index)  # the first in the crawl's order is the one told
+        raise Failure(description=told(partition_label(spec, program, failed[0]), errors[failed[0]]),
+                      metadata={"failed": {partition_label(spec, program, s): errors[s] for s in failed}})
+    if blocked or held:
+        first = [blocked[s] for s in sorted(blocked, key=order.index)]
+        raise Failure(description=first[0] if first else str(held))
+
+
+def _step(program: str, first: bool) -> OpDefinition:
+    # Named apart from the asset's own op (op names are unique in a code location); the step is
+    # the program's name (``alias``).
+    @op(name=f"crawl_{program}", ins={} if first else {"after": In(Nothing)}, out=Out(Nothing),
+        description=f"{program}: the crawl's stale partitions of {program}, each recorded as it finishes",
+        tags={"kind": "curation"})
+    def _op(context: OpExecutionContext, config: CrawlConfig, curation: CurationResource) -> Iterator[Any]:
+        yield from run_step(context, curation, config, program)
+        yield Output(None)  # the next step waits on it
+
+    return _op
+
+
+@logger(config_schema=None, description="Dagster's console log of the crawl job's runs: INFO and above; quiet while "
+                    "curate run (which prints its own lines) runs the job in its process.")
+def console(init_context: InitLoggerContext) -> logging.Logger:
+    log = logging.Logger("dagster", level=logging.CRITICAL if _LISTENERS else logging.INFO)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+    log.addHandler(handler)
+    return log
+
+
+@config_mapping
+def _crawl_config(config: CrawlConfig) -> dict[str, Any]:
+    """The crawl's config, given once, to every step; and the job's own console logger, which
+    Dagster instantiates only when the run config names it (else its DEBUG console log)."""
+    step = {"config": {"crawl": config.crawl, "force": config.force}}
+    return {"ops": {program: step for program in STEPS}, "loggers": {"console": {}}}
+
+
+def build_crawl_job() -> JobDefinition:
+    """The crawl job: a step per program in dependency order, one process for the run (the steps
+    share the warm pool; the work is in the pool's processes, subprocesses or pods)."""
+    steps = [_step(program, i == 0) for i, program in enumerate(STEPS)]
+
+    @job(name=CRAWL_JOB, config=_crawl_config, executor_def=in_process_executor, logger_defs={"console": console},
+         description="A whole crawl, one run: a step per program, each running its stale partitions side by "
+                     "side and recording every partition as it finishes. Config: the crawl's name (registered "
+                     "in the data root by curate run / curate submit) and force.")
+    def _job() -> None:
+        after = None
+        for program, step in zip(STEPS, steps, strict=True):
+            node = step.alias(program)
+            after = node() if after is None else node(after)
+
+    return _job
+
+
+CRAWL_JOB_DEF = build_crawl_job()
+
+
+def materialize_partition(context: AssetExecutionContext, curation: CurationResource, program: str, crawl: str,
+                          source: str | None) -> MaterializeResult:
+    """An asset step (one partition launched from the UI, a backfill's, the automation's): the
+    partition on the resource's launcher, recorded by the recorder. Its checks are its check steps."""
+    spec = curation.spec(crawl)
+    launcher: Launcher
+    if curation.mode == "in_process":
+        done = finish(curation, curation.store(), spec, program, source, curation.execution(), False,
+                      emit=context.log.info, checks=False)
+    else:
+        launcher = Fanout(context, curation, spec, checks=False)
+        (done,) = launcher.run(program, [source])
+    received = time.perf_counter()
+    if done.outcome is None:
+        raise Failure(told(partition_label(spec, program, source), str(done.error)))
+    context.log.info(f"{partition_label(spec, program, source)} "
+                     f"{'up to date' if done.outcome.skipped else 'materialized'} at "
+                     f"{done.outcome.manifest.params_key} in {done.outcome.seconds:.2f}s")
+    return recorder.materialize_result(done, received)

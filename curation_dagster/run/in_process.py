@@ -1,0 +1,185 @@
+"""Drive one crawl through the asset graph on a real Dagster instance, with a progress display.
+
+``curate run`` plans the crawl first (``curation_dagster.run.planner``): a crawl that is current makes
+no run. Otherwise it runs the code location's crawl job (``curation_dagster.run.crawl_job``, the job
+``curate submit`` launches on a deployment and the Launchpad shows) in this process, on a warm
+pool of worker processes that every step shares: one Dagster run, a step per program in
+dependency order, each planning its own stale partitions as it starts and recording every
+partition as its own materialization and check evaluations as it finishes. Switched-off stages
+(``--stages``) are steps like the others: they write empty outputs, so every partition stays
+materialized and checked.
+
+The run's materializations carry no ``dagster/code_version`` and no input provenance tags (a
+partial provenance would show every partition as having changed inputs); each step logs a planned
+materialization of the partitions it is about to run, so the UI shows them in progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dagster import DagsterEventType, DagsterInstance
+from rich.markup import escape
+
+from curation_dagster.defs.checks import report_stale_dependents
+from curation_dagster.defs.partitions import CRAWL, SOURCE
+from curation_dagster.defs.resources import CurationResource
+from curation_dagster.ops.instance import add_partitions, open_instance
+from curation_dagster.ops.location import run_origin
+from curation_dagster.run.crawl_job import CRAWL_JOB_DEF, CRAWL_TAG, PartitionPool, attached
+from curation_dagster.run.planner import Planner, partition_label
+from curation_dagster.run.recorder import Done, Verdict
+from stages.catalog import PROGRAMS
+from stages.plan import plan_task
+from stages.reports import RemovalLedgerReport, Report, SourceCounts, read, read_as
+from stages.spec import CrawlSpec
+from stages.store import Manifest
+
+
+class RunFailed(RuntimeError):
+    """A Dagster run of the crawl failed; the message is the step's error, on one line."""
+
+
+def _failure(result: Any) -> tuple[str | None, str]:
+    """The failed step's asset and its error on one line."""
+    for event in result.all_events:
+        if event.event_type == DagsterEventType.STEP_FAILURE:
+            err = event.event_specific_data.error
+            cause = err.cause if err.cause is not None and "Failure" not in err.cls_name else None
+            info = cause or err
+            msg = info.message.strip().splitlines()
+            if not msg:
+                return event.step_key, info.cls_name
+            # The message is "module.ClassName: text"; the text alone reads as one line.
+            head, sep, rest = msg[-1].partition(": ")
+            return event.step_key, rest if sep and head.split(".")[-1] == info.cls_name else msg[-1]
+    return None, "run failed"
+
+
+def run_crawl(
+    workdir: Path, home: Path, spec: CrawlSpec, *, quiet: bool = False, force: bool = False,
+    resource: CurationResource | None = None,
+) -> RemovalLedgerReport:
+    """Register ``spec`` in the resource's data root, materialize every partition of its crawl
+    and return the report of its ledger. ``force``: recompute every partition, up to date or not."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    resource = resource or CurationResource(workdir=str(workdir))
+    resource.dataroot().register(spec)
+    instance = open_instance(home)  # created once, whatever runs at the same time
+    add_partitions(instance, {CRAWL: [spec.crawl], SOURCE: sorted(spec.sources)})
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), disable=quiet, transient=False,
+    ) as progress:
+        bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(spec.partitions(p)) for p in PROGRAMS))
+        plans, blocked = Planner(instance, resource, spec, force).crawl()
+        if any(plan.stale for plan in plans.values()):
+            _crawl_run(instance, resource, spec, force, _Display(progress, bar, spec))
+        else:  # current: no run, but a failed blocking check still holds the crawl back
+            for plan in plans.values():
+                for source in plan.current:
+                    progress.console.print(f"  = {_label(spec, plan.program, source)} up to date")
+                    progress.advance(bar)
+            if blocked:
+                raise RunFailed(blocked)
+    # Later crawls deduplicated against this crawl's old outputs: their check fails in the UI now.
+    report_stale_dependents(instance, resource, spec.crawl)
+    return read_as(_manifest(resource, spec, "removal_ledger", None), RemovalLedgerReport)
+
+
+class _Display:
+    """What ``curate run`` prints of its run's partitions, as the steps tell it."""
+
+    def __init__(self, progress: Any, bar: Any, spec: CrawlSpec) -> None:
+        self.progress, self.bar, self.spec = progress, bar, spec
+
+    def current(self, program: str, source: str | None) -> None:
+        self.progress.console.print(f"  = {_label(self.spec, program, source)} up to date")
+        self.progress.advance(self.bar)
+
+    def finished(self, done: Done) -> None:
+        if done.outcome is None:
+            self.progress.console.print(f"  ! {_label(self.spec, done.program, done.source)} failed: "
+                                        f"{escape(str(done.error))}")
+        else:
+            for check, _, verdict in done.verdicts:
+                if not verdict.passed:
+                    _print_check(self.progress, self.spec, done.program, done.source, check, verdict)
+            _print(self.progress, self.spec, done)
+        self.progress.advance(self.bar)
+
+
+def _crawl_run(instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, force: bool,
+               display: _Display) -> None:
+    """The crawl's one Dagster run: the code location's crawl job, in this process, on one warm pool."""
+    with PartitionPool(resource, spec, force) as pool, attached(spec.crawl, display, pool), \
+            _from_code_location(instance, CRAWL_JOB_DEF.name):
+        result = CRAWL_JOB_DEF.execute_in_process(
+            run_config={"crawl": spec.crawl, "force": force}, instance=instance, raise_on_error=False,
+            resources={"curation": resource}, tags={CRAWL_TAG: spec.crawl},
+        )
+    if not result.success:
+        _, msg = _failure(result)
+        raise RunFailed(msg)
+
+
+@contextmanager
+def _from_code_location(instance: DagsterInstance, job_name: str) -> Iterator[None]:
+    """Runs this process creates on ``instance`` carry the embedded code location's origin of
+    ``job_name`` (``curation_dagster.ops.location.run_origin``), as a run launched from the UI would:
+    ``execute_in_process`` records none, and the UI then shows the run's job as not in the
+    definitions, with re-execution off. Only this instance object, only for the block."""
+    create = instance.create_run_for_job
+    origin = run_origin(job_name)
+
+    def with_origin(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("remote_job_origin", origin)
+        return create(*args, **kwargs)
+
+    instance.create_run_for_job = with_origin  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del instance.create_run_for_job  # the class's method again
+
+
+def _print_check(progress: Any, spec: CrawlSpec, program: str, source: str | None, check: str,
+                 verdict: Verdict) -> None:
+    progress.console.print(f"  ! {_label(spec, program, source)} check {check} ({verdict.severity}): "
+                           f"{escape(verdict.description or '')}")
+
+
+def _print(progress: Any, spec: CrawlSpec, done: Done, note: str | None = None) -> None:
+    """A partition's line: ``= name up to date`` or ``+ name counts (seconds)``."""
+    assert done.outcome is not None
+    label = _label(spec, done.program, done.source)
+    if done.outcome.skipped and note is None:
+        progress.console.print(f"  = {label} up to date")
+        return
+    tail = note or f"({done.outcome.seconds:.1f}s)"
+    progress.console.print(f"  + {label} {_summary(read(done.outcome.manifest))} {tail}")
+
+
+def _label(spec: CrawlSpec, program: str, source: str | None) -> str:
+    return escape(partition_label(spec, program, source))
+
+
+def _manifest(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None) -> Manifest:
+    store = resource.store()
+    manifest = store.read_manifest(plan_task(store, spec, program, source).output_dir)
+    assert manifest is not None
+    return manifest
+
+
+def _summary(report: Report) -> str:
+    """The headline counts a report has, e.g. ``input=20 kept=14 removed=6``."""
+    counts = report.metadata()
+    parts = [f"{key}={counts[key]}" for key in ("input", "embedded", "documents", "quarantined", "kept", "removed")
+             if key in counts]
+    if isinstance(report, SourceCounts) and report.removed_per_stage:
+        parts.append("(" + ",".join(f"{k}:{v}" for k, v in report.removed_per_stage.items()) + ")")
+    return " ".join(parts)

@@ -1,0 +1,111 @@
+"""The planner: the only code that decides which partitions of a crawl are stale and which
+up-to-date ones hold the crawl back on a failed blocking check.
+
+A partition is **current** when its committed output's data version is the one its parameters and
+its inputs' committed versions make now (``stages.plan.data_version``) and the instance recorded a
+materialization of it; else it is **stale** (so is every partition when the crawl is forced). A
+crawl step plans its own program when it starts, after the steps before it committed their
+outputs, so an input that changed shows in the data version. ``curate run`` plans the whole crawl
+before it decides to make a run at all: nothing has run yet then, so a partition is also stale
+when one it reads is (its step may find it current after all, if the new input is the same).
+
+A current partition is not rerun, but its blocking checks still hold the crawl back until their
+bound is raised or the stage fixed (``held_back``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dagster import AssetKey, DagsterInstance
+
+from curation_dagster.defs.checks import Judge, blocking_failures, evaluator
+from curation_dagster.defs.partitions import partition_key
+from curation_dagster.defs.resources import CurationResource
+from stages.catalog import waves
+from stages.plan import data_version, plan_task
+from stages.spec import CrawlSpec
+
+
+def partition_label(spec: CrawlSpec, program: str, source: str | None) -> str:
+    """``program[source]``, or ``program[crawl]`` for a crawl-level partition."""
+    return f"{program}[{source}]" if source else f"{program}[{spec.crawl}]"
+
+
+@dataclass
+class StepPlan:
+    """One program's partitions (sources; None for the crawl's) in the crawl's order: the stale
+    ones, to run, and the current ones, to leave as they are."""
+
+    program: str
+    stale: list[str | None] = field(default_factory=list)
+    current: list[str | None] = field(default_factory=list)
+
+
+class Planner:
+    """Plans the partitions of one crawl against one instance (its recorded materializations are
+    read once per program; the checks' bounds and the crawl's record once per planner)."""
+
+    def __init__(self, instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec,
+                 force: bool = False) -> None:
+        self.instance = instance
+        self.resource = resource
+        self.spec = spec
+        self.force = force
+        self.store = resource.store()
+        self._recorded: dict[str, set[str]] = {}
+        self._judge: Judge | None = None
+
+    def current(self, program: str, source: str | None) -> bool:
+        """The partition's committed output is current and the instance recorded it."""
+        try:
+            task = plan_task(self.store, self.spec, program, source)
+            # Committed for its inputs' versions now, every part it names whole (a deleted or
+            # truncated part is recomputed, never served).
+            if self.store.current_manifest(task.output_dir, data_version(self.store, task)) is None:
+                return False
+        except FileNotFoundError:  # an input not committed yet
+            return False
+        if program not in self._recorded:
+            self._recorded[program] = self.instance.get_materialized_partitions(AssetKey(program))
+        return str(partition_key(self.spec.crawl, source)) in self._recorded[program]
+
+    def step(self, program: str) -> StepPlan:
+        """What ``program``'s step runs now, its inputs as committed by the steps before it."""
+        plan = StepPlan(program)
+        for source in self.spec.partitions(program):
+            current = not self.force and self.current(program, source)
+            (plan.current if current else plan.stale).append(source)
+        return plan
+
+    def crawl(self) -> tuple[dict[str, StepPlan], str | None]:
+        """Every program's plan before anything runs (a partition that reads a stale one is stale
+        too), up to the first wave a current partition's failed blocking check holds back; and that
+        check's failure (None when nothing holds the crawl back)."""
+        stale: set[tuple[str, str | None]] = set()
+        plans: dict[str, StepPlan] = {}
+        for wave in waves():
+            this = {program: StepPlan(program) for program in wave}
+            for source in self.spec.partitions(wave[0]):
+                for program in wave:
+                    if self.force or any(u in stale for u in self.spec.upstream(program, source)) \
+                            or not self.current(program, source):
+                        stale.add((program, source))
+                        this[program].stale.append(source)
+                        continue
+                    held = self.held_back(program, [source])
+                    if held:
+                        return plans, held
+                    this[program].current.append(source)
+            plans.update(this)
+        return plans, None
+
+    def held_back(self, program: str, sources: list[str | None]) -> str | None:
+        """The first failed blocking check of these current partitions, as ``curate run`` tells it;
+        None when every one passes."""
+        if self._judge is None:
+            self._judge = evaluator(self.resource, self.spec.crawl)
+        for source in sources:
+            for check, verdict in blocking_failures(self.resource, program, self.spec.crawl, source, self._judge):
+                return f"{partition_label(self.spec, program, source)}: check {check} failed: {verdict.description}"
+        return None

@@ -1,0 +1,165 @@
+"""The recorder: the only code that turns a finished partition into Dagster events.
+
+A partition's end (``Done``: its outcome, its materialization metadata, its check verdicts and the
+seconds it spent outside its program) becomes an ``AssetMaterialization`` with our data version in
+the tags Dagster reads it from, and one ``AssetCheckEvaluation`` per check; an asset step (one
+partition launched from the UI, or a backfill's) gets the same metadata and data version as a
+``MaterializeResult``, and an asset check step its verdict as an ``AssetCheckResult``. Whichever
+launcher ran the partition (the warm pool, a Pipes subprocess, a pod) and whichever step records
+it, the events are built here, ``overhead_s`` included.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetMaterialization,
+    DataVersion,
+    MaterializeResult,
+    MetadataValue,
+)
+
+from stages.execute import Outcome
+
+# The materialization tags Dagster reads an asset partition's data version from: what it writes
+# for a step's MaterializeResult(data_version=...) (no public names in 1.13;
+# tests/curation_dagster/run/test_in_process.py checks both kinds of materialization carry them).
+DATA_VERSION_TAG = "dagster/data_version"
+DATA_VERSION_IS_USER_PROVIDED_TAG = "dagster/data_version_is_user_provided"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A check's answer; ``severity`` applies when it did not pass."""
+
+    passed: bool
+    description: str
+    severity: Literal["ERROR", "WARN"] = "ERROR"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    table: str | None = None  # Markdown, shown as the check's ``details``
+
+
+@dataclass(frozen=True)
+class Done:
+    """One partition's end: its outcome, its materialization metadata and check verdicts (each
+    check that applies: name, blocking, verdict), or its error on one line and its traceback.
+    ``busy``: the seconds its work took outside the program (launch, planning, commit, metadata,
+    checks), wherever it ran, up to when it was handed to the recorder."""
+
+    program: str
+    source: str | None
+    outcome: Outcome | None = None
+    error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    verdicts: list[tuple[str, bool, Verdict]] = field(default_factory=list)
+    busy: float = 0.0
+    trace: str = ""
+
+    def blocking_failures(self) -> list[tuple[str, Verdict]]:
+        """The blocking checks of this partition that failed (name, verdict)."""
+        return [(name, v) for name, blocking, v in self.verdicts
+                if blocking and not v.passed and v.severity == "ERROR"]
+
+
+def overhead_s(done: Done, received: float) -> float | None:
+    """The profile's overhead of a partition: its time outside the program up to now (``received``:
+    ``time.perf_counter()`` when the recorder got it). None for a partition with no timing."""
+    if "wall_s" not in done.meta:
+        return None
+    return round(done.busy + time.perf_counter() - received, 4)
+
+
+# Timings, shown after every count (the UI lists metadata in the order it is given), so a
+# partition's page reads counts first and its Plots tab keeps one series per figure.
+TIMINGS = ("seconds", "wall_s", "read_s", "compute_s", "write_s", "overhead_s")
+
+
+def _table(values: dict[str, Any], left: str) -> MetadataValue:
+    """A flat mapping as a two-column Markdown table (not a JSON string)."""
+    lines = [f"| {left} | value |", "|---|---|"]
+    lines += [f"| `{k}` | {v if not isinstance(v, (dict, list)) else f'`{v}`'} |" for k, v in values.items()]
+    return MetadataValue.md("\n".join(lines))
+
+
+def present(meta: dict[str, Any]) -> dict[str, Any]:
+    """A partition's metadata as the UI shows it: counts first, then the parameters (a table of
+    their values, or the plain fact that the program takes none) and the rows of each table
+    (numbers, ``rows/<table>``, each one series in the Plots tab), the timings last."""
+    # A mapping of counts (quarantine_reasons, removed_per_reason, ...) is a table, not JSON; the
+    # report stays whole, as JSON, for tools that read it back.
+    out = {k: _table(v, k) if isinstance(v, dict) and k != "report" else v
+           for k, v in meta.items() if k not in TIMINGS and k not in ("params", "rows")}
+    if "params" in meta:
+        params = meta["params"]
+        out["params"] = _table(params, "parameter") if params else \
+            MetadataValue.text("none: the program takes no parameters")
+    if isinstance(meta.get("rows"), dict):
+        out.update({f"rows/{table}": int(n) for table, n in meta["rows"].items()})
+    out.update({k: meta[k] for k in TIMINGS if k in meta})
+    return out
+
+
+def _metadata(done: Done, received: float) -> dict[str, Any]:
+    meta = dict(done.meta)
+    over = overhead_s(done, received)
+    if over is not None:
+        meta["overhead_s"] = over
+    return present(meta)
+
+
+def materialization(done: Done, partition: str, received: float) -> AssetMaterialization:
+    """The partition's materialization, as a crawl step records it. No provenance tags (code
+    version, input data versions): Dagster would take a partial provenance for changed inputs;
+    the data version is ours (params and input versions)."""
+    assert done.outcome is not None
+    return AssetMaterialization(
+        asset_key=done.program, partition=partition, metadata=_metadata(done, received),
+        tags={DATA_VERSION_TAG: done.outcome.manifest.data_version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"},
+    )
+
+
+def materialize_result(done: Done, received: float) -> MaterializeResult:
+    """The partition's materialization, as its own asset step returns it (same metadata, same data
+    version; Dagster writes the tags)."""
+    assert done.outcome is not None
+    return MaterializeResult(metadata=_metadata(done, received),
+                             data_version=DataVersion(done.outcome.manifest.data_version))
+
+
+def severity(verdict: Verdict) -> AssetCheckSeverity:
+    return AssetCheckSeverity.ERROR if verdict.severity == "ERROR" else AssetCheckSeverity.WARN
+
+
+def check_metadata(verdict: Verdict) -> dict[str, Any]:
+    meta: dict[str, Any] = {"details": MetadataValue.md(verdict.description)}
+    if verdict.table:
+        meta["per_source"] = MetadataValue.md(verdict.table)
+    for k, v in verdict.metadata.items():
+        meta[k] = MetadataValue.json(v) if isinstance(v, (dict, list)) else v
+    return meta
+
+
+def evaluation(program: str, check: str, blocking: bool, verdict: Verdict, partition: str) -> AssetCheckEvaluation:
+    """One check's evaluation of a partition, as a crawl step (or a runless report) records it."""
+    return AssetCheckEvaluation(
+        asset_key=AssetKey(program), check_name=check, passed=verdict.passed, severity=severity(verdict),
+        description=verdict.description, metadata=check_metadata(verdict), blocking=blocking, partition=partition,
+    )
+
+
+def evaluations(done: Done, partition: str) -> list[AssetCheckEvaluation]:
+    """Every check evaluation of a finished partition."""
+    return [evaluation(done.program, name, blocking, v, partition) for name, blocking, v in done.verdicts]
+
+
+def check_result(verdict: Verdict) -> AssetCheckResult:
+    """A verdict as an asset check step returns it."""
+    return AssetCheckResult(passed=verdict.passed, severity=severity(verdict), metadata=check_metadata(verdict),
+                            description=verdict.description)

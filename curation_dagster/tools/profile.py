@@ -1,0 +1,207 @@
+"""``curate profile``: where each partition of a crawl spent its time (the seeds' "profile one
+partition through every stage").
+
+Per program and partition: documents, bytes, wall time split into read, compute and write (the
+``timing`` every partition's report carries since ``stages.timing``: the same figures whichever
+way it ran), the orchestration overhead, and GPU time where a GPU ran. Overhead is what Dagster
+adds around the program: the ``overhead_s`` its materialization carries
+(``curation_dagster.run.recorder``: its time outside the program, from the start of its launch (a
+Pipes subprocess's interpreter start and imports, a pod's start) to its record, the manifest
+commit, the metadata and its checks included), else its step's duration in the instance's event
+log minus the program's wall time; a partition with neither (run by ``python -m stages``, or in a
+deployment whose event log is elsewhere) has ``overhead_s`` null.
+
+``documents`` is the partition's input documents as its report counts them (``input``,
+``documents`` or ``nodes``; the ledger's sources' inputs); ``bytes`` the Arrow bytes it read from
+the data root (its source files' bytes for ``raw_documents``, which reads outside the data root).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from stages.catalog import PROGRAMS
+from stages.dataroot import DataRoot
+from stages.spec import CrawlSpec
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
+
+# GPU seconds a program's report states, where its backend was a GPU (the kernel's own timer).
+GPU_SECONDS = {
+    "minhash_signatures": "kernel_seconds",
+    "document_embeddings": "embed_seconds",
+    "semantic_clusters": "kmeans_seconds",
+    "semantic_duplicates": "pairwise_seconds",
+}
+DOCUMENT_KEYS = ("input", "documents", "nodes")
+
+
+def _documents(report: dict[str, Any]) -> int:
+    for key in DOCUMENT_KEYS:
+        value = report.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    sources = report.get("sources")  # the ledger: every source's input
+    if isinstance(sources, dict):
+        return sum(int(row.get("input", 0)) for row in sources.values() if isinstance(row, dict))
+    return 0
+
+
+def _bytes(program: str, report: dict[str, Any]) -> int:
+    if program == "raw_documents":  # reads its source files, outside the data root
+        return int(report.get("bytes", 0))
+    return int(report.get("timing", {}).get("read_bytes", 0))
+
+
+def _gpu_seconds(program: str, report: dict[str, Any]) -> float | None:
+    ran_on_gpu = report.get("backend") == "gpu" or str(report.get("device", "")).startswith("cuda")
+    key = GPU_SECONDS.get(program)
+    if not ran_on_gpu or key is None or not isinstance(report.get(key), int | float):
+        return None
+    return float(report[key])
+
+
+def partition_profile(program: str, report: dict[str, Any], overhead_s: float | None) -> dict[str, Any]:
+    """One partition's row: the JSON form's seven figures, and ``gpu_s`` where a GPU ran."""
+    timing = report.get("timing", {})
+    row: dict[str, Any] = {
+        "documents": _documents(report),
+        "bytes": _bytes(program, report),
+        "wall_s": float(timing.get("wall_s", report.get("seconds", 0.0))),
+        "read_s": float(timing.get("read_s", 0.0)),
+        "compute_s": float(timing.get("compute_s", 0.0)),
+        "write_s": float(timing.get("write_s", 0.0)),
+        "overhead_s": None if overhead_s is None else round(overhead_s, 4),
+    }
+    gpu = _gpu_seconds(program, report)
+    if gpu is not None:
+        row["gpu_s"] = gpu
+    return row
+
+
+def _step_starts(instance: DagsterInstance, run_id: str, cache: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Timestamp of each step's start in one run, by step key (cached per run)."""
+    if run_id not in cache:
+        from dagster import DagsterEventType
+
+        cache[run_id] = {e.step_key: e.timestamp for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)
+                         if e.step_key}
+    return cache[run_id]
+
+
+def step_overhead(instance: DagsterInstance, program: str, crawl: str, source: str | None, data_version: str,
+                  wall_s: float, cache: dict[str, dict[str, float]] | None = None) -> float | None:
+    """The orchestration overhead of the partition's newest materialization of its data version
+    that was not up to date already: the ``overhead_s`` it recorded (its time outside the program,
+    up to the materialization), else the seconds between its step's start and it, minus the
+    program's wall time; None when the event log has neither."""
+    from dagster import AssetKey, AssetRecordsFilter
+
+    from curation_dagster.defs.partitions import partition_key
+
+    cache = {} if cache is None else cache
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[str(partition_key(crawl, source))]),
+        limit=50,
+    ).records
+    for record in records:  # newest first
+        mat = record.asset_materialization
+        if mat is None:
+            continue
+        meta = mat.metadata
+        version, cached = meta.get("data_version"), meta.get("cached")
+        if version is None or version.value != data_version or (cached is not None and cached.value is True):
+            continue
+        # What the step, the wave run or ``curate run`` measured for it (the partition's own time
+        # outside the program, up to its materialization); a wave run's step runs many partitions.
+        recorded = meta.get("overhead_s")
+        if recorded is not None and isinstance(recorded.value, float):
+            return recorded.value
+        if not record.run_id:
+            return None
+        start = _step_starts(instance, record.run_id, cache).get(record.event_log_entry.step_key or program)
+        return None if start is None else max(record.timestamp - start - wall_s, 0.0)
+    return None
+
+
+def profile(root: DataRoot, crawl: str, instance: DagsterInstance | None = None) -> dict[str, Any]:
+    """``{"crawl": C, "programs": {PROGRAM: {PARTITION: row}}}`` of the committed outputs of the
+    crawl's current parameters (a partition is its source, or the crawl for crawl-level ones)."""
+    spec: CrawlSpec = root.spec(crawl)
+    store = root.store
+    keys = spec.keys()
+    cache: dict[str, dict[str, float]] = {}
+    programs: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in PROGRAMS:
+        for source in spec.partitions(name):
+            manifest = store.read_manifest(store.partition_dir(name, keys[(name, source)], crawl, source))
+            if manifest is None:
+                continue
+            wall = float(manifest.report.get("timing", {}).get("wall_s", manifest.report.get("seconds", 0.0)))
+            overhead = None if instance is None else step_overhead(
+                instance, name, crawl, source, manifest.data_version, wall, cache)
+            programs.setdefault(name, {})[source or crawl] = partition_profile(name, manifest.report, overhead)
+    return {"crawl": crawl, "programs": programs}
+
+
+def measured_sizing(root: DataRoot, crawl: str) -> dict[str, float]:
+    """What a fuzzy run of the crawl measured, in ``stages.sizing``'s terms (to check a plan):
+    documents signed and their mean characters (UTF-8 bytes), the Arrow bytes of the signature
+    and band-key tables as written, band keys, band edges, candidate pairs and their text bytes."""
+    spec = root.spec(crawl)
+    store = root.store
+    keys = spec.keys()
+
+    def report(program: str, source: str | None) -> dict[str, Any]:
+        m = store.read_manifest(store.partition_dir(program, keys[(program, source)], crawl, source))
+        if m is None:
+            raise FileNotFoundError(f"{program}[{source or crawl}] has no committed output for the current parameters")
+        return {**m.report, "rows": m.rows}
+
+    sigs = [report("minhash_signatures", s) for s in sorted(spec.sources)]
+    docs = sum(r.get("documents", 0) for r in sigs)
+    lsh = report("lsh_buckets", None)
+    comps = report("duplicate_components", None)
+    return {
+        "documents": float(docs),
+        "mean_chars": sum(r.get("bytes", 0) for r in sigs) / docs if docs else 0.0,
+        "signature_bytes": float(sum(r.get("timing", {}).get("written_bytes", {}).get("signatures", 0) for r in sigs)),
+        "band_keys": float(lsh["rows"].get("band_keys", 0) * lsh.get("bands", 0)),
+        "band_key_bytes": float(lsh.get("timing", {}).get("written_bytes", {}).get("band_keys", 0)),
+        "band_edges": float(lsh.get("edges", 0)),
+        "candidate_pairs": float(comps.get("candidate_pairs", 0)),
+        "verification_text_bytes": float(comps.get("candidate_text_bytes", 0)),
+    }
+
+
+def print_profile(result: dict[str, Any]) -> None:
+    """The profile as a Rich table: a row per partition, throughput per second of wall time."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"crawl {result['crawl']}: where each partition's time went (seconds)")
+    for col in ("PROGRAM", "PARTITION", "DOCS", "MB", "WALL", "READ", "COMPUTE", "WRITE", "OVERHEAD", "GPU",
+                "DOCS/S", "MB/S"):
+        table.add_column(col, justify="left" if col in ("PROGRAM", "PARTITION") else "right")
+    totals = {"documents": 0, "bytes": 0, "wall_s": 0.0, "read_s": 0.0, "compute_s": 0.0, "write_s": 0.0,
+              "overhead_s": 0.0}
+    for program, parts in result["programs"].items():
+        for partition, row in parts.items():
+            wall = row["wall_s"]
+            over = row["overhead_s"]
+            table.add_row(
+                program, partition, str(row["documents"]), f"{row['bytes'] / 1e6:.2f}", f"{wall:.3f}",
+                f"{row['read_s']:.3f}", f"{row['compute_s']:.3f}", f"{row['write_s']:.3f}",
+                "-" if over is None else f"{over:.3f}", f"{row['gpu_s']:.3f}" if "gpu_s" in row else "-",
+                f"{row['documents'] / wall:.0f}" if wall > 0 else "-",
+                f"{row['bytes'] / 1e6 / wall:.1f}" if wall > 0 else "-",
+            )
+            for key in totals:
+                totals[key] += row[key] or 0
+    table.add_row("TOTAL", "", "", "", f"{totals['wall_s']:.3f}", f"{totals['read_s']:.3f}",
+                  f"{totals['compute_s']:.3f}", f"{totals['write_s']:.3f}", f"{totals['overhead_s']:.3f}", "", "", "",
+                  style="bold")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)

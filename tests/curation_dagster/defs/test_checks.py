@@ -1,0 +1,310 @@
+"""Asset checks: planted manifests with exact expected verdicts, the real tiny crawl passing every
+check, and a failed blocking check stopping ``curate run``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from curation_dagster.defs.checks import (
+    CHECK_KINDS,
+    evaluate,
+    evaluate_doc_id_unique,
+    evaluate_empty_result,
+    evaluate_giant_groups,
+    evaluate_ledger_consistency,
+    evaluate_over_deletion,
+)
+from curation_dagster.defs.resources import CurationResource, save_spec
+from curation_dagster.ops.config import ChecksConfig, load_config
+from stages.catalog import PROGRAMS
+from stages.dataroot import CRAWLS_DIR
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Manifest, Store
+from tests.support import ops_workdir
+from tests.support import tiny_corpus as T
+
+KIND = {k.name: k for k in CHECK_KINDS}
+
+
+def plant(store: Store, spec: CrawlSpec, program: str, source: str | None = None, report: dict[str, Any] | None = None,
+          tables: dict[str, pa.Table] | None = None) -> None:
+    """Commit a partition with exactly this report (and tables) at the path the spec names."""
+    w = store.writer(plan_task(store, spec, program, source).output_dir)
+    for name, table in (tables or {}).items():
+        w.write(name, table)
+    w.commit(Manifest(program, "planted", "planted", spec.crawl, source, {}, report=report or {}))
+
+
+@pytest.fixture
+def spec() -> CrawlSpec:
+    return CrawlSpec(crawl="c1", sources={s: {"url": f"/nowhere/{s}"} for s in ("a", "b", "c")},
+                     stages=("heuristic", "exact"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(str(tmp_path / "data"))
+
+
+def plant_counts(store: Store, spec: CrawlSpec, docs: dict[str, int], heuristic: dict[str, int],
+                 exact: dict[str, int]) -> None:
+    for s, n in docs.items():
+        plant(store, spec, "raw_documents", s, {"documents": n})
+        plant(store, spec, "document_languages", s, {"enabled": False, "input": n, "removed": 0})
+        plant(store, spec, "filtered_documents", s, {"input": n, "removed": heuristic[s]})
+    plant(store, spec, "exact_duplicates", None,
+          {"enabled": True, "removed": sum(exact.values()), "removed_per_source": exact})
+
+
+def cfg(**checks: Any) -> ChecksConfig:
+    return ChecksConfig.model_validate(checks)
+
+
+def test_over_deletion_per_source_stage(store: Store, spec: CrawlSpec) -> None:
+    plant_counts(store, spec, {"a": 1000, "b": 1000, "c": 10}, {"a": 950, "b": 100, "c": 10}, {"a": 0, "b": 0, "c": 0})
+    v = evaluate_over_deletion(store, spec, "filtered_documents", "a", cfg())
+    assert (v.passed, v.severity) == (False, "ERROR")
+    assert v.description.startswith("stage heuristic removed more than 90.0% of: a 95.0% (950 of 1,000); not "
+                                    "applied, the crawl stops here")
+    # names the setting that would allow it
+    assert "raise checks.over_deletion.per_stage.heuristic in curate.yaml" in v.description
+    assert {k: v.metadata[k] for k in ("stage", "bound", "min_documents", "worst_fraction", "worst_source",
+                                       "sources_judged", "sources_not_judged")} == {
+        "stage": "heuristic", "bound": 0.9, "min_documents": 1000, "worst_fraction": 0.95, "worst_source": "a",
+        "sources_judged": 1, "sources_not_judged": 0}
+    v = evaluate_over_deletion(store, spec, "filtered_documents", "b", cfg())
+    assert v.passed and v.description == "stage heuristic removed at most 10.0% of a judged source (bound 90.0%)"
+    v = evaluate_over_deletion(store, spec, "filtered_documents", "c", cfg())  # 100 % of 10 documents
+    # not "passed ... at most 100 %": the source is too small to judge, and says so
+    assert v.passed and v.description == ("stage heuristic: nothing judged, every source is too small; not judged "
+                                          "(under min_documents 1,000): c 100.0% of 10")
+    assert (v.metadata["sources_judged"], v.metadata["sources_not_judged"]) == (0, 1)
+    assert "| c | 10 | 10 | 100.0% | not judged: under min_documents 1,000 |" in (v.table or "")
+    loose = cfg(over_deletion={"per_stage": {"heuristic": 0.96}})
+    assert evaluate_over_deletion(store, spec, "filtered_documents", "a", loose).passed
+
+
+def test_over_deletion_crawl_stage_counts_what_reached_it(store: Store, spec: CrawlSpec) -> None:
+    # a: 3000 ingested, 1500 survive the heuristics, exact removes 1380 of those = 92 %.
+    plant_counts(store, spec, {"a": 3000, "b": 1000, "c": 1000}, {"a": 1500, "b": 0, "c": 0},
+                 {"a": 1380, "b": 100, "c": 0})
+    v = evaluate_over_deletion(store, spec, "exact_duplicates", None, cfg())
+    assert not v.passed and v.severity == "ERROR"
+    assert v.description.startswith("stage exact removed more than 90.0% of: a 92.0% (1,380 of 1,500); ")
+    assert "checks.over_deletion.per_stage.exact" in v.description
+    assert v.table is not None and v.table.splitlines()[2:] == [
+        "| a | 1,500 | 1,380 | 92.0% | judged |", "| b | 1,000 | 100 | 10.0% | judged |",
+        "| c | 1,000 | 0 | 0.0% | judged |"]
+    assert evaluate_over_deletion(store, spec, "exact_duplicates", None,
+                                  cfg(over_deletion={"per_stage": {"exact": 0.95}})).passed
+
+
+def test_empty_result_warns_on_a_large_crawl_only(store: Store, spec: CrawlSpec) -> None:
+    plant_counts(store, spec, {"a": 12_000, "b": 8_000, "c": 0}, {"a": 0, "b": 0, "c": 0}, {})
+    v = evaluate_empty_result(store, spec, "exact_duplicates", None, cfg())
+    assert (v.passed, v.severity) == (False, "WARN")
+    assert v.description.startswith("stage exact found no duplicate among 20,000 documents")
+    bigger = cfg(empty_result={"min_documents": 20_001})
+    assert evaluate_empty_result(store, spec, "exact_duplicates", None, bigger).passed
+    plant(store, spec, "exact_duplicates", None, {"enabled": False, "removed": 0, "removed_per_source": {}})
+    v = evaluate_empty_result(store, spec, "exact_duplicates", None, cfg())
+    assert v.passed and v.description == "stage exact is disabled for this crawl"
+
+
+def test_giant_groups_generic_over_largest_keys(store: Store, spec: CrawlSpec) -> None:
+    plant(store, spec, "lsh_buckets", None,
+          {"nodes": 100_000, "largest_buckets": [{"size": 6000, "key": "00ff"}, {"size": 10, "key": "0a0b"}]})
+    v = evaluate_giant_groups(store, spec, "lsh_buckets", None, cfg())
+    assert (v.passed, v.severity) == (False, "WARN")
+    assert v.description.startswith(
+        "giant group(s) in lsh_buckets: buckets of 6,000 documents (bound 5,000 of 100,000)")
+    assert v.metadata == {"documents": 100_000, "bound": 5000, "largest_buckets": 6000}
+    plant(store, spec, "duplicate_components", None, {"nodes": 100_000, "largest_clusters": [4000, 3]})
+    v = evaluate_giant_groups(store, spec, "duplicate_components", None, cfg())
+    assert v.passed and v.description == "largest group 4,000 <= bound 5,000"
+    # small crawls: the absolute floor (min_size) applies
+    plant(store, spec, "duplicate_components", None, {"nodes": 500, "largest_clusters": [400]})
+    assert evaluate_giant_groups(store, spec, "duplicate_components", None, cfg()).passed
+    lower = cfg(giant_groups={"min_size": 100})
+    assert not evaluate_giant_groups(store, spec, "duplicate_components", None, lower).passed
+    plant(store, spec, "exact_duplicates", None, {"removed": 3, "groups": 2})
+    v = evaluate_giant_groups(store, spec, "exact_duplicates", None, cfg())
+    assert v.passed and v.metadata == {"stats": "none"}
+
+
+def test_doc_id_unique(store: Store, spec: CrawlSpec) -> None:
+    plant(store, spec, "curated_documents", "a", tables={"documents": pa.table({"doc_id": ["x", "y", "x", "z"]})})
+    v = evaluate_doc_id_unique(store, spec, "curated_documents", "a", cfg())
+    assert (v.passed, v.severity) == (False, "ERROR")
+    assert v.description == "1 doc_id(s) occur more than once in curated_documents.documents: x"
+    assert v.metadata == {"rows": 4, "distinct": 3, "duplicated_ids": 1}
+    plant(store, spec, "curated_documents", "b", tables={"documents": pa.table({"doc_id": ["x", "y"]})})
+    assert evaluate_doc_id_unique(store, spec, "curated_documents", "b", cfg()).passed
+
+
+def curated(store: Store, spec: CrawlSpec, source: str, rows: int, **report: Any) -> None:
+    plant(store, spec, "curated_documents", source, report,
+          tables={"documents": pa.table({"doc_id": [f"{source}{i}" for i in range(rows)]})})
+
+
+def test_ledger_consistency_of_a_curated_partition(store: Store, spec: CrawlSpec) -> None:
+    counts = {"input": 10, "kept": 5, "quarantined": 2, "removed": {"heuristic": 2, "exact": 1}}
+    curated(store, spec, "a", 5, **counts)
+    v = evaluate_ledger_consistency(store, spec, "curated_documents", "a", cfg())
+    assert v.passed and v.description == "every document is kept, quarantined or removed exactly once"
+    curated(store, spec, "a", 5, **{**counts, "input": 11})
+    v = evaluate_ledger_consistency(store, spec, "curated_documents", "a", cfg())
+    assert not v.passed and v.description == "input 11 != kept + quarantined + removed = 10"
+    curated(store, spec, "a", 4, **counts)
+    assert evaluate_ledger_consistency(store, spec, "curated_documents", "a", cfg()).description == \
+        "4 curated rows but kept = 5"
+
+
+def test_ledger_consistency_of_the_ledger(store: Store, spec: CrawlSpec) -> None:
+    entries = {s: {"input": 4, "kept": 1, "quarantined": 1, "removed": {"heuristic": 1, "exact": 1}}
+               for s in spec.sources}
+    for s, e in entries.items():
+        curated(store, spec, s, 1, **e)
+    rows = [(s, st) for s in spec.sources for st in ("quarantine", "heuristic", "exact")]
+    ledger = pa.table({"doc_id": [f"{s}-{st}" for s, st in rows], "source": [s for s, _ in rows],
+                       "stage": [st for _, st in rows]})
+    plant(store, spec, "removal_ledger", None, {"crawl": "c1", "sources": entries}, {"ledger": ledger})
+    assert evaluate_ledger_consistency(store, spec, "removal_ledger", None, cfg()).passed
+    plant(store, spec, "removal_ledger", None, {"crawl": "c1", "sources": entries}, {"ledger": ledger.slice(1)})
+    v = evaluate_ledger_consistency(store, spec, "removal_ledger", None, cfg())
+    assert not v.passed and v.description == "a/quarantine: 0 ledger rows, report says 1"
+    curated(store, spec, "b", 2, **{**entries["b"], "kept": 2, "input": 5})  # curated re-run after the ledger
+    plant(store, spec, "removal_ledger", None, {"crawl": "c1", "sources": entries}, {"ledger": ledger})
+    v = evaluate_ledger_consistency(store, spec, "removal_ledger", None, cfg())
+    assert v.description == "b: ledger built from a stale curated_documents (kept 1 vs 2 now)"
+
+
+def test_partitions_outside_the_crawl_and_unmaterialized(tmp_path: Path, spec: CrawlSpec) -> None:
+    curation = CurationResource(workdir=str(tmp_path))
+    v = evaluate(curation, KIND["over_deletion"], "filtered_documents", "c1", "a")
+    assert (v.passed, v.severity, v.description) == (False, "WARN", f"crawl 'c1' is not registered in {tmp_path}/data")
+    save_spec(tmp_path, spec)
+    v = evaluate(curation, KIND["over_deletion"], "filtered_documents", "c1", "blog")
+    assert v.passed and v.metadata == {"in_crawl": False}
+    v = evaluate(curation, KIND["over_deletion"], "filtered_documents", "c1", "a")
+    assert (v.passed, v.severity, v.metadata) == (False, "WARN", {"materialized": False})
+
+
+def test_the_recrawled_tiny_crawl_passes_every_check(prepared: ops_workdir.Prepared) -> None:
+    import dagster as dg
+
+    curation = CurationResource(workdir=str(prepared.workdir))
+    spec = curation.spec(T.CRAWL)
+    verdicts = {}
+    for program in PROGRAMS.values():
+        for kind in CHECK_KINDS:
+            if kind.applies(program):
+                for source in spec.partitions(program.name):
+                    verdict = evaluate(curation, kind, program.name, T.CRAWL, source)
+                    verdicts[(program.name, kind.name, source)] = verdict
+    failed = {k: v.description for k, v in verdicts.items() if not v.passed}
+    assert not failed
+    forum = verdicts[("filtered_documents", "over_deletion", "forum")]
+    # 4 of 16: under min_documents, so not judged, and the verdict says so (not "at most 25 %")
+    assert forum.description == ("stage heuristic: nothing judged, every source is too small; not judged (under "
+                                 "min_documents 1,000): forum 25.0% of 16")
+    assert (forum.metadata["sources_judged"], forum.metadata["sources_not_judged"]) == (0, 1)
+    # ... and every check the Dagster runs executed along the way passed, per partition.
+    with dg.DagsterInstance.from_config(str(prepared.home)) as instance:
+        evaluations = [e.dagster_event.event_specific_data for run in instance.get_runs()
+                       for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)]
+    executed = {(ev.asset_key.to_user_string(), ev.check_name, ev.partition) for ev in evaluations}
+    expected = {(p, k, str(s)) for (p, k, src) in verdicts for s in [f"tiny|{src}" if src else "tiny"]}
+    assert executed == expected
+    assert all(ev.passed for ev in evaluations)
+
+
+def test_curate_run_stops_at_a_failed_blocking_check(tmp_path: Path) -> None:
+    from curation_dagster.ops.location import workdir_paths
+    from curation_dagster.run.in_process import RunFailed, run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    (workdir / "curate.yaml").write_text(yaml.safe_dump(
+        {"checks": {"over_deletion": {"per_stage": {"heuristic": 0.2}, "min_documents": 0}}}))
+    assert load_config(workdir).checks.over_deletion.bound("heuristic") == 0.2
+    spec = T.spec(stages=("heuristic", "exact"))
+    message = "filtered_documents[forum]: check over_deletion failed: stage heuristic removed more than 20.0% of: " \
+              "forum 25.0% (4 of 16); not applied, the crawl stops here. If intended, raise " \
+              "checks.over_deletion.per_stage.heuristic in curate.yaml; else fix the stage's parameters"
+    resource = CurationResource(workdir=str(workdir), workers=1)
+    with pytest.raises(RunFailed) as err:
+        run_crawl(workdir, home, spec, quiet=True, resource=resource)
+    assert str(err.value) == message
+    store = Store(str(workdir / "data"))
+    assert store.read_manifest(plan_task(store, spec, "exact_duplicates", None).output_dir) is None  # blocked
+    # A rerun finds filtered_documents[forum] up to date, and its check still holds the crawl back.
+    with pytest.raises(RunFailed) as err:
+        run_crawl(workdir, home, spec, quiet=True, resource=resource)
+    assert str(err.value) == message
+    record = json.loads((workdir / "data" / CRAWLS_DIR / "tiny.json").read_text())
+    assert record["spec"]["stages"] == ["heuristic", "exact"]
+
+
+def test_a_stopped_crawl_still_shows_what_its_stage_would_remove(tmp_path: Path, capsys: Any) -> None:
+    """No ledger after a blocking check stopped the crawl: report, ledger and explain show the
+    stopped stage's removal list, marked not applied, and so does the failed check's metadata."""
+    import pyarrow.parquet as pq
+
+    from curation_dagster import cli
+    from curation_dagster.ops.location import workdir_paths
+    from curation_dagster.run.in_process import RunFailed, run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    (workdir / "curate.yaml").write_text(yaml.safe_dump(
+        {"checks": {"over_deletion": {"per_stage": {"heuristic": 0.2}, "min_documents": 0}}}))
+    spec = T.spec(stages=("heuristic", "exact"))
+    with pytest.raises(RunFailed):
+        run_crawl(workdir, home, spec, quiet=True, resource=CurationResource(workdir=str(workdir), workers=1))
+    store = Store(str(workdir / "data"))
+    removed = store.read_table(plan_task(store, spec, "filtered_documents", "forum").output_dir, "removed")
+    reasons = sorted(set(removed["reason"].to_pylist()))
+    capsys.readouterr()
+    assert cli.main(["report", "--workdir", str(workdir), "--crawl", T.CRAWL, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["applied"] is False
+    forum = out["would_remove"]["forum"]["heuristic"]
+    assert sum(forum.values()) == removed.num_rows == 4 and sorted(forum) == reasons
+    assert cli.main(["report", "--workdir", str(workdir), "--crawl", T.CRAWL]) == 1
+    text = capsys.readouterr().out
+    assert "NOT APPLIED" in text and "forum" in text
+    assert cli.main(["ledger", "--workdir", str(workdir), "--crawl", T.CRAWL, "--out", str(tmp_path / "l.parquet")]) \
+        == 1
+    written = pq.read_table(tmp_path / "l.parquet")
+    assert set(written["applied"].to_pylist()) == {False}
+    assert set(removed["doc_id"].to_pylist()) <= set(written["doc_id"].to_pylist())
+    assert "NOT APPLIED" in capsys.readouterr().out
+    doc = removed["doc_id"][0].as_py()
+    assert cli.main(["explain", "--workdir", str(workdir), "--crawl", T.CRAWL, doc]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"{doc}: would be removed by stage 'heuristic' ({removed['reason'][0].as_py()}): "
+                           "NOT APPLIED") and "  text: " in text
+    # the failed check's metadata: the same list, per source and reason, with examples
+    verdict = evaluate(CurationResource(workdir=str(workdir)), KIND["over_deletion"], "filtered_documents",
+                       T.CRAWL, "forum")
+    assert not verdict.passed
+    assert verdict.metadata["would_remove"].value.startswith("**NOT APPLIED**: what stage `heuristic` would remove")
+    examples = [dict(r.data) for r in verdict.metadata["would_remove_examples"].value.records]
+    assert {e["reason"] for e in examples} == set(reasons) and all(e["excerpt"] for e in examples)
+    # ... and the evaluation curate run recorded on the instance carries them: the UI's Checks tab
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        records = instance.get_event_records(dg.EventRecordsFilter(dg.DagsterEventType.ASSET_CHECK_EVALUATION))
+    failed = [r.event_log_entry.dagster_event.event_specific_data for r in records]
+    failed = [ev for ev in failed if ev.check_name == "over_deletion" and not ev.passed]
+    forum = [ev for ev in failed if str(ev.partition) == f"{T.CRAWL}|forum"]  # news fails too, at 20 %
+    assert forum and forum[0].metadata["would_remove"].value.startswith("**NOT APPLIED**")
+    assert "| forum | heuristic |" in forum[0].metadata["would_remove"].value
+    assert "checks.over_deletion.per_stage.heuristic" in (forum[0].description or "")

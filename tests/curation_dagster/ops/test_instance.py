@@ -1,0 +1,104 @@
+"""One instance per workdir, created exactly once whatever runs at the same time (issue 30).
+
+Two processes opening a fresh workdir's instance at the same moment used to leave a SQLite
+storage with two alembic heads in about half the trials (every later ``curate run`` then failed
+with "Version table 'alembic_version' has more than one head present"), or one of them failed on
+``UNIQUE constraint failed: dynamic_partitions``. Each trial here is a fresh instance home opened
+by two processes released at the same instant; 20 trials catch a 50% failure with probability
+1 - 2^-20.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from curation_dagster.defs.partitions import CRAWL, SOURCE
+from curation_dagster.ops.instance import LOCK_FILE, add_partitions, instance_lock, open_instance
+
+TRIALS = 20
+SLOT_S = 1.0  # each trial starts both processes at the same instant, one trial per slot
+
+# One process of each pair: opens every home at its slot's start, as `curate run` does
+# (curation_dagster.run.in_process.run_crawl), and prints one JSON line per trial: "ok" or the error.
+WORKER = """
+import json, sys, time
+from curation_dagster.ops.instance import add_partitions, open_instance
+from curation_dagster.defs.partitions import CRAWL, SOURCE
+homes, start, slot = json.loads(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+for i, home in enumerate(homes):
+    while time.time() < start + i * slot:
+        pass  # spin, not sleep: both processes leave the wait within microseconds of each other
+    try:
+        instance = open_instance(home)
+        add_partitions(instance, {CRAWL: ["c1"], SOURCE: ["news", "wiki", "forum"]})
+        instance.get_runs(limit=1)
+        print(json.dumps("ok"), flush=True)
+    except Exception as exc:
+        print(json.dumps(f"{type(exc).__name__}: {exc}"[:300]), flush=True)
+"""
+
+
+def alembic_heads(home: Path) -> dict[str, int]:
+    """Rows of ``alembic_version`` in each SQLite database of the instance (one = one head)."""
+    out = {}
+    for db in sorted(home.rglob("*.db")):
+        with sqlite3.connect(db) as con:
+            try:
+                out[str(db.relative_to(home))] = con.execute("select count(*) from alembic_version").fetchone()[0]
+            except sqlite3.OperationalError:  # no alembic table (the event log's own index shards)
+                continue
+    return out
+
+
+@pytest.mark.slow  # 20 trials of two processes: ~25 s
+def test_two_processes_on_a_fresh_workdir_create_one_instance(tmp_path: Path) -> None:
+    homes = [str(tmp_path / f"w{i}" / "dagster") for i in range(TRIALS)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    start = time.time() + 8  # both processes have imported Dagster by then (a loaded machine too)
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(homes), str(start), str(SLOT_S)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        results.append([json.loads(line) for line in out.splitlines()])
+    assert results == [["ok"] * TRIALS] * 2
+    for home in homes:
+        heads = alembic_heads(Path(home))
+        assert heads and all(n <= 1 for n in heads.values()), (home, heads)
+        assert {"runs.db", "schedules/schedules.db"} <= set(heads) or any(n == 1 for n in heads.values())
+        instance = open_instance(home)  # and it opens again, with each partition once
+        assert instance.get_dynamic_partitions(CRAWL) == ["c1"]
+        assert sorted(instance.get_dynamic_partitions(SOURCE)) == ["forum", "news", "wiki"]
+        assert instance.get_runs(limit=1) == []
+
+
+def test_adding_partitions_twice_adds_each_once(tmp_path: Path) -> None:
+    instance = open_instance(tmp_path / "dagster")
+    add_partitions(instance, {SOURCE: ["b", "a", "a"]})
+    add_partitions(instance, {SOURCE: ["a", "c"], CRAWL: ["c1"]})
+    assert sorted(instance.get_dynamic_partitions(SOURCE)) == ["a", "b", "c"]
+    assert instance.get_dynamic_partitions(CRAWL) == ["c1"]
+    assert (tmp_path / "dagster" / LOCK_FILE).exists()
+
+
+def test_the_instance_lock_excludes_another_process(tmp_path: Path) -> None:
+    """While one process holds the lock, another waits for it (and gets it once it is released)."""
+    home = tmp_path / "dagster"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    code = ("import sys, time; from curation_dagster.ops.instance import instance_lock\n"
+            "t = time.time()\nwith instance_lock(sys.argv[1]): print(time.time() - t)")
+    with instance_lock(home):
+        proc = subprocess.Popen([sys.executable, "-c", code, str(home)], stdout=subprocess.PIPE, text=True, env=env)
+        time.sleep(3)
+        assert proc.poll() is None  # still waiting
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and float(out) > 0.5

@@ -1,0 +1,226 @@
+"""``curate run``'s run: one Dagster run for the crawl, with a step per program and a
+materialization and check evaluations per partition (switched-off stages included), outputs equal
+to those of the executor alone (no Dagster); a failed partition fails the run once the others are
+recorded, and the rerun runs it alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
+
+from curation_dagster.defs.checks import CHECK_KINDS
+from curation_dagster.defs.partitions import partition_key
+from curation_dagster.defs.resources import CurationResource
+from curation_dagster.ops.instance import ensure_instance_config
+from curation_dagster.run.crawl_job import CRAWL_JOB
+from curation_dagster.run.in_process import run_crawl
+from curation_dagster.run.recorder import DATA_VERSION_TAG
+from stages.catalog import PROGRAMS, waves
+from stages.plan import plan_task
+from stages.spec import CrawlSpec
+from stages.store import Manifest, Store
+from tests.support.tiny_corpus import CRAWL, fast_tmp, read, run_all, spec
+
+
+def _sorted(t: pa.Table) -> pa.Table:
+    return t.sort_by([("doc_id", "ascending"), ("source", "ascending")])
+
+
+def test_one_run_materializes_and_checks_every_partition(tmp_path: Path) -> None:
+    crawl = spec(stages=["fuzzy"])
+    off = {p for p in PROGRAMS if not getattr(crawl.program_params(p, crawl.partitions(p)[0]), "enabled", True)}
+    assert {"document_languages", "filtered_documents", "exact_duplicates", "document_embeddings",
+            "semantic_clusters", "semantic_duplicates", "quality_scores", "contaminated_documents"} == off
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work))
+        run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        runs = instance.get_runs()
+        # One run for the crawl, with a step per program in dependency order and a
+        # materialization per partition of each (switched-off stages included).
+        (run,) = runs
+        assert run.job_name == CRAWL_JOB and run.tags["curate/crawl"] == CRAWL
+        steps = [e.step_key for e in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)]
+        assert steps == [p for wave in waves() for p in wave]
+        ran = sorted((e.asset_materialization.asset_key.to_user_string(), e.asset_materialization.partition)
+                     for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+                     if e.asset_materialization is not None)
+        assert ran == sorted((p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in crawl.partitions(p))
+        want_checks: set[tuple[str, str, str]] = set()
+        for program in PROGRAMS:
+            for source in crawl.partitions(program):
+                key = str(partition_key(CRAWL, source))
+                records = instance.fetch_materializations(
+                    AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[key]), limit=10).records
+                assert len(records) == 1, (program, source)
+                entry = records[0].event_log_entry
+                assert entry.run_id == run.run_id, program
+                mat = entry.asset_materialization
+                assert mat is not None
+                enabled = mat.metadata.get("enabled")
+                assert (enabled is not None and enabled.value is False) == (program in off), program
+                # Both kinds carry the data version under the tag Dagster reads it from.
+                tags = mat.tags or {}
+                assert tags.get(DATA_VERSION_TAG) == _manifest(resource, crawl, program, source).data_version
+                overhead = mat.metadata.get("overhead_s")  # what `curate profile` reports for it
+                assert overhead is not None and 0.0 <= overhead.value < 60.0, (program, source)
+                want_checks |= {(program, kind.name, key) for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])}
+        # Every check of every partition was evaluated: in its run, or without one.
+        evaluated = {(ev.asset_key.to_user_string(), ev.check_name, ev.partition)
+                     for run_id in ["", *(r.run_id for r in runs)]
+                     for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+                     if e.dagster_event is not None
+                     for ev in [e.dagster_event.event_specific_data]}
+        assert want_checks and want_checks <= evaluated
+        # The same outputs as the executor alone writes.
+        alone = Store(str(tmp_path / "alone"))
+        run_all(alone, crawl)
+        mine = resource.store()
+        assert _sorted(read(mine, crawl, "removal_ledger", "ledger")).equals(
+            _sorted(read(alone, crawl, "removal_ledger", "ledger")))
+
+
+def _manifest(resource: CurationResource, crawl: CrawlSpec, program: str, source: str | None) -> Manifest:
+    store = resource.store()
+    manifest = store.read_manifest(plan_task(store, crawl, program, source).output_dir)
+    assert manifest is not None
+    return manifest
+
+
+def test_a_failed_partition_fails_the_run_once_the_others_are_recorded(tmp_path: Path) -> None:
+    """The step's other partitions run to the end and stay materialized, the next steps do not
+    run, and the rerun after the fix runs only the failed one."""
+    import shutil
+
+    from curation_dagster.run.in_process import RunFailed
+    from tests.support.tiny_corpus import SOURCES, TINY
+
+    root = tmp_path / "corpus"
+    shutil.copytree(TINY, root)
+    crawl = spec(root, stages=["fuzzy"])
+    broken = crawl.sources["news"].url
+    shutil.move(broken, tmp_path / "away")
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work))
+        with pytest.raises(RunFailed) as err:
+            run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
+        assert str(err.value) == f"raw_documents[news]: source URL {broken!r} matches no JSONL or Parquet file"
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        (run,) = instance.get_runs()
+        assert run.job_name == CRAWL_JOB and not run.is_success
+
+        def recorded(program: str) -> set[str]:
+            return {str(r.partition_key) for r in instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(program)), limit=100).records}
+
+        others = {str(partition_key(CRAWL, s)) for s in SOURCES if s != "news"}
+        assert recorded("raw_documents") == others
+        assert recorded("document_languages") == set()  # the next step did not run
+        shutil.move(tmp_path / "away", broken)
+        run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
+        (second,) = [r for r in instance.get_runs() if r.run_id != run.run_id]
+        ran = {(e.asset_materialization.asset_key.to_user_string(), e.asset_materialization.partition)
+               for e in instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+               if e.asset_materialization is not None}
+        assert {part for p, part in ran if p == "raw_documents"} == {str(partition_key(CRAWL, "news"))}
+        assert recorded("removal_ledger") == {CRAWL}
+
+
+def test_force_recomputes_every_partition(tmp_path: Path) -> None:
+    from tests.support.tiny_corpus import curate, write_config
+
+    with fast_tmp(tmp_path / "w") as work:
+        config = write_config(tmp_path / "c.json", stages=["fuzzy"])
+        args = ["run", "--workdir", str(work), "--crawl", CRAWL, "--config", str(config)]
+        assert curate(*args)[0] == 0
+        code, out, _ = curate(*args)
+        partitions = sum(len(spec().partitions(p)) for p in PROGRAMS)
+        assert code == 0 and out.count(" up to date") == partitions and " + " not in out
+        store = CurationResource(workdir=str(work)).store()
+        crawl = spec(stages=["fuzzy"])
+        before = _manifest(CurationResource(workdir=str(work)), crawl, "minhash_signatures", "news")
+        code, out, _ = curate(*args, "--force")
+        assert code == 0 and " up to date" not in out and out.count(" + ") == partitions
+        after = store.read_manifest(plan_task(store, crawl, "minhash_signatures", "news").output_dir)
+        assert after is not None and after.data_version == before.data_version and after.report != before.report
+
+
+def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
+    """A step finds a partition stale when an input it reads changed: a new LSH setting reruns the
+    LSH buckets and everything after them in one run, nothing before them."""
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work))
+        run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
+        changed = crawl.model_copy(update={"params": {"lsh_buckets": {"bands": 13, "rows": 20}}})
+        run_crawl(work, work / "dagster", changed, quiet=True, resource=resource)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        second, first = instance.get_runs()  # newest first
+        # Every step starts and plans its program; only the LSH buckets and what reads them run.
+        steps = [e.step_key for e in instance.all_logs(second.run_id, of_type=DagsterEventType.STEP_START)]
+        after = [p for wave in waves() for p in wave]
+        assert steps == after
+        after = after[after.index("lsh_buckets"):]
+        ran = [e.asset_materialization.asset_key.to_user_string()
+               for e in instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+               if e.asset_materialization is not None]
+        assert list(dict.fromkeys(ran)) == after
+        keys_before, keys_after = crawl.keys(), changed.keys()
+        for program in after:
+            for source in crawl.partitions(program):
+                records = instance.fetch_materializations(AssetRecordsFilter(
+                    asset_key=AssetKey(program), asset_partitions=[str(partition_key(CRAWL, source))]), limit=5).records
+                assert [r.run_id for r in records] == [second.run_id, first.run_id], (program, source)
+        assert keys_before[("minhash_signatures", "news")] == keys_after[("minhash_signatures", "news")]
+        assert keys_before[("lsh_buckets", None)] != keys_after[("lsh_buckets", None)]
+
+
+def test_the_crawl_job_on_pipes_subprocesses_records_what_the_pool_does(tmp_path: Path) -> None:
+    """The code location's crawl job with ``mode="pipes"`` (``curate deploy``'s launcher: each
+    partition a ``python -m stages`` subprocess with the pod's command line, several at once):
+    one run, every partition materialized once with its checks and ``overhead_s``, the same
+    ledger as ``curate run``'s pool, small partitions packed two to a process; launched again,
+    it runs nothing and records nothing."""
+    import dagster as dg
+
+    from curation_dagster.ops.deploy import definitions
+    from curation_dagster.run.crawl_job import CRAWL_JOB_DEF
+
+    dg.Definitions.validate_loadable(definitions())  # the deployment's code location, the job in it
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=2, pack_documents=1000)
+        resource.dataroot().register(crawl)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        for _ in range(2):
+            result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
+                                                      resources={"curation": resource}, raise_on_error=False)
+            assert result.success
+        second, first = instance.get_runs()  # newest first
+        mats = [e.asset_materialization for e in instance.all_logs(first.run_id,
+                                                                  of_type=DagsterEventType.ASSET_MATERIALIZATION)]
+        got = sorted((m.asset_key.to_user_string(), str(m.partition)) for m in mats if m is not None)
+        assert got == sorted((p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in crawl.partitions(p))
+        assert all(m is not None and 0.0 < m.metadata["overhead_s"].value < 60.0 for m in mats)
+        planned = instance.all_logs(first.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED)
+        assert len(planned) == len(got)
+        checks = instance.all_logs(first.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+        assert len(checks) == sum(len(crawl.partitions(p)) for p in PROGRAMS for k in CHECK_KINDS
+                                  if k.applies(PROGRAMS[p]))
+        assert instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION) == []
+        # Packed: as many as fit the documents bound, at most an even share of the processes each.
+        from curation_dagster.run.crawl_job import Fanout
+
+        sources = crawl.partitions("minhash_signatures")
+        fanout = Fanout(None, resource, crawl)  # type: ignore[arg-type]  # packs() needs no context
+        assert fanout.packs("minhash_signatures", sources) == [sources[:2], sources[2:]]
+        assert fanout.packs("lsh_buckets", [None]) == [[None]]
+        small = resource.model_copy(update={"pack_documents": 5})  # fewer than one source holds
+        assert Fanout(None, small, crawl).packs("minhash_signatures", sources) == [[s] for s in sources]  # type: ignore[arg-type]
+        alone = Store(str(tmp_path / "alone"))
+        run_all(alone, crawl)
+        assert _sorted(read(resource.store(), crawl, "removal_ledger", "ledger")).equals(
+            _sorted(read(alone, crawl, "removal_ledger", "ledger")))
