@@ -29,11 +29,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from stages.catalog import PROGRAMS
 from stages.credentials import check_url, storage_options
 from stages.errors import DamagedFile
-from stages.plan import plan_task
 from stages.spec import CrawlSpec, prior_outputs
-from stages.store import Store, check_name, retry, use_storage_options
+from stages.store import Manifest, Store, check_name, retry, use_storage_options
 
 CRAWLS_DIR = "_crawls"
 DATA_ROOT_ENV = "CURATE_DATA_ROOT"
@@ -168,9 +168,25 @@ class DataRoot:
         blobs = ((p, self.store.read_text(p)) for p in paths)
         return [(p, b) for p, b in blobs if b is not None]
 
+    def output_dir(self, spec: CrawlSpec, program: str, source: str | None) -> str:
+        """The folder of one partition's output for ``spec``'s current parameters (committed or
+        not); ``source`` is ignored for a crawl-level program. An unknown program or a source
+        outside the crawl is a KeyError."""
+        if program not in PROGRAMS:
+            raise KeyError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
+        src = source if PROGRAMS[program].level == "source" else None
+        if PROGRAMS[program].level == "source" and src not in spec.sources:
+            raise KeyError(f"source {src!r} is not part of crawl {spec.crawl!r}")
+        return self.store.partition_dir(program, spec.key_map()[(program, src)], spec.crawl, src)
+
+    def manifest(self, spec: CrawlSpec, program: str, source: str | None) -> Manifest | None:
+        """The committed manifest of one partition for ``spec``'s current parameters, or None
+        when that partition has no committed output: the one way to read a current manifest."""
+        return self.store.read_manifest(self.output_dir(spec, program, source))
+
     def published(self, spec: CrawlSpec) -> bool:
         """The crawl's removal ledger is committed for ``spec``."""
-        return self.store.read_manifest(plan_task(self.store, spec, "removal_ledger", None).output_dir) is not None
+        return self.manifest(spec, "removal_ledger", None) is not None
 
     # --- writing ---------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.catalog import PROGRAMS, STAGES
-from stages.plan import plan_task
+from stages.dataroot import DataRoot
 from stages.removal import kept_where
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -27,8 +27,8 @@ SCHEMA = pa.schema([(c, pa.float64() if c == "score" else pa.string()) for c in 
 
 
 def _committed(store: Store, spec: CrawlSpec, program: str, source: str | None) -> str | None:
-    pdir = plan_task(store, spec, program, source).output_dir
-    return pdir if store.read_manifest(pdir) is not None else None
+    root = DataRoot(store)
+    return root.output_dir(spec, program, source) if root.manifest(spec, program, source) is not None else None
 
 
 def stage_removals(store: Store, spec: CrawlSpec, program: str, sources: list[str] | None = None) -> pa.Table:
@@ -142,3 +142,13 @@ def explain_pending(store: Store, spec: CrawlSpec, table: pa.Table, doc_id: str)
         if kept is not None:
             lines.append(f"  kept text: {_snippet(kept['text'])}")
     return "\n".join(lines)
+
+
+def stopped(root: DataRoot, crawl: str) -> tuple[Store, CrawlSpec, pa.Table] | None:
+    """(store, spec, its committed removal lists) of a crawl that has no ledger but some removal
+    list (a blocking check stopped it); None otherwise."""
+    spec = root.spec(crawl)
+    if root.manifest(spec, "removal_ledger", None) is not None:
+        return None
+    table = pending_removals(root.store, spec)
+    return (root.store, spec, table) if table.num_rows else None

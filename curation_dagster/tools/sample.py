@@ -11,6 +11,9 @@
   planted bad lines (invalid JSON, non-string, empty and missing text, invalid UTF-8), so a run
   on the sample shows heuristic removals and quarantine.
 
+``write_configs(out, folders)`` writes the ``curate run --config`` files for it: every source and
+a small benchmark, and the same with the quality classifier ``make run`` trains.
+
 The output is deterministic: the same installation gives byte-identical files on every run.
 Nothing is deduplicated; duplicates are the point.
 """
@@ -39,6 +42,11 @@ SOURCES = ("docstrings", "licenses", "package_docs", "scraps")
 MIN_DOCSTRING_CHARS = 200
 # Kinds of bad lines planted in ``scraps``; each occurs exactly once.
 PLANTED_BAD = ("invalid_json", "text_not_string", "empty_text", "missing_text", "invalid_utf8")
+
+# Where `make run` trains the sample's quality classifier (under the sample folder), and the
+# threshold its config keeps documents at: P(hq) >= 0.5, the training threshold.
+SAMPLE_MODEL = "quality/model.bin"
+SAMPLE_MIN_SCORE = 0.5
 
 _SKIP_STDLIB_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 _LICENSE_NAME = re.compile(r"^(LICEN[CS]E|COPYING|NOTICE)", re.IGNORECASE)
@@ -72,6 +80,29 @@ def build_sample(out: Path, *, max_docs_per_source: int = 1500, copies: int = 1)
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def write_configs(out: Path, folders: dict[str, Path]) -> tuple[Path, Path]:
+    """``out/curate.json`` (every source of ``folders``, and a small benchmark of lightly edited
+    docstring passages written under ``out/benchmarks``, so the sample run shows decontam) and
+    ``out/curate-quality.json`` (the same with the classifier at ``out/SAMPLE_MODEL``)."""
+    from stages.decontam_sets import SAMPLE_BENCHMARK, sample_benchmark
+
+    config: dict[str, Any] = {"sources": {name: {"url": str(path.resolve()), "text_field": "text", "id_field": "id",
+                                 "url_field": "url"} for name, path in folders.items()}}
+    bench = sample_benchmark(folders["docstrings"], out / "benchmarks" / f"{SAMPLE_BENCHMARK}.jsonl")
+    config["params"] = {"contaminated_documents": {"benchmarks": [
+        {"name": SAMPLE_BENCHMARK, "path": str(bench.resolve())}]}}
+    plain = out / "curate.json"
+    plain.write_text(json.dumps(config, indent=1))
+    # The same with the quality classifier `make run` trains on a first pass's survivors
+    # (`curate train-quality --positive docstrings --negative package_docs --out SAMPLE_MODEL`).
+    model = str((out / SAMPLE_MODEL).resolve())
+    quality = {"classifiers": [{"name": "sample-quality", "kind": "fasttext", "path": model, "label": "hq",
+                                "min_score": SAMPLE_MIN_SCORE}]}
+    with_quality = out / "curate-quality.json"
+    with_quality.write_text(json.dumps({**config, "params": {**config["params"], "quality_scores": quality}}, indent=1))
+    return plain, with_quality
 
 
 def _take(records: Iterator[Record], n: int) -> Iterator[Record]:
