@@ -108,12 +108,13 @@ def cmd_semantic_audit(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from curation_dagster.tools.profile import print_profile, profile
 
-    instance = None
+    overhead = None
     if args.workdir:  # the workdir's Dagster instance has the steps' event log (the overhead)
         from curation_dagster.ops.instance import open_instance
+        from curation_dagster.run.recorder import recorded_overhead
 
-        instance = open_instance(workdir_paths(args.workdir)[1])
-    result = profile(dataroot(args), args.crawl, instance)
+        overhead = recorded_overhead(open_instance(workdir_paths(args.workdir)[1]))
+    result = profile(dataroot(args), args.crawl, overhead)
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from stages.checks import ChecksConfig
 from stages.configfile import InvalidConfig, load_mapping
 from stages.credentials import check_url
 from stages.params import ExecutionTuning
@@ -70,39 +71,6 @@ class AutomationConfig(_Section):
 
     enabled: bool = True
     interval_seconds: int = Field(default=30, ge=5)
-
-
-class OverDeletionConfig(_Section):
-    """Fail (ERROR, blocking) when a stage removes more than this fraction of what it saw of a source."""
-
-    max_removed_fraction: float = Field(default=0.9, ge=0.0, le=1.0)
-    per_stage: dict[str, float] = Field(default_factory=dict)
-    min_documents: int = Field(default=1000, ge=0)  # smaller sources are too small to judge
-
-    def bound(self, stage: str) -> float:
-        return self.per_stage.get(stage, self.max_removed_fraction)
-
-
-class EmptyResultConfig(_Section):
-    """Warn when a dedup stage removes nothing from a crawl of at least this many documents."""
-
-    min_documents: int = Field(default=10_000, ge=0)
-
-
-class GiantGroupConfig(_Section):
-    """Warn when the largest bucket/cluster of a report exceeds max(min_size, max_fraction x documents)."""
-
-    max_fraction: float = Field(default=0.05, gt=0.0, le=1.0)
-    min_size: int = Field(default=1000, ge=1)
-
-    def bound(self, documents: int) -> int:
-        return max(self.min_size, int(self.max_fraction * documents))
-
-
-class ChecksConfig(_Section):
-    over_deletion: OverDeletionConfig = Field(default_factory=lambda: OverDeletionConfig())
-    empty_result: EmptyResultConfig = Field(default_factory=lambda: EmptyResultConfig())
-    giant_groups: GiantGroupConfig = Field(default_factory=lambda: GiantGroupConfig())
 
 
 class WorkdirConfig(_Section):

@@ -61,7 +61,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from curation_dagster.defs.checks import CHECK_KINDS, Judge, evaluator
+from curation_dagster.defs.checks import Judge, evaluator
 from curation_dagster.defs.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import add_partitions
@@ -70,6 +70,8 @@ from curation_dagster.run.metadata import asset_metadata
 from curation_dagster.run.planner import Planner, partition_label
 from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS, waves
+from stages.checks import CHECK_KINDS
+from stages.dataroot import DataRoot
 from stages.execute import Outcome, execute, metadata
 from stages.parallel import adopt_environment, die_with_parent, limit_threads
 from stages.params import ExecutionParams
@@ -310,10 +312,9 @@ class Fanout:
         return packs
 
     def _documents(self, source: str | None) -> int:
-        from stages.plan import plan_task
 
         try:
-            manifest = self.store.read_manifest(plan_task(self.store, self.spec, "raw_documents", source).output_dir)
+            manifest = DataRoot(self.store).manifest(self.spec, "raw_documents", source)
         except FileNotFoundError:
             return 0
         return int(manifest.report.get("documents", 0)) if manifest is not None else 0
@@ -345,9 +346,8 @@ class Fanout:
         if "error" in reported:
             return Done(program, source, error=str(reported["error"]))
         try:
-            from stages.plan import plan_task
 
-            manifest = self.store.read_manifest(plan_task(self.store, self.spec, program, source).output_dir)
+            manifest = DataRoot(self.store).manifest(self.spec, program, source)
             if manifest is None or manifest.data_version != reported.get("data_version"):
                 return Done(program, source, error="its process ended without committing its output")
             outcome = Outcome(manifest, bool(reported["skipped"]), float(reported["seconds"]))

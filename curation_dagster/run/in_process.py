@@ -24,16 +24,17 @@ from typing import Any
 from dagster import DagsterEventType, DagsterInstance
 from rich.markup import escape
 
-from curation_dagster.defs.checks import report_stale_dependents
+from curation_dagster.defs.checks import record_stale_dependents
 from curation_dagster.defs.partitions import CRAWL, SOURCE
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import add_partitions, open_instance
 from curation_dagster.ops.location import run_origin
 from curation_dagster.run.crawl_job import CRAWL_JOB_DEF, CRAWL_TAG, PartitionPool, attached
 from curation_dagster.run.planner import Planner, partition_label
-from curation_dagster.run.recorder import Done, Verdict
+from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS
-from stages.plan import plan_task
+from stages.checks import Verdict
+from stages.dataroot import DataRoot
 from stages.reports import RemovalLedgerReport, Report, SourceCounts, read, read_as
 from stages.spec import CrawlSpec
 from stages.store import Manifest
@@ -87,7 +88,7 @@ def run_crawl(
             if blocked:
                 raise RunFailed(blocked)
     # Later crawls deduplicated against this crawl's old outputs: their check fails in the UI now.
-    report_stale_dependents(instance, resource, spec.crawl)
+    record_stale_dependents(instance, resource, spec.crawl)
     return read_as(_manifest(resource, spec, "removal_ledger", None), RemovalLedgerReport)
 
 
@@ -170,7 +171,7 @@ def _label(spec: CrawlSpec, program: str, source: str | None) -> str:
 
 def _manifest(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None) -> Manifest:
     store = resource.store()
-    manifest = store.read_manifest(plan_task(store, spec, program, source).output_dir)
+    manifest = DataRoot(store).manifest(spec, program, source)
     assert manifest is not None
     return manifest
 

@@ -1,7 +1,10 @@
 """A partition's materialization metadata beyond its program's figures (``stages.execute.metadata``):
 what explains a shrinking source (the kept fraction, the ledger's waterfall, examples) and the
 row count and column schema of its main table. Built where the partition ran, for an asset step
-and a crawl step alike (``curation_dagster.run.crawl_job``).
+and a crawl step alike (``curation_dagster.run.crawl_job``). Also the Dagster form of what
+``curation_dagster.tools`` computes without Dagster: the ledger's waterfall table and chart
+(``tools.lineage``), removal examples (``tools.examples``) and, on a failed ``over_deletion``
+check, what the stopped stage would remove (``tools.pending``).
 """
 
 from __future__ import annotations
@@ -9,8 +12,22 @@ from __future__ import annotations
 from typing import Any
 
 from curation_dagster.defs.resources import CurationResource
-from stages.plan import plan_task
+from curation_dagster.tools.examples import COLUMNS, EXAMPLE_COLUMNS, pick, removal_examples
+from curation_dagster.tools.lineage import (
+    chart_markdown,
+    crawl_over_crawl_rows,
+    previous_reports,
+    totals,
+    waterfall_columns,
+    waterfall_markdown,
+    waterfall_rows,
+)
+from curation_dagster.tools.pending import NOT_APPLIED, counts_markdown, stage_removals
+from stages.catalog import PROGRAMS
+from stages.dataroot import DataRoot
 from stages.reports import CuratedDocumentsReport, RemovalLedgerReport, read_as
+from stages.spec import CrawlSpec
+from stages.store import Store
 
 
 def _lineage(curation: CurationResource, program: str, crawl: str, source: str | None) -> dict[str, Any]:
@@ -19,14 +36,12 @@ def _lineage(curation: CurationResource, program: str, crawl: str, source: str |
     if program not in ("curated_documents", "removal_ledger"):
         return {}
     store = curation.store()
-    manifest = store.read_manifest(plan_task(store, curation.spec(crawl), program, source).output_dir)
+    manifest = DataRoot(store).manifest(curation.spec(crawl), program, source)
     if manifest is None:
         return {}
     if program == "curated_documents":
         cur = read_as(manifest, CuratedDocumentsReport)
         return {"kept_fraction": round(cur.kept / cur.input, 6) if cur.input else 0.0}
-    from curation_dagster.tools.lineage import removal_ledger_metadata
-
     return removal_ledger_metadata(store, curation.spec(crawl), read_as(manifest, RemovalLedgerReport))
 
 
@@ -56,8 +71,9 @@ def table_metadata(curation: CurationResource, program: str, crawl: str, source:
     from dagster import TableColumn, TableSchema
 
     store = curation.store()
-    pdir = plan_task(store, curation.spec(crawl), program, source).output_dir
-    manifest = store.read_manifest(pdir)
+    root = DataRoot(store)
+    pdir = root.output_dir(curation.spec(crawl), program, source)
+    manifest = root.manifest(curation.spec(crawl), program, source)
     if manifest is None or not manifest.tables:
         return {}
     table = next((t for t in MAIN_TABLES if t in manifest.tables), sorted(manifest.tables)[0])
@@ -79,3 +95,90 @@ def asset_metadata(
     first: it is what the materialization's page shows at the top. An asset step and a crawl
     step record the same (``curation_dagster.run.crawl_job``)."""
     return {**_lineage(curation, program, crawl, source), **table_metadata(curation, program, crawl, source), **meta}
+
+
+def ledger_metadata(report: RemovalLedgerReport) -> dict[str, Any]:
+    """Metadata of a removal_ledger materialization: the waterfall as Markdown, as a native table
+    (``waterfall_table``) and as a chart, and numeric totals (plotted across materializations by the UI)."""
+    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+
+    tot = totals(report)
+    schema = TableSchema(columns=[TableColumn(name, kind, description)
+                                  for name, kind, description in waterfall_columns(report)])
+    meta: dict[str, Any] = {
+        "waterfall": MetadataValue.md(waterfall_markdown(report)),
+        # The same counts as a native table: typed columns the UI sorts, and tools read as data.
+        "waterfall_table": MetadataValue.table([TableRecord(r) for r in waterfall_rows(report)], schema),
+        "input_total": tot.input,
+        "kept_total": tot.kept,
+        "quarantined_total": tot.quarantined,
+        "kept_fraction": round(tot.kept / tot.input, 6) if tot.input else 0.0,
+        **{f"removed_{stage}": n for stage, n in tot.removed_per_stage.items()},
+    }
+    try:
+        chart = MetadataValue.md(chart_markdown(report))
+    except ImportError:  # pillow (with FreeType, as its wheels are) is a dependency; a trimmed image gets the table
+        chart = MetadataValue.md("_install Pillow with FreeType support to see the chart_")
+    return {"waterfall": meta.pop("waterfall"), "waterfall_chart": chart, **meta}
+
+
+def crawl_over_crawl_table(report: RemovalLedgerReport, previous: dict[str, RemovalLedgerReport]) -> Any:
+    """``crawl_over_crawl_rows`` as a Dagster table with its schema (None where no source has a
+    previous crawl)."""
+    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+
+    rows = crawl_over_crawl_rows(report, previous)
+    if not rows:
+        return None
+    described = {"source": ("string", "source name"),
+                 "previous_crawl": ("string", "the latest crawl before this one that has the source (and a ledger)"),
+                 "input_before": ("int", "documents read then"), "input": ("int", "documents read now"),
+                 "input_change": ("int", "now − then"), "kept_before": ("int", "documents kept then"),
+                 "kept": ("int", "documents kept now"), "kept_change": ("int", "now − then"),
+                 "quarantine_change": ("int", "documents quarantined at ingestion: now − then")}
+    columns = [TableColumn(c, *described[c]) if c in described else
+               TableColumn(c, "int", f"documents removed by {c.removesuffix('_change')}: now − then")
+               for c in rows[0]]
+    return MetadataValue.table([TableRecord(r) for r in rows], TableSchema(columns=columns))
+
+
+def removal_ledger_metadata(store: Store, spec: CrawlSpec, report: RemovalLedgerReport) -> dict[str, Any]:
+    """``ledger_metadata`` and, after the waterfall, ``removal_examples``: a few removed documents
+    of each source x stage x reason with the kept document each duplicated (its crawl and an
+    excerpt), the sources that kept the smallest share first."""
+    pdir = DataRoot(store).output_dir(spec, "removal_ledger", None)
+    order = sorted(report.sources, key=lambda n: (report.sources[n].kept / report.sources[n].input
+                                                  if report.sources[n].input else 1.0, n))
+    rows = pick(store.iter_batches(pdir, "ledger", COLUMNS), order)  # ledgers of v2 have every column
+    meta = ledger_metadata(report)
+    head = {k: meta.pop(k) for k in ("waterfall", "waterfall_chart")}
+    compared = crawl_over_crawl_table(report, previous_reports(store, spec.crawl, sorted(report.sources)))
+    return {**head, "removal_examples": examples_table(removal_examples(store, spec, rows)),
+            **({"crawl_over_crawl": compared} if compared is not None else {}), **meta}
+
+
+def examples_table(examples: list[dict[str, Any]]) -> Any:
+    """``removal_examples`` rows as a Dagster table with its schema."""
+    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+
+    schema = TableSchema(columns=[TableColumn(n, k, d) for n, k, d in EXAMPLE_COLUMNS])
+    # TableRecord takes no None: an unscored removal shows an empty score
+    records = [TableRecord({k: ("" if v is None else v) for k, v in e.items()}) for e in examples]
+    return MetadataValue.table(records, schema)
+
+
+def pending_metadata(store: Store, spec: CrawlSpec, program: str, sources: list[str]) -> dict[str, Any]:
+    """Dagster metadata of a failed over_deletion: the stage's removal list per source and reason
+    and a few examples (``curation_dagster.tools.examples``), titled as not applied."""
+    from dagster import MetadataValue
+
+    from curation_dagster.run.metadata import examples_table
+
+    t = stage_removals(store, spec, program, sources)
+    title = (f"**{NOT_APPLIED}**: what stage `{PROGRAMS[program].stage}` would remove (its removal list, "
+             f"committed; the crawl stopped before applying it)")
+    rows = pick(t.to_batches(), sources)
+    return {
+        "would_remove": MetadataValue.md(counts_markdown(t, title)),
+        "would_remove_examples": examples_table(removal_examples(store, spec, rows)),
+    }

@@ -6,14 +6,16 @@ the tags Dagster reads it from, and one ``AssetCheckEvaluation`` per check; an a
 partition launched from the UI, or a backfill's) gets the same metadata and data version as a
 ``MaterializeResult``, and an asset check step its verdict as an ``AssetCheckResult``. Whichever
 launcher ran the partition (the warm pool, a Pipes subprocess, a pod) and whichever step records
-it, the events are built here, ``overhead_s`` included.
+it, the events are built here, ``overhead_s`` included; ``recorded_overhead`` reads that figure
+back from an instance (``curate profile``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
@@ -21,11 +23,16 @@ from dagster import (
     AssetCheckSeverity,
     AssetKey,
     AssetMaterialization,
+    AssetRecordsFilter,
+    DagsterEventType,
+    DagsterInstance,
     DataVersion,
     MaterializeResult,
     MetadataValue,
 )
 
+from curation_dagster.defs.partitions import partition_key
+from stages.checks import Verdict
 from stages.execute import Outcome
 
 # The materialization tags Dagster reads an asset partition's data version from: what it writes
@@ -33,17 +40,6 @@ from stages.execute import Outcome
 # tests/curation_dagster/run/test_in_process.py checks both kinds of materialization carry them).
 DATA_VERSION_TAG = "dagster/data_version"
 DATA_VERSION_IS_USER_PROVIDED_TAG = "dagster/data_version_is_user_provided"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A check's answer; ``severity`` applies when it did not pass."""
-
-    passed: bool
-    description: str
-    severity: Literal["ERROR", "WARN"] = "ERROR"
-    metadata: dict[str, Any] = field(default_factory=dict)
-    table: str | None = None  # Markdown, shown as the check's ``details``
 
 
 @dataclass(frozen=True)
@@ -163,3 +159,53 @@ def check_result(verdict: Verdict) -> AssetCheckResult:
     """A verdict as an asset check step returns it."""
     return AssetCheckResult(passed=verdict.passed, severity=severity(verdict), metadata=check_metadata(verdict),
                             description=verdict.description)
+
+
+def recorded_overhead(instance: DagsterInstance) -> Callable[[str, str, str | None, str, float], float | None]:
+    """``(program, crawl, source, data_version, wall_s) -> step_overhead(instance, ...)``, the
+    per-run step starts cached across calls (``curation_dagster.tools.profile.Overhead``)."""
+    cache: dict[str, dict[str, float]] = {}
+
+    def overhead(program: str, crawl: str, source: str | None, data_version: str, wall_s: float) -> float | None:
+        return step_overhead(instance, program, crawl, source, data_version, wall_s, cache)
+
+    return overhead
+
+
+def _step_starts(instance: DagsterInstance, run_id: str, cache: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Timestamp of each step's start in one run, by step key (cached per run)."""
+    if run_id not in cache:
+        cache[run_id] = {e.step_key: e.timestamp for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)
+                         if e.step_key}
+    return cache[run_id]
+
+
+def step_overhead(instance: DagsterInstance, program: str, crawl: str, source: str | None, data_version: str,
+                  wall_s: float, cache: dict[str, dict[str, float]] | None = None) -> float | None:
+    """The orchestration overhead of the partition's newest materialization of its data version
+    that was not up to date already: the ``overhead_s`` it recorded (its time outside the program,
+    up to the materialization), else the seconds between its step's start and it, minus the
+    program's wall time; None when the event log has neither."""
+    cache = {} if cache is None else cache
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[str(partition_key(crawl, source))]),
+        limit=50,
+    ).records
+    for record in records:  # newest first
+        mat = record.asset_materialization
+        if mat is None:
+            continue
+        meta = mat.metadata
+        version, cached = meta.get("data_version"), meta.get("cached")
+        if version is None or version.value != data_version or (cached is not None and cached.value is True):
+            continue
+        # What the step, the wave run or ``curate run`` measured for it (the partition's own time
+        # outside the program, up to its materialization); a wave run's step runs many partitions.
+        recorded = meta.get("overhead_s")
+        if recorded is not None and isinstance(recorded.value, float):
+            return recorded.value
+        if not record.run_id:
+            return None
+        start = _step_starts(instance, record.run_id, cache).get(record.event_log_entry.step_key or program)
+        return None if start is None else max(record.timestamp - start - wall_s, 0.0)
+    return None

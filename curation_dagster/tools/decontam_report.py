@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stages.plan import plan_task
+from stages.dataroot import DataRoot
 from stages.reports import ContaminatedDocumentsReport, read_as
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -13,7 +13,7 @@ PROGRAM = "contaminated_documents"
 def decontam_report(store: Store, spec: CrawlSpec) -> ContaminatedDocumentsReport | None:
     """The committed report of ``contaminated_documents`` for the crawl's current parameters,
     or None when it has not been materialized."""
-    manifest = store.read_manifest(plan_task(store, spec, PROGRAM, None).output_dir)
+    manifest = DataRoot(store).manifest(spec, PROGRAM, None)
     return None if manifest is None else read_as(manifest, ContaminatedDocumentsReport)
 
 

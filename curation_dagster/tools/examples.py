@@ -4,7 +4,7 @@ score and the kept document it duplicated (its crawl, source and an excerpt), fo
 ``removal_examples`` picks them from a removal list in the ledger's shape (the committed ledger, or
 a stopped stage's removal list, ``curation_dagster.tools.pending``) and reads the texts of only those
 documents: each raw_documents partition that holds one is streamed until all it holds are found.
-``examples_table`` is the Dagster table metadata of those rows.
+``curation_dagster.run.metadata.examples_table`` makes those rows Dagster table metadata.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.catalog import QUARANTINE, STAGES
-from stages.plan import plan_task
+from stages.dataroot import DataRoot
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -62,7 +62,7 @@ def _raw_dir(store: Store, spec: CrawlSpec, crawl: str, source: str) -> str | No
     """The raw_documents partition of ``source`` in ``crawl`` (this crawl or one it was
     deduplicated against), None where the spec does not know it."""
     if crawl == spec.crawl:
-        return plan_task(store, spec, "raw_documents", source).output_dir if source in spec.sources else None
+        return DataRoot(store).output_dir(spec, "raw_documents", source) if source in spec.sources else None
     key = spec.dedup_against.get(crawl, {}).get(f"raw_documents/{source}")
     return store.partition_dir("raw_documents", key, crawl, source) if key else None
 
@@ -127,13 +127,3 @@ EXAMPLE_COLUMNS = [
     ("kept_source", "string", "the kept document's source"),
     ("kept_excerpt", "string", f"the kept document's text, first {EXCERPT} characters"),
 ]
-
-
-def examples_table(examples: list[dict[str, Any]]) -> Any:
-    """``removal_examples`` rows as a Dagster table with its schema."""
-    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
-
-    schema = TableSchema(columns=[TableColumn(n, k, d) for n, k, d in EXAMPLE_COLUMNS])
-    # TableRecord takes no None: an unscored removal shows an empty score
-    records = [TableRecord({k: ("" if v is None else v) for k, v in e.items()}) for e in examples]
-    return MetadataValue.table(records, schema)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from stages.plan import plan_task
+from stages.dataroot import DataRoot
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -15,7 +15,7 @@ SNIPPET = 300
 
 def _document(store: Store, spec: CrawlSpec, doc_id: str) -> dict[str, Any] | None:
     """A document of this crawl or of an earlier crawl it was deduplicated against."""
-    dirs = [plan_task(store, spec, "raw_documents", source).output_dir for source in sorted(spec.sources)]
+    dirs = [DataRoot(store).output_dir(spec, "raw_documents", source) for source in sorted(spec.sources)]
     for crawl, outputs in sorted(spec.dedup_against.items()):
         dirs += [store.partition_dir("raw_documents", key, crawl, name.partition("/")[2])
                  for name, key in sorted(outputs.items()) if name.startswith("raw_documents/")]
@@ -54,7 +54,7 @@ def _doc_ids_of_record(store: Store, spec: CrawlSpec, ledger_dir: str, record_id
     """Every doc_id of this crawl whose record id is ``record_id``: documents ingested (kept or
     removed later) and those quarantined (a ``duplicate_record_id`` among them), sorted; streamed."""
     found: set[str] = set()
-    dirs = [(plan_task(store, spec, "raw_documents", s).output_dir, "documents") for s in sorted(spec.sources)]
+    dirs = [(DataRoot(store).output_dir(spec, "raw_documents", s), "documents") for s in sorted(spec.sources)]
     for pdir, table in [*dirs, (ledger_dir, "ledger")]:
         for batch in store.iter_batches(pdir, table, ["doc_id", "record_id"]):
             hit = batch.filter(pc.equal(batch["record_id"], record_id))

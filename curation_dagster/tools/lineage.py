@@ -3,8 +3,9 @@
 ``waterfall_markdown`` is the table (each step: documents removed and the share of what reached
 it), ``waterfall_rows`` the same counts as plain rows (a native Dagster table with a schema),
 ``waterfall_png`` the chart (one 100 % bar per source: kept, quarantined, removed by each stage),
-``ledger_metadata`` all three as Dagster metadata for the ``removal_ledger`` materialization (the
-chart embedded as a base64 ``data:`` URI in Markdown, which the UI renders inline).
+``chart_markdown`` the chart embedded as a base64 ``data:`` URI in Markdown (which the UI renders
+inline). ``curation_dagster.run.metadata.ledger_metadata`` makes them the Dagster metadata of the
+``removal_ledger`` materialization; this module imports no Dagster.
 Pillow is imported only here and only when a chart is drawn.
 """
 
@@ -18,7 +19,6 @@ from stages.catalog import QUARANTINE, STAGES
 from stages.reports import LedgerSource, RemovalLedgerReport, SourceCounts
 
 if TYPE_CHECKING:
-    from stages.spec import CrawlSpec
     from stages.store import Store
 
 KEPT_COLOR = "#2e7d32"
@@ -305,39 +305,14 @@ def chart_markdown(report: RemovalLedgerReport) -> str:
     return f"![where each source's documents went](data:image/png;base64,{data})"
 
 
-def ledger_metadata(report: RemovalLedgerReport) -> dict[str, Any]:
-    """Metadata of a removal_ledger materialization: the waterfall as Markdown, as a native table
-    (``waterfall_table``) and as a chart, and numeric totals (plotted across materializations by the UI)."""
-    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
-
-    tot = totals(report)
-    schema = TableSchema(columns=[TableColumn(name, kind, description)
-                                  for name, kind, description in waterfall_columns(report)])
-    meta: dict[str, Any] = {
-        "waterfall": MetadataValue.md(waterfall_markdown(report)),
-        # The same counts as a native table: typed columns the UI sorts, and tools read as data.
-        "waterfall_table": MetadataValue.table([TableRecord(r) for r in waterfall_rows(report)], schema),
-        "input_total": tot.input,
-        "kept_total": tot.kept,
-        "quarantined_total": tot.quarantined,
-        "kept_fraction": round(tot.kept / tot.input, 6) if tot.input else 0.0,
-        **{f"removed_{stage}": n for stage, n in tot.removed_per_stage.items()},
-    }
-    try:
-        chart = MetadataValue.md(chart_markdown(report))
-    except ImportError:  # pillow (with FreeType, as its wheels are) is a dependency; a trimmed image gets the table
-        chart = MetadataValue.md("_install Pillow with FreeType support to see the chart_")
-    return {"waterfall": meta.pop("waterfall"), "waterfall_chart": chart, **meta}
-
-
 def previous_reports(store: Store, crawl: str, sources: list[str]) -> dict[str, RemovalLedgerReport]:
     """Source -> the ledger report of the latest crawl registered before ``crawl`` that has the
     source and a ledger for its current parameters (none for a source seen first now)."""
     from stages.dataroot import DataRoot
-    from stages.plan import plan_task
     from stages.reports import read_as
 
-    records = DataRoot(store).records()
+    root = DataRoot(store)
+    records = root.records()
     names = [r.crawl for r in records]
     before = records[: names.index(crawl)] if crawl in names else records
     cache: dict[str, RemovalLedgerReport | None] = {}
@@ -347,7 +322,7 @@ def previous_reports(store: Store, crawl: str, sources: list[str]) -> dict[str, 
         if not todo:
             continue
         if record.crawl not in cache:
-            m = store.read_manifest(plan_task(store, record.spec, "removal_ledger", None).output_dir)
+            m = root.manifest(record.spec, "removal_ledger", None)
             cache[record.crawl] = read_as(m, RemovalLedgerReport) if m is not None else None
         prev = cache[record.crawl]
         for s in todo:
@@ -377,41 +352,3 @@ def crawl_over_crawl_rows(
             **{f"{s}_change": now.removed_per_stage.get(s, 0) - then.removed_per_stage.get(s, 0) for s in stages},
         })
     return out
-
-
-def crawl_over_crawl_table(report: RemovalLedgerReport, previous: dict[str, RemovalLedgerReport]) -> Any:
-    """``crawl_over_crawl_rows`` as a Dagster table with its schema (None where no source has a
-    previous crawl)."""
-    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
-
-    rows = crawl_over_crawl_rows(report, previous)
-    if not rows:
-        return None
-    described = {"source": ("string", "source name"),
-                 "previous_crawl": ("string", "the latest crawl before this one that has the source (and a ledger)"),
-                 "input_before": ("int", "documents read then"), "input": ("int", "documents read now"),
-                 "input_change": ("int", "now − then"), "kept_before": ("int", "documents kept then"),
-                 "kept": ("int", "documents kept now"), "kept_change": ("int", "now − then"),
-                 "quarantine_change": ("int", "documents quarantined at ingestion: now − then")}
-    columns = [TableColumn(c, *described[c]) if c in described else
-               TableColumn(c, "int", f"documents removed by {c.removesuffix('_change')}: now − then")
-               for c in rows[0]]
-    return MetadataValue.table([TableRecord(r) for r in rows], TableSchema(columns=columns))
-
-
-def removal_ledger_metadata(store: Store, spec: CrawlSpec, report: RemovalLedgerReport) -> dict[str, Any]:
-    """``ledger_metadata`` and, after the waterfall, ``removal_examples``: a few removed documents
-    of each source x stage x reason with the kept document each duplicated (its crawl and an
-    excerpt), the sources that kept the smallest share first."""
-    from curation_dagster.tools.examples import COLUMNS, examples_table, pick, removal_examples
-    from stages.plan import plan_task
-
-    pdir = plan_task(store, spec, "removal_ledger", None).output_dir
-    order = sorted(report.sources, key=lambda n: (report.sources[n].kept / report.sources[n].input
-                                                  if report.sources[n].input else 1.0, n))
-    rows = pick(store.iter_batches(pdir, "ledger", COLUMNS), order)  # ledgers of v2 have every column
-    meta = ledger_metadata(report)
-    head = {k: meta.pop(k) for k in ("waterfall", "waterfall_chart")}
-    compared = crawl_over_crawl_table(report, previous_reports(store, spec.crawl, sorted(report.sources)))
-    return {**head, "removal_examples": examples_table(removal_examples(store, spec, rows)),
-            **({"crawl_over_crawl": compared} if compared is not None else {}), **meta}

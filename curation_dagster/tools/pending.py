@@ -9,8 +9,6 @@ failed check's metadata, every one of them marked *not applied*.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -88,23 +86,6 @@ def counts_markdown(table: pa.Table, title: str) -> str:
         for stage, per_reason in per_stage.items():
             lines += [f"| {source} | {stage} | {reason} | {n:,} |" for reason, n in per_reason.items()]
     return "\n".join(lines)
-
-
-def pending_metadata(store: Store, spec: CrawlSpec, program: str, sources: list[str]) -> dict[str, Any]:
-    """Dagster metadata of a failed over_deletion: the stage's removal list per source and reason
-    and a few examples (``curation_dagster.tools.examples``), titled as not applied."""
-    from dagster import MetadataValue
-
-    from curation_dagster.tools.examples import examples_table, pick, removal_examples
-
-    t = stage_removals(store, spec, program, sources)
-    title = (f"**{NOT_APPLIED}**: what stage `{PROGRAMS[program].stage}` would remove (its removal list, "
-             f"committed; the crawl stopped before applying it)")
-    rows = pick(t.to_batches(), sources)
-    return {
-        "would_remove": MetadataValue.md(counts_markdown(t, title)),
-        "would_remove_examples": examples_table(removal_examples(store, spec, rows)),
-    }
 
 
 def stopped_report(crawl: str, table: pa.Table) -> str:

@@ -5,11 +5,12 @@ Per program and partition: documents, bytes, wall time split into read, compute 
 ``timing`` every partition's report carries since ``stages.timing``: the same figures whichever
 way it ran), the orchestration overhead, and GPU time where a GPU ran. Overhead is what Dagster
 adds around the program: the ``overhead_s`` its materialization carries
-(``curation_dagster.run.recorder``: its time outside the program, from the start of its launch (a
-Pipes subprocess's interpreter start and imports, a pod's start) to its record, the manifest
-commit, the metadata and its checks included), else its step's duration in the instance's event
-log minus the program's wall time; a partition with neither (run by ``python -m stages``, or in a
-deployment whose event log is elsewhere) has ``overhead_s`` null.
+(``curation_dagster.run.recorder.recorded_overhead`` reads it: its time outside the program, from
+the start of its launch (a Pipes subprocess's interpreter start and imports, a pod's start) to its
+record, the manifest commit, the metadata and its checks included), else its step's duration in
+the instance's event log minus the program's wall time; a partition with neither (run by
+``python -m stages``, or in a deployment whose event log is elsewhere) has ``overhead_s`` null.
+This module imports no Dagster: ``profile`` is given the function that reads the overhead.
 
 ``documents`` is the partition's input documents as its report counts them (``input``,
 ``documents`` or ``nodes``; the ledger's sources' inputs); ``bytes`` the Arrow bytes it read from
@@ -18,14 +19,16 @@ the data root (its source files' bytes for ``raw_documents``, which reads outsid
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot
 from stages.spec import CrawlSpec
 
-if TYPE_CHECKING:
-    from dagster import DagsterInstance
+# (program, crawl, source, data_version, wall_s) -> the partition's orchestration overhead, or None:
+# ``curation_dagster.run.recorder.recorded_overhead`` reads it from a Dagster instance.
+Overhead = Callable[[str, str, "str | None", str, float], "float | None"]
 
 # GPU seconds a program's report states, where its backend was a GPU (the kernel's own timer).
 GPU_SECONDS = {
@@ -80,68 +83,20 @@ def partition_profile(program: str, report: dict[str, Any], overhead_s: float | 
     return row
 
 
-def _step_starts(instance: DagsterInstance, run_id: str, cache: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Timestamp of each step's start in one run, by step key (cached per run)."""
-    if run_id not in cache:
-        from dagster import DagsterEventType
-
-        cache[run_id] = {e.step_key: e.timestamp for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)
-                         if e.step_key}
-    return cache[run_id]
-
-
-def step_overhead(instance: DagsterInstance, program: str, crawl: str, source: str | None, data_version: str,
-                  wall_s: float, cache: dict[str, dict[str, float]] | None = None) -> float | None:
-    """The orchestration overhead of the partition's newest materialization of its data version
-    that was not up to date already: the ``overhead_s`` it recorded (its time outside the program,
-    up to the materialization), else the seconds between its step's start and it, minus the
-    program's wall time; None when the event log has neither."""
-    from dagster import AssetKey, AssetRecordsFilter
-
-    from curation_dagster.defs.partitions import partition_key
-
-    cache = {} if cache is None else cache
-    records = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[str(partition_key(crawl, source))]),
-        limit=50,
-    ).records
-    for record in records:  # newest first
-        mat = record.asset_materialization
-        if mat is None:
-            continue
-        meta = mat.metadata
-        version, cached = meta.get("data_version"), meta.get("cached")
-        if version is None or version.value != data_version or (cached is not None and cached.value is True):
-            continue
-        # What the step, the wave run or ``curate run`` measured for it (the partition's own time
-        # outside the program, up to its materialization); a wave run's step runs many partitions.
-        recorded = meta.get("overhead_s")
-        if recorded is not None and isinstance(recorded.value, float):
-            return recorded.value
-        if not record.run_id:
-            return None
-        start = _step_starts(instance, record.run_id, cache).get(record.event_log_entry.step_key or program)
-        return None if start is None else max(record.timestamp - start - wall_s, 0.0)
-    return None
-
-
-def profile(root: DataRoot, crawl: str, instance: DagsterInstance | None = None) -> dict[str, Any]:
+def profile(root: DataRoot, crawl: str, overhead: Overhead | None = None) -> dict[str, Any]:
     """``{"crawl": C, "programs": {PROGRAM: {PARTITION: row}}}`` of the committed outputs of the
-    crawl's current parameters (a partition is its source, or the crawl for crawl-level ones)."""
+    crawl's current parameters (a partition is its source, or the crawl for crawl-level ones);
+    ``overhead``: where the orchestration overhead is read (none: ``overhead_s`` null)."""
     spec: CrawlSpec = root.spec(crawl)
-    store = root.store
-    keys = spec.keys()
-    cache: dict[str, dict[str, float]] = {}
     programs: dict[str, dict[str, dict[str, Any]]] = {}
     for name in PROGRAMS:
         for source in spec.partitions(name):
-            manifest = store.read_manifest(store.partition_dir(name, keys[(name, source)], crawl, source))
+            manifest = root.manifest(spec, name, source)
             if manifest is None:
                 continue
             wall = float(manifest.report.get("timing", {}).get("wall_s", manifest.report.get("seconds", 0.0)))
-            overhead = None if instance is None else step_overhead(
-                instance, name, crawl, source, manifest.data_version, wall, cache)
-            programs.setdefault(name, {})[source or crawl] = partition_profile(name, manifest.report, overhead)
+            spent = None if overhead is None else overhead(name, crawl, source, manifest.data_version, wall)
+            programs.setdefault(name, {})[source or crawl] = partition_profile(name, manifest.report, spent)
     return {"crawl": crawl, "programs": programs}
 
 
@@ -150,11 +105,9 @@ def measured_sizing(root: DataRoot, crawl: str) -> dict[str, float]:
     documents signed and their mean characters (UTF-8 bytes), the Arrow bytes of the signature
     and band-key tables as written, band keys, band edges, candidate pairs and their text bytes."""
     spec = root.spec(crawl)
-    store = root.store
-    keys = spec.keys()
 
     def report(program: str, source: str | None) -> dict[str, Any]:
-        m = store.read_manifest(store.partition_dir(program, keys[(program, source)], crawl, source))
+        m = root.manifest(spec, program, source)
         if m is None:
             raise FileNotFoundError(f"{program}[{source or crawl}] has no committed output for the current parameters")
         return {**m.report, "rows": m.rows}

@@ -47,9 +47,9 @@ class AuditError(RuntimeError):
 def audit(store: Store, spec: CrawlSpec, per_band: int = 4, seed: int = 0
           ) -> tuple[list[Band], SemanticDuplicatesReport]:
     """The bands of ``spec``'s crawl (highest first) with sampled pairs, and the stage's report."""
-    keys = spec.keys()
-    pdir = store.partition_dir("semantic_duplicates", keys[("semantic_duplicates", None)], spec.crawl)
-    manifest = store.read_manifest(pdir)
+    root = DataRoot(store)
+    pdir = root.output_dir(spec, "semantic_duplicates", None)
+    manifest = root.manifest(spec, "semantic_duplicates", None)
     if manifest is None:
         raise AuditError(
             f"crawl {spec.crawl!r} has no semantic_duplicates output for its current parameters; "
@@ -73,7 +73,7 @@ def audit(store: Store, spec: CrawlSpec, per_band: int = 4, seed: int = 0
         bands.append(Band(max(low, -1.0), high, len(rows), int((sim >= low).sum()), pairs))
         high = low
     wanted = {r[k] for b in bands for r in b.pairs for k in ("doc_id", "neighbor")}
-    texts = _texts(store, spec, keys, wanted)
+    texts = _texts(root, spec, wanted)
     for b in bands:
         for r in b.pairs:
             r["text"] = texts.get(r["doc_id"], "")
@@ -81,14 +81,14 @@ def audit(store: Store, spec: CrawlSpec, per_band: int = 4, seed: int = 0
     return bands, report
 
 
-def _texts(store: Store, spec: CrawlSpec, keys: dict[tuple[str, str | None], str], wanted: set[str]) -> dict[str, str]:
+def _texts(root: DataRoot, spec: CrawlSpec, wanted: set[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     if not wanted:
         return out
     value_set = pa.array(sorted(wanted), pa.string())
     for source in sorted(spec.sources):
-        pdir = store.partition_dir("raw_documents", keys[("raw_documents", source)], spec.crawl, source)
-        for batch in store.iter_batches(pdir, "documents", ["doc_id", "text"]):
+        pdir = root.output_dir(spec, "raw_documents", source)
+        for batch in root.store.iter_batches(pdir, "documents", ["doc_id", "text"]):
             hit = pc.is_in(batch.column(0), value_set=value_set)
             for doc_id, text in zip(batch.column(0).filter(hit).to_pylist(), batch.column(1).filter(hit).to_pylist(),
                                     strict=True):

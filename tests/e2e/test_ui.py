@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from curation_dagster.defs.checks import CHECK_KINDS
 from stages.catalog import PROGRAMS
+from stages.checks import CHECK_KINDS
 from tests.support import ops_workdir
 from tests.support.browser import CHROMIUM, Browser
 

@@ -18,9 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from curation_dagster.defs.checks import evaluate_doc_id_unique
-from curation_dagster.ops.config import ChecksConfig
 from curation_dagster.tools.explain import explain
+from stages.checks import ChecksConfig, evaluate_doc_id_unique
 from stages.execute import execute, execute_crawl
 from stages.keep import fixed_ids, pick_survivors, source_priorities
 from stages.params import ExecutionParams, RawDocumentsParams

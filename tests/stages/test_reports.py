@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from curation_dagster.defs.checks import evaluate_giant_groups, evaluate_over_deletion, removed_by_source
-from curation_dagster.ops.config import ChecksConfig
 from stages import reports as R
 from stages.catalog import PROGRAMS
+from stages.checks import ChecksConfig, evaluate_giant_groups, evaluate_over_deletion, removed_by_source
 from stages.execute import execute, metadata
 from stages.plan import plan_task
 from stages.spec import CrawlSpec

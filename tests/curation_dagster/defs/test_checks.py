@@ -11,18 +11,19 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from curation_dagster.defs.checks import (
+from curation_dagster.defs.checks import evaluate
+from curation_dagster.defs.resources import CurationResource, save_spec
+from curation_dagster.ops.config import load_config
+from stages.catalog import PROGRAMS
+from stages.checks import (
     CHECK_KINDS,
-    evaluate,
+    ChecksConfig,
     evaluate_doc_id_unique,
     evaluate_empty_result,
     evaluate_giant_groups,
     evaluate_ledger_consistency,
     evaluate_over_deletion,
 )
-from curation_dagster.defs.resources import CurationResource, save_spec
-from curation_dagster.ops.config import ChecksConfig, load_config
-from stages.catalog import PROGRAMS
 from stages.dataroot import CRAWLS_DIR
 from stages.plan import plan_task
 from stages.spec import CrawlSpec

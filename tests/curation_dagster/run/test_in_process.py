@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
-from curation_dagster.defs.checks import CHECK_KINDS
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import ensure_instance_config
@@ -19,6 +18,7 @@ from curation_dagster.run.crawl_job import CRAWL_JOB
 from curation_dagster.run.in_process import run_crawl
 from curation_dagster.run.recorder import DATA_VERSION_TAG
 from stages.catalog import PROGRAMS, waves
+from stages.checks import CHECK_KINDS
 from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store

@@ -134,7 +134,7 @@ def test_explain_names_the_crawl_that_kept_the_original(crawls: dict[str, object
 
 
 def test_the_ledger_metadata_shows_example_pairs_kept_by_the_earlier_crawl(crawls: dict[str, object]) -> None:
-    from curation_dagster.tools.lineage import removal_ledger_metadata
+    from curation_dagster.run.metadata import removal_ledger_metadata
     from stages.reports import RemovalLedgerReport, read_as
 
     store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
