@@ -17,8 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from curation_dagster.sample import build_sample
-
+from curation_dagster.tools.sample import build_sample
 from stages.decontam_sets import SAMPLE_BENCHMARK, sample_benchmark
 
 OUT = Path(__file__).resolve().parent / "sample"

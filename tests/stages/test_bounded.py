@@ -18,7 +18,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from curation_dagster.tools.explain import explain
 from stages.checks import ChecksConfig, evaluate_doc_id_unique
 from stages.execute import execute, execute_crawl
 from stages.keep import fixed_ids, pick_survivors, source_priorities
@@ -126,17 +125,6 @@ def test_doc_id_unique_streams_fixed_width_ids(crawl: tuple[CountingStore, Crawl
     raw = plan_task(store, spec, "raw_documents", "a").output_dir
     ids = Store.read_table(store, raw, "documents", ["doc_id"])["doc_id"]
     assert fixed_ids(ids).tolist() == [i.encode() for i in ids.to_pylist()]
-
-
-def test_explain_streams_the_ledger_and_the_documents(crawl: tuple[CountingStore, CrawlSpec]) -> None:
-    store, spec = crawl
-    ledger_dir = plan_task(store, spec, "removal_ledger", None).output_dir
-    removed = next(r for b in Store.iter_batches(store, ledger_dir, "ledger", None, 1000) for r in b.to_pylist()
-                   if r["stage"] == "exact")
-    store.whole.clear()
-    text, found = explain(store, spec, ledger_dir, removed["doc_id"])
-    assert found and "removed by stage 'exact' (exact_duplicate)" in text and removed["duplicate_of"] in text
-    assert store.whole == [] and {"ledger", "documents"} <= set(store.streamed)
 
 
 def test_the_keep_rule_sorts_fixed_width_ids_without_python_objects(crawl: tuple[CountingStore, CrawlSpec]) -> None:

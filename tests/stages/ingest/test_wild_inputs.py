@@ -271,48 +271,6 @@ def test_a_store_that_keeps_failing_fails_the_partition_in_one_line(tmp_path: Pa
     assert flaky.reads == attempts and (attempts == 1 or f"after {attempts} attempts" in message)
 
 
-def test_a_damaged_file_fails_its_source_unless_the_crawl_allows_it(tmp_path: Path) -> None:
-    from curation_dagster import cli
-
-    src = tmp_path / "src"
-    write(src / "good.jsonl", jsonl(*(rec(i) for i in range(20))))
-    blob = gzip.compress(jsonl(*(rec(100 + i) for i in range(400))), mtime=0)
-    (src / "cut.jsonl.gz").write_bytes(blob[: len(blob) // 2])
-    args = ["run", "--workdir", str(tmp_path / "w"), "--crawl", "c1", "--source", f"s={src}", "--stages",
-            "heuristic", "--quiet"]
-    assert cli.main(args) == 1
-    assert cli.main([*args, "--allow-damaged-files"]) == 0
-    report = json.loads(_capture(lambda: cli.main(["report", "--workdir", str(tmp_path / "w"), "--crawl", "c1",
-                                                    "--json"])))
-    row = report["sources"]["s"]
-    assert row["input"] == row["kept"] + row["quarantined"] + sum(row["removed"].values())
-
-
-def _capture(fn: Any) -> str:
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert fn() == 0
-    return buf.getvalue()
-
-
-def test_a_damaged_file_is_named_in_the_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from curation_dagster import cli
-
-    src = tmp_path / "src"
-    write(src / "good.jsonl", jsonl(*(rec(i) for i in range(20))))
-    blob = gzip.compress(jsonl(*(rec(100 + i) for i in range(400))), mtime=0)
-    (src / "cut.jsonl.gz").write_bytes(blob[: len(blob) // 2])
-    assert cli.main(["run", "--workdir", str(tmp_path / "w"), "--crawl", "c1", "--source", f"s={src}",
-                     "--stages", "heuristic", "--quiet"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
-    assert "raw_documents[s]" in err and "input_complete" in err and "cut.jsonl.gz" in err
-    assert "allow_damaged_files" in err
-
-
 # --- fingerprints see every change ----------------------------------------------------------------
 
 
@@ -331,24 +289,6 @@ def test_a_local_rewrite_with_the_same_size_and_mtime_changes_the_fingerprint(tm
     tmp.replace(path)
     assert fingerprint(params) != middle
     assert fingerprint(params) == fingerprint(params)
-
-
-def test_rewritten_inputs_are_not_up_to_date_through_curate_run(tmp_path: Path) -> None:
-    from curation_dagster import cli
-
-    path = write(tmp_path / "src" / "a.jsonl", jsonl(rec(1)))
-    st = path.stat()
-    args = ["run", "--workdir", str(tmp_path / "w"), "--crawl", "c1", "--source", f"s={tmp_path / 'src'}",
-            "--stages", "heuristic", "--quiet"]
-    assert cli.main(args) == 0
-    path.write_bytes(jsonl(rec(2)))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert cli.main(args) == 0
-    from curation_dagster.defs.resources import load_spec
-
-    store = Store(str(tmp_path / "w" / "data"))
-    pdir = plan_task(store, load_spec(tmp_path / "w", "c1"), "raw_documents", "s").output_dir
-    assert store.read_table(pdir, "documents")["record_id"].to_pylist() == ["r2"]
 
 
 class _Shaped(MemoryFileSystem):
