@@ -135,3 +135,31 @@ def test_programs_import_the_catalog_and_task_types_not_the_planner() -> None:
     assert len(programs) == 15
     for program in programs:
         assert not graph[program] & {"stages.plan", "stages.execute"}, program
+
+
+def test_nothing_under_tools_imports_dagster() -> None:
+    """``curation_dagster.tools`` answers questions about a crawl's outputs with no Dagster: no
+    module under it imports ``dagster`` or a ``dagster_*`` package (at module level or in a
+    function), nor a module of ``curation_dagster`` outside ``tools/`` (those import Dagster)."""
+    mods = modules()
+    tools = [name for name in mods if name.startswith("curation_dagster.tools.")]
+    assert {"curation_dagster.tools.explain", "curation_dagster.tools.lineage", "curation_dagster.tools.profile",
+            "curation_dagster.tools.sample", "curation_dagster.tools.sizing"} <= set(tools)
+    for name in tools:
+        path = mods[name]
+        imported = set(_imported(ast.parse(path.read_text(), str(path)), name.rpartition(".")[0]))
+        dagster = {m for m in imported if m.split(".")[0] == "dagster" or m.startswith("dagster_")}
+        outside = {m for m in imported if m.startswith("curation_dagster.")
+                   and not m.startswith("curation_dagster.tools")}
+        assert not dagster and not outside, (name, sorted(dagster | outside))
+
+
+def test_the_payloads_tests_import_no_orchestrator() -> None:
+    """``tests/stages`` tests the payload alone: none of its modules imports ``curation_dagster``
+    (the tests that drive ``curate`` or the Dagster definitions are in ``tests/e2e`` and
+    ``tests/curation_dagster``)."""
+    files = sorted((ROOT / "tests" / "stages").rglob("*.py"))
+    assert len(files) > 30
+    for path in files:
+        imported = set(_imported(ast.parse(path.read_text(), str(path)), "tests.stages"))
+        assert not {m for m in imported if m.split(".")[0] == "curation_dagster"}, path

@@ -1,0 +1,93 @@
+"""The ``curate`` CLI as a package: one module per group of commands, each with its parser; the
+commands that need no run (``register``, ``report`` of a crawl without a ledger, errors) answer in
+one line. Whole crawls through the CLI: tests/e2e."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from curation_dagster import cli
+from curation_dagster.cli import common, crawl, deployment, outputs, prepare, sizing
+from stages.dataroot import DataRoot
+
+ROOT = Path(__file__).resolve().parents[3]
+GROUPS = {
+    crawl: {"run", "register"},
+    outputs: {"report", "ledger", "explain", "decontam-report", "semantic-audit", "profile"},
+    prepare: {"sample", "train-quality"},
+    sizing: {"plan", "lsh-curve"},
+    deployment: {"ui", "deploy", "submit", "status", "k8s"},
+}
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_each_command_is_parsed_and_run_by_its_groups_module() -> None:
+    assert cli.GROUPS == tuple(GROUPS)
+    for group, names in GROUPS.items():
+        p = argparse.ArgumentParser()
+        group.add_commands(p.add_subparsers())
+        assert set(_commands(p)) == names, group.__name__
+    every = _commands(cli.parser())
+    assert set(every) == set().union(*GROUPS.values())
+    for group, names in GROUPS.items():
+        for name in names - {"k8s"}:
+            fn = every[name].get_default("fn")
+            assert fn.__module__ == group.__name__, (name, fn.__module__)
+
+
+def _source(folder: Path, n: int = 5) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "p.jsonl").write_text("".join(json.dumps({"id": f"r{i}", "text": f"document number {i}"}) + "\n"
+                                            for i in range(n)))
+    return folder
+
+
+def test_register_then_report_without_a_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    src = _source(tmp_path / "web")
+    assert cli.main(["register", "--data-root", str(data), "--crawl", "c1", "--source", f"web={src}",
+                     "--stages", "exact"]) == 0
+    out = capsys.readouterr().out
+    assert out == f"crawl c1 registered in {data} (#1, sources web)\n"
+    spec = DataRoot.open(str(data)).spec("c1")
+    assert spec.stages == ("exact",) and spec.sources["web"].url == str(src)
+    assert cli.main(["report", "--data-root", str(data), "--crawl", "c1"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("curate: error: crawl 'c1' has no removal ledger for its current parameters; run `curate run`\n")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--source", "web"], "--source expects NAME=URL, got 'web'"),
+    ([], "crawl 'c9' is new: give its sources with --source NAME=URL"),
+    (["--text-field", "body"], "--text-field applies to the sources given with --source"),
+])
+def test_a_crawl_spec_the_options_cannot_make_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert cli.main(["register", "--data-root", str(tmp_path / "data"), "--crawl", "c9", *args]) == 1
+    assert capsys.readouterr().err == f"curate: error: {message}\n"
+
+
+def test_read_config_names_a_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(common.CliError, match=r"config file .*nope\.yaml does not exist"):
+        common.read_config(str(tmp_path / "nope.yaml"))
+    assert common.read_config(None) == {}
+
+
+def test_python_m_curation_dagster_cli_is_the_curate_command() -> None:
+    done = subprocess.run([sys.executable, "-m", "curation_dagster.cli", "lsh-curve", "--preset", "seed",
+                           "--points", "2"], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "bands=20 rows=13 hashes=260  threshold (1/b)^(1/r) = 0.7942"

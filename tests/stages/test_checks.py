@@ -1,0 +1,84 @@
+"""Check verdicts with no Dagster (``stages.checks``): a crawl run by ``stages.execute`` is judged
+by every check kind that applies to its partitions, in a process that never imports Dagster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stages.catalog import PROGRAMS
+from stages.checks import CHECK_KINDS, ChecksConfig, NotMaterialized, evaluate_over_deletion
+from stages.params import RawDocumentsParams
+from stages.spec import CrawlSpec
+from stages.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = 400  # per source, every text twice: exact dedup removes half of each
+
+
+def _crawl(folder: Path) -> CrawlSpec:
+    sources = {}
+    for name in ("a", "b"):
+        src = folder / "in" / name
+        src.mkdir(parents=True)
+        lines = [json.dumps({"id": f"{name}{i}", "text": f"{name} document number {i // 2}"}) for i in range(DOCS)]
+        (src / "part.jsonl").write_text("\n".join(lines) + "\n")
+        sources[name] = RawDocumentsParams(url=str(src))
+    return CrawlSpec(crawl="c1", sources=sources, stages=("exact",))
+
+
+def test_a_check_needs_a_committed_output(tmp_path: Path) -> None:
+    with pytest.raises(NotMaterialized, match=r"^raw_documents\[a\] has no committed output for its current "
+                                              r"parameters$"):
+        evaluate_over_deletion(Store(str(tmp_path / "data")), _crawl(tmp_path), "exact_duplicates", None,
+                               ChecksConfig())
+
+
+def test_every_check_judges_a_crawl_without_dagster(tmp_path: Path) -> None:
+    """The verdicts of every check of every partition, computed in a fresh interpreter that runs
+    the crawl (``stages.execute``) and the checks; Dagster is never imported there."""
+    script = f"""
+import json, sys
+from pathlib import Path
+from tests.stages.test_checks import _crawl
+from stages.catalog import PROGRAMS
+from stages.checks import CHECK_KINDS, ChecksConfig
+from stages.execute import execute_crawl
+from stages.params import ExecutionParams
+from stages.store import Store
+
+spec = _crawl(Path({str(tmp_path)!r}))
+store = Store({str(tmp_path / 'data')!r})
+execute_crawl(store, spec, ExecutionParams(workers=1))
+tight = ChecksConfig.model_validate({{"over_deletion": {{"max_removed_fraction": 0.4, "min_documents": 0}}}})
+out = {{}}
+for cfg_name, cfg in (("default", ChecksConfig()), ("tight", tight)):
+    for program in PROGRAMS.values():
+        for kind in CHECK_KINDS:
+            if kind.applies(program):
+                for source in spec.partitions(program.name):
+                    v = kind.evaluate(store, spec, program.name, source, cfg)
+                    out[f"{{cfg_name}} {{kind.name}} {{program.name}}[{{source or 'c1'}}]"] = [v.passed, v.description]
+print(json.dumps({{"dagster": sorted(m for m in sys.modules if m.split(".")[0] == "dagster"), "verdicts": out}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["dagster"] == []
+    verdicts = result["verdicts"]
+    expected = {(kind.name, p.name) for p in PROGRAMS.values() for kind in CHECK_KINDS if kind.applies(p)}
+    assert {(k.split(" ")[1], k.split(" ")[2].split("[")[0]) for k in verdicts} == expected
+    failed = {k: d for k, (ok, d) in verdicts.items() if not ok}
+    # At the default bounds every check passes; at 40% exact dedup's 50% of each source fails.
+    assert set(failed) == {"tight over_deletion exact_duplicates[c1]"}
+    assert failed["tight over_deletion exact_duplicates[c1]"].startswith(
+        f"stage exact removed more than 40.0% of: a 50.0% ({DOCS // 2:,} of {DOCS:,}); "
+        f"b 50.0% ({DOCS // 2:,} of {DOCS:,}); not applied")
+    assert verdicts["default doc_id_unique raw_documents[a]"] == [True, f"{DOCS:,} rows, every doc_id distinct"]
+    assert verdicts["default ledger_consistency removal_ledger[c1]"][0] is True
