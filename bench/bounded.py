@@ -26,12 +26,11 @@ import sys, time
 from stages.dataroot import DataRoot
 from stages.params import ExecutionParams
 from stages.execute import execute
-from stages.plan import plan_task
 root = DataRoot.open(sys.argv[1])
 spec = root.spec("big")
 store = root.store
 execution = ExecutionParams(workers=1)
-ledger_dir = plan_task(store, spec, "removal_ledger", None).output_dir
+ledger_dir = DataRoot(store).output_dir(spec, "removal_ledger", None)
 base = peak_kib()
 t0 = time.perf_counter()
 """
@@ -39,13 +38,11 @@ t0 = time.perf_counter()
 JOBS = {
     "ledger": 'execute(store, spec, "removal_ledger", None, execution, force=True)',
     "doc_id_unique(raw_documents)": (
-        "from curation_dagster.defs.checks import evaluate_doc_id_unique\n"
-        "from curation_dagster.ops.config import ChecksConfig\n"
+        "from stages.checks import ChecksConfig, evaluate_doc_id_unique\n"
         "base = peak_kib(); t0 = time.perf_counter()\n"
         'v = evaluate_doc_id_unique(store, spec, "raw_documents", "a", ChecksConfig()); assert v.passed, v'),
     "doc_id_unique(removal_ledger)": (
-        "from curation_dagster.defs.checks import evaluate_doc_id_unique\n"
-        "from curation_dagster.ops.config import ChecksConfig\n"
+        "from stages.checks import ChecksConfig, evaluate_doc_id_unique\n"
         "base = peak_kib(); t0 = time.perf_counter()\n"
         'v = evaluate_doc_id_unique(store, spec, "removal_ledger", None, ChecksConfig()); assert v.passed, v'),
     "explain": (
@@ -56,7 +53,7 @@ JOBS = {
     "keep rule": (
         "import numpy as np, pyarrow as pa\n"
         "from stages.keep import pick_survivors\n"
-        'ids = pa.chunked_array([store.read_table(plan_task(store, spec, "raw_documents", s).output_dir, "documents", '
+        'ids = pa.chunked_array([store.read_table(DataRoot(store).output_dir(spec, "raw_documents", s), "documents", '
         '["doc_id"])["doc_id"] for s in ("a", "b")]).combine_chunks()\n'
         "n = len(ids); group = np.arange(n, dtype=np.int64) // 2; priority = np.zeros(n, np.int64)\n"
         "ids_np = np.asarray(ids.to_numpy(zero_copy_only=False), dtype='S32')\n"

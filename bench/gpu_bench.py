@@ -147,9 +147,9 @@ def bench_fuzzy(args: argparse.Namespace, pool: Any, out: dict[str, Any]) -> Non
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from stages.dataroot import DataRoot
     from stages.execute import execute
     from stages.params import ExecutionParams
-    from stages.plan import plan_task
     from stages.spec import CrawlSpec
     from stages.store import Store
 
@@ -182,7 +182,7 @@ def bench_fuzzy(args: argparse.Namespace, pool: Any, out: dict[str, Any]) -> Non
                 if program in fuzzy:
                     seconds[program] = seconds.get(program, 0.0) + outcome.seconds
                     used[program] = outcome.manifest.report.get("backend", "?")
-        removed = store.read_table(plan_task(store, spec, "fuzzy_duplicates", None).output_dir, "removed")
+        removed = store.read_table(DataRoot(store).output_dir(spec, "fuzzy_duplicates", None), "removed")
         s = sum(seconds.values())
         runs[backend] = {"seconds": round(s, 2), "gb_per_s": round(total / 1e9 / s, 3),
                          "per_program_s": {k: round(v, 2) for k, v in seconds.items()}, "backend_used": used,

@@ -42,6 +42,7 @@ def peak_kib():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from stages.dataroot import DataRoot
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.store import Store
 from stages.execute import execute
@@ -66,9 +67,8 @@ out["peak_kib"] = out["programs"][programs[0]]["peak_kib"]
 out["workers_peak_kib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 if programs == ["raw_documents"]:
     import xxhash
-    from stages.plan import plan_task
     h = xxhash.xxh3_128()
-    for batch in store.iter_batches(plan_task(store, spec, "raw_documents", "s").output_dir, "documents", ["doc_id"]):
+    for batch in store.iter_batches(DataRoot(store).output_dir(spec, "raw_documents", "s"), "documents", ["doc_id"]):
         h.update("".join(batch.column(0).to_pylist()).encode())
     out["ids_digest"] = h.hexdigest()
 print(json.dumps(out))

@@ -6,7 +6,7 @@ Removal programs also carry a ``stage`` word (``heuristic``, ``exact``, ...): th
 ``curate run --stages``, the report and the ledger's ``stage`` column.
 
 This module imports no program and no kernel: programs are loaded by name only when a task
-executes (``stages.plan.load_program``), so the orchestration package can plan a crawl without
+executes (``stages.resolve.load_program``), so the orchestration package can plan a crawl without
 numba, torch or a GPU, and programs can import the catalog without a cycle.
 """
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from stages.catalog import PROGRAMS, QUARANTINE, STAGES, Program
+from stages.catalog import PROGRAMS, QUARANTINE, STAGES, Program, partition_name
 from stages.dataroot import DataRoot
 from stages.reports import (
     CuratedDocumentsReport,
@@ -108,7 +108,8 @@ class NotMaterialized(Exception):
 def _manifest(store: Store, spec: CrawlSpec, program: str, source: str | None) -> Manifest:
     m = DataRoot(store).manifest(spec, program, source)
     if m is None:
-        raise NotMaterialized(f"{program}[{source or spec.crawl}] has no committed output for its current parameters")
+        raise NotMaterialized(f"{partition_name(program, spec.crawl, source)} has no committed output for its current "
+                              "parameters")
     return m
 
 

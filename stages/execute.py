@@ -13,9 +13,9 @@ from typing import Any
 from stages import params as P
 from stages.backend import reported as reported_backend
 from stages.catalog import PROGRAMS, partition_name
-from stages.plan import data_version, load_program, plan_task
 from stages.progress import Progress
 from stages.reports import read
+from stages.resolve import data_version, load_program, resolve_task
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
 from stages.task import Inputs, Partition
@@ -38,7 +38,7 @@ def execute(
     ``emit`` receives the partition's progress lines (``stages.progress``), if given."""
     t0 = time.perf_counter()
     execution = execution or P.ExecutionParams()
-    task = plan_task(store, spec, program, source)
+    task = resolve_task(store, spec, program, source)
     progress = Progress(partition_name(program, spec.crawl, task.source), emit, execution.progress_interval_s)
     version = data_version(store, task)
     # Current: committed for this data version with every part it names whole (a deleted or

@@ -88,7 +88,7 @@ def load_class(ref: str) -> type:
 @functools.lru_cache(maxsize=256)
 def _entry_point(ref: str) -> Any:
     """The object an entry point of ``ENTRY_POINT_GROUP`` names; cached per process, since
-    planning a crawl validates its parameters many times and a scan of the installed packages'
+    resolving a crawl's partitions validates its parameters many times and a scan of the installed packages'
     metadata is not free (a failed lookup raises and is not cached)."""
     found = entry_points(group=ENTRY_POINT_GROUP, name=ref)
     if not found:
@@ -98,7 +98,7 @@ def _entry_point(ref: str) -> Any:
 
 def describe(ref: str, kwargs: Mapping[str, Any]) -> tuple[str, int, tuple[str, ...]]:
     """(name, version, keep_kwargs) of the class ``ref`` names, checked against the protocol and
-    ``kwargs`` against its constructor, without building it (no model loaded for planning)."""
+    ``kwargs`` against its constructor, without building it (no model loaded to resolve a partition)."""
     cls = load_class(ref)
     name, version = getattr(cls, "name", None), getattr(cls, "version", None)
     if not isinstance(name, str) or not NAME.fullmatch(name):

@@ -9,7 +9,7 @@ reproducible builds that reset them, same-size retrained checkpoints).
 Hashing reads every byte (about 4 GB/s from the page cache, so a 4 GB fastText model costs
 about a second the first time). The result is memoised per process on each file's
 ``(path, size, mtime_ns, ctime_ns, inode)``: the ctime cannot be set by hand and moves on any
-write, so an unchanged stat means unchanged bytes, and planning a crawl repeatedly costs a
+write, so an unchanged stat means unchanged bytes, and resolving a crawl repeatedly costs a
 ``stat`` per file.
 """
 

@@ -85,7 +85,7 @@ def _plan_kernel(a: Any, b: Any, group: Any, size: Any, budget: int, seen: Any, 
     return block + 1 if e else 0
 
 
-def plan_blocks(
+def pack_blocks(
     src: npt.NDArray[np.int64],
     dst: npt.NDArray[np.int64],
     group: npt.NDArray[np.int64],
@@ -96,7 +96,7 @@ def plan_blocks(
     documents take at most ``budget`` bytes (a single pair larger than that gets a block alone).
 
     src, dst: int64 (e,) document indices into ``size`` (int64 (n,) text bytes); group: int64 (e,),
-    pairs of one group are kept in one block where they fit. The plan follows the order
+    pairs of one group are kept in one block where they fit. The packing follows the order
     (group, dst, src), so it does not depend on the order the pairs come in.
     """
     order = np.lexsort((src, dst, group))
@@ -352,7 +352,7 @@ class PairTexts:
             out[:] = pair_jaccard_on(backend, texts, row_of[src], row_of[dst], shingle=shingle)
             return out
         group = np.zeros(src.shape[0], np.int64) if group is None else np.asarray(group, np.int64)
-        block, blocks = plan_blocks(src, dst, group, self.size, self.budget)
+        block, blocks = pack_blocks(src, dst, group, self.size, self.budget)
         node_block = sorted_distinct(np.concatenate([(src << 32) | block, (dst << 32) | block]))
         check_free_space(self._tmp, int(self.size[node_block >> 32].sum()), self.reserve)  # the block files
         paths = _scatter(self._tmp / "gathered.arrow", self._tmp, node_block, blocks)

@@ -1,4 +1,4 @@
-"""The seeds' sizing arithmetic for a crawl, before hardware is reserved (``curate plan``).
+"""The seeds' sizing arithmetic for a crawl, before hardware is reserved (``curate size``).
 
 Pure arithmetic on a crawl's size (documents, mean characters) and its parameters; nothing is
 read or run. Every figure is a closed formula of the ``Crawl``, the ``Setting`` and the stated
@@ -79,7 +79,7 @@ class Setting:
 
 @dataclass(frozen=True)
 class Assumptions:
-    """What the arithmetic cannot know and states instead (each a ``curate plan`` flag)."""
+    """What the arithmetic cannot know and states instead (each a ``curate size`` flag)."""
 
     dup_rate: float = 0.1  # fraction of documents that near-duplicate another one
     dup_similarity: float = 0.9  # their Jaccard similarity to it
@@ -91,7 +91,7 @@ class Assumptions:
 
 @dataclass
 class Sizing:
-    """Every figure of a plan, by section; ``as_dict`` is ``curate plan --json``."""
+    """Every figure of a sizing, by section; ``as_dict`` is ``curate size --json``."""
 
     crawl: Crawl
     setting: Setting
@@ -139,7 +139,7 @@ def gpu_hours(flops: float, tflops: float, utilisation: float) -> float:
     return flops / (tflops * 1e12 * utilisation) / 3600.0
 
 
-def plan(crawl: Crawl, setting: Setting | None = None, assumptions: Assumptions | None = None) -> Sizing:
+def size(crawl: Crawl, setting: Setting | None = None, assumptions: Assumptions | None = None) -> Sizing:
     """The sizing of ``crawl`` under ``setting`` and ``assumptions`` (the module docstring's formulas)."""
     st = setting or Setting()
     a = assumptions or Assumptions()

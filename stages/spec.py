@@ -80,7 +80,7 @@ class CrawlSpec(BaseModel):
     def keys(self) -> dict[tuple[str, str | None], str]:
         """params_key of every (program, source) partition of this crawl, in dependency order.
 
-        Every plan of a partition needs them and they cost O(sources) to derive (26 ms at 200
+        Every resolution of a partition needs them and they cost O(sources) to derive (26 ms at 200
         sources, paid by each step, check and up-to-date test of a crawl: O(sources^2) per crawl),
         so they are derived once per distinct spec and copied out. Distinct: its JSON with what
         else a key hashes, each program's params as validated now (model and benchmark files'
@@ -101,10 +101,10 @@ class CrawlSpec(BaseModel):
         return copy
 
     def key_map(self) -> Mapping[tuple[str, str | None], str]:
-        """``keys()`` without the copy, read-only (a plan's few lookups)."""
+        """``keys()`` without the copy, read-only (a resolution's few lookups)."""
         from stages.versions import code_versions
 
-        if self._json is None:  # O(sources): 2 ms at 1,000 sources, paid by every plan otherwise
+        if self._json is None:  # O(sources): 2 ms at 1,000 sources, paid by every resolution otherwise
             self._json = self.model_dump_json()
         validated = [None if p.name == "raw_documents" else
                      self.program_params(p.name, (self.partitions(p.name) or [None])[0]).canonical()

@@ -1,7 +1,7 @@
 """What a program's ``run`` receives: its committed inputs, its partition, and the resolved task.
 
 Every program module has ``run(params, inputs, output, partition, execution) -> report``
-(``ProgramModule``); ``stages.plan`` resolves a ``Task``, ``stages.execute`` runs it.
+(``ProgramModule``); ``stages.resolve`` resolves a ``Task``, ``stages.execute`` runs it.
 """
 
 from __future__ import annotations

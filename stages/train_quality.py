@@ -37,9 +37,10 @@ import numpy.typing as npt
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
+from stages.catalog import partition_name
 from stages.kernels.quality import fasttext_line, fasttext_scores
-from stages.plan import plan_task
 from stages.removal import survivors
+from stages.resolve import resolve_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 from stages.task import Inputs
@@ -116,13 +117,13 @@ def _hashes(ids: Sequence[str], seed: int) -> npt.NDArray[np.uint64]:
 def _source_inputs(store: Store, spec: CrawlSpec, source: str) -> tuple[Inputs, dict[str, str]]:
     """The committed inputs ``quality_scores`` of ``source`` reads, and their params keys by
     program. A missing one is a TrainError naming it: the crawl has to be run first."""
-    task = plan_task(store, spec, PROGRAM, source)
+    task = resolve_task(store, spec, PROGRAM, source)
     keys = spec.keys()
     used: dict[str, str] = {}
     for program, by_source in task.input_dirs.items():
         for src, pdir in by_source.items():
             if store.read_manifest(pdir) is None:
-                raise TrainError(f"{program}[{spec.crawl}|{src or 'crawl'}] is not materialized for crawl "
+                raise TrainError(f"{partition_name(program, spec.crawl, src)} is not materialized for crawl "
                                  f"{spec.crawl!r}'s current parameters: run `curate run --crawl {spec.crawl}` first")
             used[program] = keys[(program, src)]
     return Inputs(store, task.input_dirs), dict(sorted(used.items()))

@@ -134,7 +134,7 @@ def test_programs_import_the_catalog_and_task_types_not_the_planner() -> None:
     programs = [m for m in graph if m.startswith("stages.programs.")]
     assert len(programs) == 15
     for program in programs:
-        assert not graph[program] & {"stages.plan", "stages.execute"}, program
+        assert not graph[program] & {"stages.resolve", "stages.execute"}, program
 
 
 def test_nothing_under_tools_imports_dagster() -> None:

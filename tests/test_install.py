@@ -92,7 +92,6 @@ def test_the_stage_payload_runs_without_the_orchestrator(tmp_path: Path) -> None
 
     from stages import params as P
     from stages.dataroot import DataRoot
-    from stages.plan import plan_task
     from stages.spec import CrawlSpec
     from stages.store import Store
 
@@ -125,7 +124,7 @@ def test_the_stage_payload_runs_without_the_orchestrator(tmp_path: Path) -> None
         assert run.returncode == 0, run.stderr[-3000:]
         assert json.loads(run.stdout.strip().splitlines()[-1])["program"] == program
     store = Store(str(root))
-    exact = store.read_manifest(plan_task(store, spec, "exact_duplicates", None).output_dir)
+    exact = DataRoot(store).manifest(spec, "exact_duplicates", None)
     assert exact is not None and (exact.report["input"], exact.report["removed"]) == (5, 1)
 
     curate = subprocess.run([str(venv / "bin" / "curate"), "run", "--workdir", str(tmp_path / "w"), "--crawl", "c2",

@@ -29,7 +29,6 @@ from curation_dagster.defs.resources import load_spec
 from stages.dataroot import CRAWLS_DIR, DataRoot
 from stages.execute import execute, execute_crawl
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store, UnsafeNameError
 
@@ -119,7 +118,7 @@ def test_pyarrow_does_not_unpickle_extension_types(tmp_path: Path) -> None:
     spec = CrawlSpec(crawl="c", sources={"s": {"url": str(source), "text_field": "text", "id_field": "id"}},
                      stages=("heuristic",))
     execute(store, spec, "raw_documents", "s", ExecutionParams(workers=1))
-    ingested = store.read_table(plan_task(store, spec, "raw_documents", "s").output_dir, "documents")
+    ingested = store.read_table(DataRoot(store).output_dir(spec, "raw_documents", "s"), "documents")
     assert ingested["text"].to_pylist() == table["text"].to_pylist()
     assert not marker.exists()
 

@@ -2,7 +2,7 @@
 
 One module per group of commands, each with its parser (``add_commands``): ``crawl`` (run,
 register), ``outputs`` (report, ledger, explain, decontam-report, semantic-audit, profile),
-``prepare`` (sample, train-quality), ``sizing`` (plan, lsh-curve), ``deployment`` (ui, deploy,
+``prepare`` (sample, train-quality), ``sizing`` (size, lsh-curve), ``deployment`` (ui, deploy,
 submit, status, k8s); ``common`` what they share. The logic behind a command lives in
 ``curation_dagster.tools`` (no Dagster) or the role that owns it, never here.
 
@@ -19,7 +19,7 @@ submit, status, k8s); ``common`` what they share. The logic behind a command liv
     curate sample --out DIR
     curate lsh-curve --bands B --rows R
     curate profile (--workdir DIR | --data-root URL) --crawl NAME [--json]
-    curate plan --docs N --mean-chars C [--config FILE] [--dup-rate F] [--model NAME=PARAMS[:TOKENS]] [--json]
+    curate size --docs N --mean-chars C [--config FILE] [--dup-rate F] [--model NAME=PARAMS[:TOKENS]] [--json]
     curate decontam-report (--workdir DIR | --data-root URL) --crawl NAME [--json]
     curate semantic-audit (--workdir DIR | --data-root URL) --crawl NAME [--out FILE.html|FILE.md] [--per-band N]
     curate ui --workdir DIR [--port 3000]

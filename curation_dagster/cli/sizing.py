@@ -1,4 +1,4 @@
-"""The commands that size a crawl before it runs: ``plan`` (hardware: memory, band keys, GPU-hours)
+"""The commands that size a crawl before it runs: ``size`` (hardware: memory, band keys, GPU-hours)
 and ``lsh-curve`` (the LSH S-curve of a bands x rows setting)."""
 
 from __future__ import annotations
@@ -25,23 +25,23 @@ def cmd_lsh_curve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from curation_dagster.tools.sizing import as_json, parse_model, print_plan, sizing
+def cmd_size(args: argparse.Namespace) -> int:
+    from curation_dagster.tools.sizing import as_json, parse_model, print_sizing, sizing
 
     assumptions = Assumptions(dup_rate=args.dup_rate, dup_similarity=args.dup_similarity,
                               tokens_per_char=args.tokens_per_char, gpu_tflops=args.gpu_tflops,
                               utilisation=args.utilisation)
-    plan = sizing(args.docs, args.mean_chars, read_config(args.config), assumptions,
+    sized = sizing(args.docs, args.mean_chars, read_config(args.config), assumptions,
                   tuple(parse_model(m) for m in args.model))
     if args.json:
-        print(json.dumps(as_json(plan), indent=1))
+        print(json.dumps(as_json(sized), indent=1))
     else:
-        print_plan(plan)
+        print_sizing(sized)
     return 0
 
 
 def add_commands(sub: Any) -> None:
-    """``lsh-curve`` and ``plan``."""
+    """``lsh-curve`` and ``size``."""
     lc = sub.add_parser("lsh-curve", help="print the LSH S-curve P(s) = 1 - (1 - s^r)^b and its threshold")
     lc.add_argument("--bands", type=int)
     lc.add_argument("--rows", type=int)
@@ -49,7 +49,7 @@ def add_commands(sub: Any) -> None:
     lc.add_argument("--points", type=int, default=21)
     lc.set_defaults(fn=cmd_lsh_curve)
 
-    pl = sub.add_parser("plan", help="size a crawl before reserving hardware: signatures, band keys, candidates, "
+    pl = sub.add_parser("size", help="size a crawl before reserving hardware: signatures, band keys, candidates, "
                                      "verification text, embedding FLOPs and GPU-hours, memory per stage pod")
     pl.add_argument("--docs", type=int, required=True, help="documents reaching fuzzy dedup")
     pl.add_argument("--mean-chars", type=float, required=True, help="their mean length in characters")
@@ -67,4 +67,4 @@ def add_commands(sub: Any) -> None:
     pl.add_argument("--model", action="append", default=[], metavar="NAME=PARAMS[:TOKENS]",
                     help="another model to size (a classifier: 140M:512), repeatable")
     pl.add_argument("--json", action="store_true")
-    pl.set_defaults(fn=cmd_plan)
+    pl.set_defaults(fn=cmd_size)

@@ -22,7 +22,7 @@ from dagster import (
 
 from curation_dagster.defs.partitions import by_crawl, partitions_for, split_key
 from curation_dagster.defs.resources import CurationResource
-from stages.catalog import PROGRAMS, Program
+from stages.catalog import PROGRAMS, Program, partition_name
 
 OWNERS = ["team:curation"]
 
@@ -103,7 +103,8 @@ def build_asset(program: Program) -> AssetsDefinition:
             # The source dimension is shared by every crawl, so source x crawl holds pairs that
             # are no partition of the crawl. Recording them as empty keeps backfills of any
             # source x crawl range and the eager automation of fan-in assets from waiting on them.
-            context.log.info(f"{program.name}[{crawl}|{source}]: source {source!r} is not part of crawl {crawl!r}")
+            context.log.info(f"{partition_name(program.name, crawl, source)}: source {source!r} is not part of "
+                             f"crawl {crawl!r}")
             return MaterializeResult(metadata={"in_crawl": False, "crawl_sources": sorted(spec.sources)})
         return materialize_partition(context, curation, program.name, crawl, source)
 

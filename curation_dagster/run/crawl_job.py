@@ -67,9 +67,9 @@ from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import add_partitions
 from curation_dagster.run import recorder
 from curation_dagster.run.metadata import asset_metadata
-from curation_dagster.run.planner import Planner, partition_label
+from curation_dagster.run.planner import Planner
 from curation_dagster.run.recorder import Done
-from stages.catalog import PROGRAMS, waves
+from stages.catalog import PROGRAMS, partition_name, waves
 from stages.checks import CHECK_KINDS
 from stages.dataroot import DataRoot
 from stages.execute import Outcome, execute, metadata
@@ -330,7 +330,7 @@ class Fanout:
                 # Killed from outside (not its own error): launched once more; a lease it held on an
                 # S3 data root is taken over once it expires (stages.lease), so no two overlap.
                 for source in again:
-                    self.context.log.warning(f"{partition_label(self.spec, program, source)}: "
+                    self.context.log.warning(f"{partition_name(program, self.spec.crawl, source)}: "
                                              f"{reported[source]['error']}; launching it again")
                 reported.update(self.resource.launch(self.context, program, self.spec.crawl, again, self.force))
         except Exception as exc:
@@ -456,7 +456,7 @@ def run_step(context: OpExecutionContext, curation: CurationResource, config: Cr
     try:
         for done in launcher.run(program, plan.stale, emit=context.log.info):
             received = time.perf_counter()
-            name = partition_label(spec, program, done.source)
+            name = partition_name(program, spec.crawl, done.source)
             if done.outcome is None:
                 errors[done.source] = str(done.error)
                 context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
@@ -473,8 +473,8 @@ def run_step(context: OpExecutionContext, curation: CurationResource, config: Cr
             owned.close()
     if errors:
         failed = sorted(errors, key=order.index)  # the first in the crawl's order is the one told
-        raise Failure(description=told(partition_label(spec, program, failed[0]), errors[failed[0]]),
-                      metadata={"failed": {partition_label(spec, program, s): errors[s] for s in failed}})
+        raise Failure(description=told(partition_name(program, spec.crawl, failed[0]), errors[failed[0]]),
+                      metadata={"failed": {partition_name(program, spec.crawl, s): errors[s] for s in failed}})
     if blocked or held:
         first = [blocked[s] for s in sorted(blocked, key=order.index)]
         raise Failure(description=first[0] if first else str(held))
@@ -546,8 +546,8 @@ def materialize_partition(context: AssetExecutionContext, curation: CurationReso
         (done,) = launcher.run(program, [source])
     received = time.perf_counter()
     if done.outcome is None:
-        raise Failure(told(partition_label(spec, program, source), str(done.error)))
-    context.log.info(f"{partition_label(spec, program, source)} "
+        raise Failure(told(partition_name(program, spec.crawl, source), str(done.error)))
+    context.log.info(f"{partition_name(program, spec.crawl, source)} "
                      f"{'up to date' if done.outcome.skipped else 'materialized'} at "
                      f"{done.outcome.manifest.params_key} in {done.outcome.seconds:.2f}s")
     return recorder.materialize_result(done, received)

@@ -30,9 +30,9 @@ from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import add_partitions, open_instance
 from curation_dagster.ops.location import run_origin
 from curation_dagster.run.crawl_job import CRAWL_JOB_DEF, CRAWL_TAG, PartitionPool, attached
-from curation_dagster.run.planner import Planner, partition_label
+from curation_dagster.run.planner import Planner
 from curation_dagster.run.recorder import Done
-from stages.catalog import PROGRAMS
+from stages.catalog import PROGRAMS, partition_name
 from stages.checks import Verdict
 from stages.dataroot import DataRoot
 from stages.reports import RemovalLedgerReport, Report, SourceCounts, read, read_as
@@ -166,7 +166,7 @@ def _print(progress: Any, spec: CrawlSpec, done: Done, note: str | None = None) 
 
 
 def _label(spec: CrawlSpec, program: str, source: str | None) -> str:
-    return escape(partition_label(spec, program, source))
+    return escape(partition_name(program, spec.crawl, source))
 
 
 def _manifest(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None) -> Manifest:

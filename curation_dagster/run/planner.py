@@ -2,7 +2,7 @@
 up-to-date ones hold the crawl back on a failed blocking check.
 
 A partition is **current** when its committed output's data version is the one its parameters and
-its inputs' committed versions make now (``stages.plan.data_version``) and the instance recorded a
+its inputs' committed versions make now (``stages.resolve.data_version``) and the instance recorded a
 materialization of it; else it is **stale** (so is every partition when the crawl is forced). A
 crawl step plans its own program when it starts, after the steps before it committed their
 outputs, so an input that changed shows in the data version. ``curate run`` plans the whole crawl
@@ -22,14 +22,9 @@ from dagster import AssetKey, DagsterInstance
 from curation_dagster.defs.checks import Judge, blocking_failures, evaluator
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
-from stages.catalog import waves
-from stages.plan import data_version, plan_task
+from stages.catalog import partition_name, waves
+from stages.resolve import data_version, resolve_task
 from stages.spec import CrawlSpec
-
-
-def partition_label(spec: CrawlSpec, program: str, source: str | None) -> str:
-    """``program[source]``, or ``program[crawl]`` for a crawl-level partition."""
-    return f"{program}[{source}]" if source else f"{program}[{spec.crawl}]"
 
 
 @dataclass
@@ -59,7 +54,7 @@ class Planner:
     def current(self, program: str, source: str | None) -> bool:
         """The partition's committed output is current and the instance recorded it."""
         try:
-            task = plan_task(self.store, self.spec, program, source)
+            task = resolve_task(self.store, self.spec, program, source)
             # Committed for its inputs' versions now, every part it names whole (a deleted or
             # truncated part is recomputed, never served).
             if self.store.current_manifest(task.output_dir, data_version(self.store, task)) is None:
@@ -107,5 +102,6 @@ class Planner:
             self._judge = evaluator(self.resource, self.spec.crawl)
         for source in sources:
             for check, verdict in blocking_failures(self.resource, program, self.spec.crawl, source, self._judge):
-                return f"{partition_label(self.spec, program, source)}: check {check} failed: {verdict.description}"
+                name = partition_name(program, self.spec.crawl, source)
+                return f"{name}: check {check} failed: {verdict.description}"
         return None

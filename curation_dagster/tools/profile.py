@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from stages.catalog import PROGRAMS
+from stages.catalog import PROGRAMS, partition_name
 from stages.dataroot import DataRoot
 from stages.spec import CrawlSpec
 
@@ -101,7 +101,7 @@ def profile(root: DataRoot, crawl: str, overhead: Overhead | None = None) -> dic
 
 
 def measured_sizing(root: DataRoot, crawl: str) -> dict[str, float]:
-    """What a fuzzy run of the crawl measured, in ``stages.sizing``'s terms (to check a plan):
+    """What a fuzzy run of the crawl measured, in ``stages.sizing``'s terms (to check a sizing):
     documents signed and their mean characters (UTF-8 bytes), the Arrow bytes of the signature
     and band-key tables as written, band keys, band edges, candidate pairs and their text bytes."""
     spec = root.spec(crawl)
@@ -109,7 +109,8 @@ def measured_sizing(root: DataRoot, crawl: str) -> dict[str, float]:
     def report(program: str, source: str | None) -> dict[str, Any]:
         m = root.manifest(spec, program, source)
         if m is None:
-            raise FileNotFoundError(f"{program}[{source or crawl}] has no committed output for the current parameters")
+            raise FileNotFoundError(f"{partition_name(program, crawl, source)} has no committed output for the current "
+                                    "parameters")
         return {**m.report, "rows": m.rows}
 
     sigs = [report("minhash_signatures", s) for s in sorted(spec.sources)]

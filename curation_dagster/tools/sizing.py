@@ -1,4 +1,4 @@
-"""``curate plan``: the seeds' sizing arithmetic for a crawl before hardware is reserved.
+"""``curate size``: the seeds' sizing arithmetic for a crawl before hardware is reserved.
 
 The formulas are ``stages.sizing``'s; this module reads the config, parses ``--model`` and prints
 the figures, with each stage pod's estimated memory beside the memory its program requests
@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from stages.catalog import PROGRAMS
-from stages.sizing import GIB, Assumptions, Crawl, Model, Sizing, plan, setting_from_config
+from stages.sizing import GIB, Assumptions, Crawl, Model, Sizing, setting_from_config, size
 
 
 def parse_model(text: str) -> Model:
@@ -27,11 +27,11 @@ def parse_model(text: str) -> Model:
 
 def sizing(docs: int, mean_chars: float, config: dict[str, Any], assumptions: Assumptions,
            models: tuple[Model, ...] = ()) -> Sizing:
-    """The plan of a crawl of ``docs`` documents of ``mean_chars`` characters under ``config``
+    """The sizing of a crawl of ``docs`` documents of ``mean_chars`` characters under ``config``
     (a ``curate run --config`` file's content), sizing ``models`` beside the embedding model."""
     if docs < 0 or mean_chars < 0:
         raise ValueError("--docs and --mean-chars must be >= 0")
-    return plan(Crawl(docs, mean_chars), setting_from_config(config, models), assumptions)
+    return size(Crawl(docs, mean_chars), setting_from_config(config, models), assumptions)
 
 
 def memory_rows(s: Sizing) -> list[tuple[str, float, float]]:
@@ -53,13 +53,13 @@ def _n(x: float) -> str:
     return f"{x:.3g}"
 
 
-def print_plan(s: Sizing) -> None:
+def print_sizing(s: Sizing) -> None:
     from rich.console import Console
     from rich.table import Table
 
     a, st, c = s.assumptions, s.setting, s.crawl
     console = Console(width=None if sys.stdout.isatty() else 160)
-    table = Table(title=f"plan: {c.docs:,} documents x {c.mean_chars:g} characters")
+    table = Table(title=f"sizing: {c.docs:,} documents x {c.mean_chars:g} characters")
     table.add_column("FIGURE")
     table.add_column("VALUE", justify="right")
     table.add_column("HOW")

@@ -3,10 +3,10 @@ validate in parallel (``stages.parallel.zip_results``), in input order.
 
 - ``RangeTask``: bytes [start, stop) of a plain JSONL file, both at line starts.
 - ``LinesTask``: lines of a compressed JSONL file. A compressed stream cannot be entered in the
-  middle, so the ingesting process decompresses it (``plan``) and hands its lines out.
+  middle, so the ingesting process decompresses it (``split_files``) and hands its lines out.
 - ``OverlongTask``: one line too long to read whole (its size and head only).
 - ``ParquetTask``: row groups [start, stop) of a Parquet file.
-- ``DamageTask``: the damaged rest of a file, found while planning.
+- ``DamageTask``: the damaged rest of a file, found while splitting.
 
 A task that reads stored bytes itself retries the store's transient errors as a whole
 (``stages.ingest.streams.retrying``); damage it meets ends its file with ``Done.damage``.
@@ -351,8 +351,8 @@ def _parquet_tasks(
             start, size = g + 1, 0
 
 
-def plan(fs: fsspec.AbstractFileSystem, files: list[InputFile], params: RawDocumentsParams, step: int
-         ) -> Iterator[Task]:
+def split_files(fs: fsspec.AbstractFileSystem, files: list[InputFile], params: RawDocumentsParams, step: int
+                ) -> Iterator[Task]:
     """The tasks of a source's files, in input order."""
     for f in files:
         if f.size == 0:

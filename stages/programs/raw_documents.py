@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from stages.ingest.files import NoInputError, UnsupportedFileError, fingerprint, list_files
 from stages.ingest.records import Done
 from stages.ingest.streams import InputReadError
-from stages.ingest.tasks import RangeTask, Task, plan
+from stages.ingest.tasks import RangeTask, Task, split_files
 from stages.ingest.writer import DOCUMENTS, QUARANTINE, Output
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, RawDocumentsParams
@@ -51,7 +51,7 @@ def run(
     fs, files, ignored = list_files(params)
     step = execution.ingest_task_bytes
     out = Output(output, params, partition.crawl, partition.source, execution.batch_rows)
-    tasks = plan(fs, files, params, step)
+    tasks = split_files(fs, files, params, step)
     if sum(f.size for f in files) > step and (execution.executor == "ray" or execution.resolved_workers() > 1):
         done_tasks: Iterator[tuple[Task, Done]] = zip_results(tasks, _run_task, execution)
     else:  # one task's worth of input: no pool to start

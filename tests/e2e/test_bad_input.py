@@ -30,10 +30,9 @@ import zstandard
 
 from curation_dagster import cli
 from curation_dagster.defs.resources import load_spec
-from stages.dataroot import CRAWLS_DIR
+from stages.dataroot import CRAWLS_DIR, DataRoot
 from stages.execute import execute
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import MANIFEST, Store
 from tests.support.peak_rss import PEAK
@@ -182,7 +181,7 @@ def test_nasty_corpus_through_dagster(tmp_path: Path, monkeypatch: pytest.Monkey
                 {k: w[k] for k in ("input", "kept", "quarantined")}, source
             assert {k: v for k, v in got["removed"].items() if v} == w["removed"], source
             assert got["input"] == got["kept"] + got["quarantined"] + sum(got["removed"].values())
-            raw = store.read_manifest(plan_task(store, spec, "raw_documents", source).output_dir)
+            raw = DataRoot(store).manifest(spec, "raw_documents", source)
             assert raw is not None
             assert raw.report["quarantine_reasons"] == w["reasons"], source
             assert raw.report["empty_files"] == w["empty_files"], source
@@ -191,7 +190,7 @@ def test_nasty_corpus_through_dagster(tmp_path: Path, monkeypatch: pytest.Monkey
             assert Counter(r["reason"] for r in rows) == Counter(w["reasons"]), source
             assert all(r["detail"] and "\n" not in r["detail"] for r in rows)  # one clear line each
         # The clashing record id: one record kept, the lowest doc_id of the three.
-        docs = store.read_table(plan_task(store, spec, "raw_documents", "messy").output_dir, "documents")
+        docs = store.read_table(DataRoot(store).output_dir(spec, "raw_documents", "messy"), "documents")
         d1 = [d for d in docs.to_pylist() if d["record_id"] == "d1"]
         clash = [r for r in ledger if r["reason"] == "duplicate_record_id"]
         assert len(d1) == 1 and len(clash) == 2
@@ -230,7 +229,7 @@ def ingest(tmp_path: Path, url: Path, execution: ExecutionParams | None = None, 
     spec = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=str(url), **params)})
     store = Store(str(tmp_path / "data"))
     outcome = execute(store, spec, "raw_documents", "s", execution or ExecutionParams(batch_rows=3))
-    pdir = plan_task(store, spec, "raw_documents", "s").output_dir
+    pdir = DataRoot(store).output_dir(spec, "raw_documents", "s")
     return {"report": outcome.manifest.report, "docs": store.read_table(pdir, "documents").to_pylist(),
             "bad": store.read_table(pdir, "quarantine").to_pylist(), "manifest": outcome.manifest,
             "dir": pdir}

@@ -23,9 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from stages.catalog import PROGRAMS
+from stages.dataroot import DataRoot
 from stages.execute import execute_crawl
 from stages.params import ExecutionParams
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import MANIFEST, Manifest, Store
 from tests.support.crash_points import install
@@ -49,7 +49,7 @@ def outputs(store: Store, crawl: CrawlSpec) -> dict[str, Any]:
     out["ledger"] = read(store, crawl, "removal_ledger", "ledger")
     for program in PROGRAMS:
         for source in crawl.partitions(program):
-            m = store.read_manifest(plan_task(store, crawl, program, source).output_dir)
+            m = DataRoot(store).manifest(crawl, program, source)
             assert m is not None, (program, source)
             out[f"rows/{program}/{source}"] = m.rows
             if program in ("raw_documents", "curated_documents", "removal_ledger"):  # others report timings
@@ -249,9 +249,9 @@ def test_dagster_reexecutes_a_failed_run_from_the_failed_step(tmp_path: Path, mo
                      "document_languages": DagsterEventType.STEP_SUCCESS,
                      "filtered_documents": DagsterEventType.STEP_FAILURE}
     store = Store(str(work / "data"))
-    fdir = plan_task(store, crawl, "filtered_documents", "news").output_dir
+    fdir = DataRoot(store).output_dir(crawl, "filtered_documents", "news")
     assert store.read_manifest(fdir) is None  # the failed attempt published nothing
-    raw_manifest = store.read_manifest(plan_task(store, crawl, "raw_documents", "news").output_dir)
+    raw_manifest = DataRoot(store).manifest(crawl, "raw_documents", "news")
     assert raw_manifest is not None
 
     monkeypatch.setattr(filtered, "run", real_run)
@@ -272,8 +272,8 @@ def test_dagster_reexecutes_a_failed_run_from_the_failed_step(tmp_path: Path, mo
     execute_crawl(clean, crawl, ExecutionParams(workers=1))
     for table in ("decisions", "removed"):
         assert store.read_table(fdir, table).equals(
-            clean.read_table(plan_task(clean, crawl, "filtered_documents", "news").output_dir, table)), table
+            clean.read_table(DataRoot(clean).output_dir(crawl, "filtered_documents", "news"), table)), table
     assert {p.name for p in Path(fdir).iterdir()} == {MANIFEST, *(n for names in m.tables.values() for n in names)}
-    raw_again = store.read_manifest(plan_task(store, crawl, "raw_documents", "news").output_dir)
+    raw_again = DataRoot(store).manifest(crawl, "raw_documents", "news")
     assert raw_again is not None and raw_again.report == raw_manifest.report
     assert json.dumps(raw_again.tables) == json.dumps(raw_manifest.tables)  # not rewritten

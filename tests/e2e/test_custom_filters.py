@@ -94,7 +94,7 @@ def test_curate_run_with_a_module_class_filter(tmp_path: Path, web: Path, monkey
         assert cli.main(["run", "--workdir", str(wd), "--crawl", "c2", "--config", str(config), "--quiet"]) == 1
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1
-        assert "filtered_documents[web]: custom filter 'fragile' raised ValueError on document " in err
+        assert "filtered_documents[c2|web]: custom filter 'fragile' raised ValueError on document " in err
         assert "(record w0): cannot score a text with zyzzyva" in err
         # A filter that cannot be imported: one line, before any run.
         config.write_text(json.dumps({"sources": {"web": {"url": str(web)}}, "stages": ["heuristic"], "params": {

@@ -27,7 +27,6 @@ from curation_dagster.defs.resources import CurationResource, load_spec, save_sp
 from stages.dataroot import CRAWLS_DIR, DATA_ROOT_FILE, DataRoot, NoDataRoot, data_root_url
 from stages.execute import execute_crawl
 from stages.params import ExecutionParams
-from stages.plan import plan_task
 from stages.store import Store
 from tests.stages.test_dataroot import (
     BUCKET,
@@ -148,7 +147,7 @@ def test_report_ledger_explain_and_a_stage_from_an_s3_data_root_alone(s3: dict[s
     spec = T.spec(crawl="c1")
     root.register(spec)
     execute_crawl(root.store, spec, ExecutionParams(workers=1))
-    ledger = root.store.read_table(plan_task(root.store, spec, "removal_ledger", None).output_dir, "ledger")
+    ledger = root.store.read_table(DataRoot(root.store).output_dir(spec, "removal_ledger", None), "ledger")
     removed = ledger.filter(pc.equal(ledger["stage"], "exact")).to_pylist()[0]
     empty = tmp_path / "cwd"
     empty.mkdir()

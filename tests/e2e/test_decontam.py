@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from curation_dagster.tools.sample import build_sample
+from stages.dataroot import DataRoot
 from stages.decontam_sets import load_examples
 from stages.kernels import decontam as D
 from stages.store import Store
@@ -141,6 +142,5 @@ def test_program_ledger_and_report(tmp_path: Path) -> None:
     assert [r["record_id"] for r in ledger2] == ["d11", "d6"]
 
 def read_dir(store: Store, spec: Any) -> str:
-    from stages.plan import plan_task
 
-    return plan_task(store, spec, "contaminated_documents", None).output_dir
+    return DataRoot(store).output_dir(spec, "contaminated_documents", None)

@@ -16,8 +16,8 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from curation_dagster.tools.sample import build_sample
+from stages.dataroot import DataRoot
 from stages.execute import execute_crawl
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -70,7 +70,7 @@ def _oracle(store: Store, spec: CrawlSpec) -> tuple[list[str], csr_matrix]:
     cols: list[int] = []
     vocab: dict[str, int] = {}
     for source in sorted(spec.sources):
-        t = store.read_table(plan_task(store, spec, "raw_documents", source).output_dir, "documents")
+        t = store.read_table(DataRoot(store).output_dir(spec, "raw_documents", source), "documents")
         for doc_id, text in zip(t["doc_id"].to_pylist(), t["text"].to_pylist(), strict=True):
             grams = {text} if len(text) < SHINGLE else {text[i : i + SHINGLE] for i in range(len(text) - SHINGLE + 1)}
             r = len(ids)
@@ -95,8 +95,8 @@ def _perfect_removed(ids: list[str], jac: csr_matrix) -> tuple[int, set[str]]:
     return int((sizes[sizes > 1] - 1).sum()), clustered
 
 def _fuzzy_outputs(store: Store, spec: CrawlSpec) -> tuple[list[str], set[str]]:
-    removed = store.read_table(plan_task(store, spec, "fuzzy_duplicates", None).output_dir, "removed")
-    comps = store.read_table(plan_task(store, spec, "duplicate_components", None).output_dir, "components")
+    removed = store.read_table(DataRoot(store).output_dir(spec, "fuzzy_duplicates", None), "removed")
+    comps = store.read_table(DataRoot(store).output_dir(spec, "duplicate_components", None), "components")
     return removed["doc_id"].to_pylist(), set(comps["doc_id"].to_pylist())
 
 def test_default_fuzzy_matches_exact_oracle(corpus: tuple[Path, list[dict[str, str]]]) -> None:
@@ -132,7 +132,7 @@ def test_resharding_and_order_change_no_decision(corpus: tuple[Path, list[dict[s
     root, sources = corpus
     store, spec = _run(root, sources, "default")
     base, _ = _fuzzy_outputs(store, spec)
-    removed_a = store.read_table(plan_task(store, spec, "fuzzy_duplicates", None).output_dir, "removed")
+    removed_a = store.read_table(DataRoot(store).output_dir(spec, "fuzzy_duplicates", None), "removed")
     # merge every source's files into one reversed file
     lines = []
     for name in ("docstrings", "licenses", "package_docs"):
@@ -153,7 +153,7 @@ def test_resharding_and_order_change_no_decision(corpus: tuple[Path, list[dict[s
         resharded.append({"name": name, "url": str(folder), "id_field": "id"})
     resharded.append(next(s for s in sources if s["name"] == "mirror"))
     store2, spec2 = _run(tmp_path, resharded, "resharded")
-    removed_b = store2.read_table(plan_task(store2, spec2, "fuzzy_duplicates", None).output_dir, "removed")
+    removed_b = store2.read_table(DataRoot(store2).output_dir(spec2, "fuzzy_duplicates", None), "removed")
     key = ["doc_id", "duplicate_of"]
     a = set(zip(*(removed_a[k].to_pylist() for k in key), strict=True))
     b = set(zip(*(removed_b[k].to_pylist() for k in key), strict=True))
@@ -167,16 +167,16 @@ def test_block_wise_verification_gives_the_same_edges(corpus: tuple[Path, list[d
 
     root, sources = corpus
     store, spec = _run(root, sources, "default")
-    whole = store.read_table(plan_task(store, spec, "duplicate_components", None).output_dir, "edges")
+    whole = store.read_table(DataRoot(store).output_dir(spec, "duplicate_components", None), "edges")
     outcome = execute(store, spec, "duplicate_components", None, ExecutionParams(text_block_bytes=40_000), force=True)
     report = outcome.manifest.report
     assert report["text_blocks"] > 5 and report["text_spilled"] and report["candidate_text_bytes"] > 40_000
-    blocked = store.read_table(plan_task(store, spec, "duplicate_components", None).output_dir, "edges")
+    blocked = store.read_table(DataRoot(store).output_dir(spec, "duplicate_components", None), "edges")
     assert blocked.equals(whole)
     # the removal list's scores are read the same way
-    removed = store.read_table(plan_task(store, spec, "fuzzy_duplicates", None).output_dir, "removed")
+    removed = store.read_table(DataRoot(store).output_dir(spec, "fuzzy_duplicates", None), "removed")
     execute(store, spec, "fuzzy_duplicates", None, ExecutionParams(text_block_bytes=40_000), force=True)
-    again = store.read_table(plan_task(store, spec, "fuzzy_duplicates", None).output_dir, "removed")
+    again = store.read_table(DataRoot(store).output_dir(spec, "fuzzy_duplicates", None), "removed")
     assert again.equals(removed) and removed.num_rows > 0
 
 def test_a_spill_without_room_fails_first_in_one_line_naming_the_settings(
@@ -236,8 +236,8 @@ def test_curate_yaml_execution_section_tunes_runs(corpus: tuple[Path, list[dict[
                      "--quiet"]) == 0
     spec = load_spec(str(work), "c1")
     store = CurationResource(workdir=str(work)).store()
-    comps = plan_task(store, spec, "duplicate_components", None).output_dir
-    fuzzy = plan_task(store, spec, "fuzzy_duplicates", None).output_dir
+    comps = DataRoot(store).output_dir(spec, "duplicate_components", None)
+    fuzzy = DataRoot(store).output_dir(spec, "fuzzy_duplicates", None)
     want = store.read_table(comps, "edges"), store.read_table(fuzzy, "removed")
     assert store.read_manifest(comps).report["text_blocks"] <= 2 and want[0].num_rows > 0  # in memory
     (work / "curate.yaml").write_text(yaml.safe_dump({"checks": {"over_deletion": {"max_removed_fraction": 1.0}},

@@ -12,8 +12,8 @@ import pyarrow.compute as pc
 import pytest
 
 from curation_dagster.tools.sample import build_sample
+from stages.dataroot import DataRoot
 from stages.execute import execute_crawl
-from stages.plan import plan_task
 from stages.spec import CrawlSpec, prior_outputs
 from stages.store import MANIFEST, Store
 
@@ -24,7 +24,7 @@ def _write(path: Path, records: list[dict[str, str]]) -> None:
 
 
 def _ids(store: Store, spec: CrawlSpec, program: str, table: str, source: str | None = None) -> set[str]:
-    return set(store.read_table(plan_task(store, spec, program, source).output_dir, table)["doc_id"].to_pylist())
+    return set(store.read_table(DataRoot(store).output_dir(spec, program, source), table)["doc_id"].to_pylist())
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def crawls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 def test_only_new_documents_are_removed(crawls: dict[str, object]) -> None:
     store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
     assert isinstance(store, Store) and isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
-    removed = store.read_table(plan_task(store, spec2, "fuzzy_duplicates", None).output_dir, "removed")
+    removed = store.read_table(DataRoot(store).output_dir(spec2, "fuzzy_duplicates", None), "removed")
     c1_kept = _ids(store, spec1, "curated_documents", "documents", "web")
     c2_docs = _ids(store, spec2, "raw_documents", "documents", "web")
     assert set(removed["doc_id"].to_pylist()) <= c2_docs
@@ -78,7 +78,7 @@ def test_earlier_crawl_is_not_recomputed(crawls: dict[str, object]) -> None:
     assert isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
     for path, stamp in stamps.items():
         assert os.stat(path).st_mtime_ns == stamp, f"{path} was rewritten by the recrawl"
-    lsh = store.read_manifest(plan_task(store, spec2, "lsh_buckets", None).output_dir)
+    lsh = DataRoot(store).manifest(spec2, "lsh_buckets", None)
     assert lsh is not None and lsh.report["prior_documents"] == {
         "c1": len(_ids(store, spec1, "curated_documents", "documents", "web"))
     }
@@ -98,7 +98,7 @@ def test_the_ledger_counts_earlier_crawl_duplicates_apart(crawls: dict[str, obje
 
     store, spec2 = crawls["store"], crawls["spec2"]
     assert isinstance(store, Store) and isinstance(spec2, CrawlSpec)
-    pdir = plan_task(store, spec2, "removal_ledger", None).output_dir
+    pdir = DataRoot(store).output_dir(spec2, "removal_ledger", None)
     manifest = store.read_manifest(pdir)
     assert manifest is not None
     report = read_as(manifest, RemovalLedgerReport)
@@ -121,7 +121,7 @@ def test_explain_names_the_crawl_that_kept_the_original(crawls: dict[str, object
 
     store, spec2 = crawls["store"], crawls["spec2"]
     assert isinstance(store, Store) and isinstance(spec2, CrawlSpec)
-    pdir = plan_task(store, spec2, "removal_ledger", None).output_dir
+    pdir = DataRoot(store).output_dir(spec2, "removal_ledger", None)
     ledger = store.read_table(pdir, "ledger")
     for reason, where in [("near_duplicate_of_earlier_crawl", "crawl c1 (an earlier crawl, which kept it)"),
                           ("near_duplicate", "crawl c2 (this crawl)")]:
@@ -139,7 +139,7 @@ def test_the_ledger_metadata_shows_example_pairs_kept_by_the_earlier_crawl(crawl
 
     store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
     assert isinstance(store, Store) and isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
-    manifest = store.read_manifest(plan_task(store, spec2, "removal_ledger", None).output_dir)
+    manifest = DataRoot(store).manifest(spec2, "removal_ledger", None)
     assert manifest is not None
     meta = removal_ledger_metadata(store, spec2, read_as(manifest, RemovalLedgerReport))
     assert list(meta)[:3] == ["waterfall", "waterfall_chart", "removal_examples"]
@@ -147,7 +147,7 @@ def test_the_ledger_metadata_shows_example_pairs_kept_by_the_earlier_crawl(crawl
     assert {(r["stage"], r["reason"]) for r in rows} == {("fuzzy", "near_duplicate_of_earlier_crawl"),
                                                          ("fuzzy", "near_duplicate")}
     c1 = {d["doc_id"]: d["text"] for d in store.read_table(
-        plan_task(store, spec1, "raw_documents", "web").output_dir, "documents").to_pylist()}
+        DataRoot(store).output_dir(spec1, "raw_documents", "web"), "documents").to_pylist()}
     earlier = [r for r in rows if r["reason"] == "near_duplicate_of_earlier_crawl"]
     assert len(earlier) == 2
     for r in earlier:

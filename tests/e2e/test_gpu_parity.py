@@ -16,11 +16,10 @@ import pytest
 
 from curation_dagster.tools.sample import build_sample
 from stages import backend as B
-from stages.dataroot import CRAWLS_DIR
+from stages.dataroot import CRAWLS_DIR, DataRoot
 from stages.execute import execute_crawl, metadata
 from stages.kernels import lsh
 from stages.kernels import minhash as mh
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -178,7 +177,7 @@ def test_fuzzy_chain_on_twins_writes_identical_tables(
     assert metadata(twin[("lsh_buckets", None)])["backend"] == name
 
     def table(store: Store, program: str, name: str, source: str | None = None) -> pa.Table:
-        return store.read_table(plan_task(store, spec, program, source).output_dir, name)
+        return store.read_table(DataRoot(store).output_dir(spec, program, source), name)
 
     for source in sources:
         assert table(twin_store, "minhash_signatures", "signatures", source).equals(

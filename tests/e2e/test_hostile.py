@@ -132,7 +132,7 @@ def test_a_python_tag_in_a_config_is_one_line_naming_the_file_and_the_tag(tmp_pa
     config.write_text(f"sources:\n  news: {PYTHON_TAG} ['touch {marker}']\n")
     work = str(tmp_path / "w")
     for args in (["run", "--workdir", work, "--crawl", "c1"], ["register", "--workdir", work, "--crawl", "c1"],
-                 ["plan", "--docs", "1000", "--mean-chars", "2000"]):
+                 ["size", "--docs", "1000", "--mean-chars", "2000"]):
         code, _, err = curate(*args, "--config", str(config))
         line = one_line_error(code, err, str(config), "python/object/apply:os.system")
         assert "line 2" in line

@@ -44,7 +44,8 @@ from curation_dagster.ops import k8s_spec
 from stages import catalog
 from stages import params as P
 from stages.catalog import Resources
-from stages.plan import plan_task
+from stages.dataroot import DataRoot
+from stages.resolve import resolve_task
 from stages.spec import CrawlSpec
 
 NAMESPACE = "curation"
@@ -554,7 +555,7 @@ def test_cpu_and_gpu_partitions_run_as_pods(
     assert recorded("exact_duplicates", "removed") == 2
     assert "| `web` | 2 |" in recorded("exact_duplicates", "removed_per_source")
     store = CurationResource(workdir=str(workdir)).store()
-    task = plan_task(store, spec, "exact_duplicates", None)
+    task = resolve_task(store, spec, "exact_duplicates", None)
     manifest = store.read_manifest(task.output_dir)
     assert manifest is not None and recorded("exact_duplicates", "data_version") == manifest.data_version
     assert recorded("exact_duplicates", "params_key") == task.key
@@ -608,7 +609,7 @@ def test_a_crawl_on_kubernetes_is_one_run_of_the_crawl_job_with_a_pod_per_partit
     execute_crawl(alone, spec)
 
     def ledger(store: Any) -> pa.Table:
-        pdir = plan_task(store, spec, "removal_ledger", None).output_dir
+        pdir = DataRoot(store).output_dir(spec, "removal_ledger", None)
         return store.read_table(pdir, "ledger").sort_by([("doc_id", "ascending"), ("stage", "ascending")])
 
     mine = ledger(resource.store())

@@ -373,7 +373,8 @@ def test_only_the_heuristic_stage(base: Workdir, scratch: Path) -> None:
     after = Workdir(work)
     assert_reran_only_changed(out, base.spec, after.spec)
     for s in SOURCES:  # ingestion and the heuristic filters are reused
-        assert f"= raw_documents[{s}] up to date" in out and f"= filtered_documents[{s}] up to date" in out
+        label = f"{after.spec.crawl}|{s}"
+        assert f"= raw_documents[{label}] up to date" in out and f"= filtered_documents[{label}] up to date" in out
     assert after.spec.stages == ("heuristic",)
     report = after.report()
     for row in report["sources"].values():
@@ -398,7 +399,7 @@ def test_bad_source_fails_with_one_line(tmp_path: Path, source: str) -> None:
     assert lines[0].startswith("curate: error: ")
     assert "Traceback" not in proc.stderr
     if source.startswith("news="):
-        assert "/nonexistent/dir/*.jsonl" in lines[0] and "raw_documents[news]" in lines[0]
+        assert "/nonexistent/dir/*.jsonl" in lines[0] and "raw_documents[c1|news]" in lines[0]
 
 
 # --- Dagster Pipes ------------------------------------------------------------------------------------

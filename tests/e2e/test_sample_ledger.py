@@ -27,9 +27,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from stages.dataroot import DataRoot
 from stages.execute import execute_crawl
 from stages.params import ExecutionParams
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -85,7 +85,7 @@ def dump(golden: dict[str, Any]) -> str:
 def test_the_sample_crawl_gives_the_golden_ledger(tmp_path: Path) -> None:
     store, spec = Store(str(tmp_path / "data")), sample_spec()
     execute_crawl(store, spec, ExecutionParams(workers=1))
-    pdir = plan_task(store, spec, "removal_ledger", None).output_dir
+    pdir = DataRoot(store).output_dir(spec, "removal_ledger", None)
     manifest = store.read_manifest(pdir)
     assert manifest is not None
     got = {"stages": list(STAGES), "precision": PRECISION, "columns": list(COLUMNS),

@@ -28,11 +28,10 @@ from curation_dagster.defs.resources import CurationResource
 from stages import parallel
 from stages.catalog import PROGRAMS
 from stages.credentials import STORAGE_OPTIONS_ENV
-from stages.dataroot import DATA_ROOT_FILE
+from stages.dataroot import DATA_ROOT_FILE, DataRoot
 from stages.execute import execute_crawl
 from stages.parallel import map_ordered, ray_init
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.plan import plan_task
 from stages.programs.lsh_buckets import BANDS_PER_TASK
 from stages.spec import CrawlSpec
 from stages.store import MANIFEST, Manifest, Store, is_transient, retry
@@ -63,7 +62,7 @@ def outputs(store: Store, spec: CrawlSpec) -> dict[tuple[str, str | None, str], 
     out: dict[tuple[str, str | None, str], Any] = {}
     for program in PROGRAMS:
         for source in spec.partitions(program):
-            pdir = plan_task(store, spec, program, source).output_dir
+            pdir = DataRoot(store).output_dir(spec, program, source)
             manifest = store.read_manifest(pdir)
             assert manifest is not None, (program, source)
             out[(program, source, "_rows")] = manifest.rows
@@ -83,7 +82,7 @@ def assert_same(got: dict[tuple[str, str | None, str], Any], want: dict[tuple[st
 
 
 def ledger_report(store: Store, spec: CrawlSpec) -> dict[str, Any]:
-    manifest = store.read_manifest(plan_task(store, spec, "removal_ledger", None).output_dir)
+    manifest = DataRoot(store).manifest(spec, "removal_ledger", None)
     assert manifest is not None
     return {k: v for k, v in manifest.report.items() if k not in TIMING}
 
@@ -376,12 +375,12 @@ def test_curate_run_with_ray_address_and_s3_data_root_matches_local(
         assert counts(json.loads(out)) == counts(ledger_report(ref_store, ref_spec))
         code, _, err = curate("ledger", "--workdir", str(work), "--crawl", CRAWL, "--out", str(work / "l.parquet"))
         assert code == 0, err
-        want = ref_store.read_table(plan_task(ref_store, ref_spec, "removal_ledger", None).output_dir, "ledger")
+        want = ref_store.read_table(DataRoot(ref_store).output_dir(ref_spec, "removal_ledger", None), "ledger")
         assert pq.read_table(work / "l.parquet").equals(want)
         for source in spec.sources:
-            got = store.read_table(plan_task(store, spec, "curated_documents", source).output_dir, "documents")
+            got = store.read_table(DataRoot(store).output_dir(spec, "curated_documents", source), "documents")
             ref = ref_store.read_table(
-                plan_task(ref_store, ref_spec, "curated_documents", source).output_dir, "documents")
+                DataRoot(ref_store).output_dir(ref_spec, "curated_documents", source), "documents")
             assert got["doc_id"].to_pylist() == ref["doc_id"].to_pylist() and got.num_rows > 0
         # Credentials never reach a manifest, a part, the Dagster instance or the workdir.
         written = [s3.fs.cat_file(p) for p in s3.fs.find(f"{BUCKET}/dagster-run")]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from stages.dataroot import DataRoot
 from stages.kernels.semantic import (
     duplicate_mask,
     max_earlier_similarity,
@@ -78,7 +79,6 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
     from curation_dagster.defs.resources import save_spec
     from stages.dataroot import DATA_ROOT_FILE
     from stages.execute import execute
-    from stages.plan import plan_task
     from stages.spec import CrawlSpec
     from stages.store import Store
 
@@ -104,7 +104,7 @@ def test_the_semantic_stage_end_to_end_and_its_audit(tmp_path: Path) -> None:
             execute(store, spec, program, source)
 
     def table(program: str, name: str, source: str | None = None) -> list[dict]:  # type: ignore[type-arg]
-        return store.read_table(plan_task(store, spec, program, source).output_dir, name).to_pylist()
+        return store.read_table(DataRoot(store).output_dir(spec, program, source), name).to_pylist()
 
     assert table("document_embeddings", "embeddings", "junk") == []  # no heuristic survivor
     record = {r["doc_id"]: (r["source"], r["record_id"]) for s in ("wire", "blog")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from stages.plan import plan_task
+from stages.dataroot import DataRoot
 from stages.store import Store
 from tests.stages.ingest.test_wild_inputs import jsonl, rec, write
 
@@ -53,7 +53,7 @@ def test_a_damaged_file_is_named_in_the_one_line_error(tmp_path: Path, capsys: p
                      "--stages", "heuristic", "--quiet"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "raw_documents[s]" in err and "input_complete" in err and "cut.jsonl.gz" in err
+    assert "raw_documents[c1|s]" in err and "input_complete" in err and "cut.jsonl.gz" in err
     assert "allow_damaged_files" in err
 
 def test_rewritten_inputs_are_not_up_to_date_through_curate_run(tmp_path: Path) -> None:
@@ -70,5 +70,5 @@ def test_rewritten_inputs_are_not_up_to_date_through_curate_run(tmp_path: Path) 
     from curation_dagster.defs.resources import load_spec
 
     store = Store(str(tmp_path / "w" / "data"))
-    pdir = plan_task(store, load_spec(tmp_path / "w", "c1"), "raw_documents", "s").output_dir
+    pdir = DataRoot(store).output_dir(load_spec(tmp_path / "w", "c1"), "raw_documents", "s")
     assert store.read_table(pdir, "documents")["record_id"].to_pylist() == ["r2"]

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pytest
 
 from stages.checks import ChecksConfig, evaluate_doc_id_unique
+from stages.dataroot import DataRoot
 from stages.execute import execute, execute_crawl
 from stages.keep import fixed_ids, pick_survivors, source_priorities
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -79,7 +79,7 @@ def reference_ledger(store: Store, spec: CrawlSpec) -> list[dict[str, Any]]:
     record_ids: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     for s in sorted(spec.sources):
-        raw = plan_task(store, spec, "raw_documents", s).output_dir
+        raw = DataRoot(store).output_dir(spec, "raw_documents", s)
         t = Store.read_table(store, raw, "documents", ["doc_id", "record_id"])
         record_ids.update(zip(t["doc_id"].to_pylist(), t["record_id"].to_pylist(), strict=True))
         for q in Store.read_table(store, raw, "quarantine").to_pylist():
@@ -87,7 +87,7 @@ def reference_ledger(store: Store, spec: CrawlSpec) -> list[dict[str, Any]]:
                          "reason": q["reason"], "duplicate_of": None, "duplicate_of_record_id": None,
                          "duplicate_of_source": None, "duplicate_of_crawl": None, "score": None,
                          "detail": q["detail"]})
-    removed = Store.read_table(store, plan_task(store, spec, "exact_duplicates", None).output_dir, "removed")
+    removed = Store.read_table(store, DataRoot(store).output_dir(spec, "exact_duplicates", None), "removed")
     for s in sorted(spec.sources):
         for r in removed.to_pylist():
             if r["source"] == s:
@@ -102,7 +102,7 @@ def reference_ledger(store: Store, spec: CrawlSpec) -> list[dict[str, Any]]:
 
 def test_the_ledger_is_columnar_and_equals_the_per_document_reference(crawl: tuple[CountingStore, CrawlSpec]) -> None:
     store, spec = crawl
-    ledger_dir = plan_task(store, spec, "removal_ledger", None).output_dir
+    ledger_dir = DataRoot(store).output_dir(spec, "removal_ledger", None)
     store.whole.clear()
     peak = heap_peak(lambda: execute(store, spec, "removal_ledger", None, ExecutionParams(workers=1), force=True))
     assert peak < 200 * DOCS, f"{peak / DOCS:.0f} bytes a document"
@@ -122,14 +122,14 @@ def test_doc_id_unique_streams_fixed_width_ids(crawl: tuple[CountingStore, Crawl
     assert peak < 100 * DOCS // 2, f"{peak / (DOCS // 2):.0f} bytes a document"
     assert "documents" not in store.whole and "documents" in store.streamed
     # a repeated id is found (and named) all the same
-    raw = plan_task(store, spec, "raw_documents", "a").output_dir
+    raw = DataRoot(store).output_dir(spec, "raw_documents", "a")
     ids = Store.read_table(store, raw, "documents", ["doc_id"])["doc_id"]
     assert fixed_ids(ids).tolist() == [i.encode() for i in ids.to_pylist()]
 
 
 def test_the_keep_rule_sorts_fixed_width_ids_without_python_objects(crawl: tuple[CountingStore, CrawlSpec]) -> None:
     store, spec = crawl
-    tables = [Store.read_table(store, plan_task(store, spec, "raw_documents", s).output_dir, "documents",
+    tables = [Store.read_table(store, DataRoot(store).output_dir(spec, "raw_documents", s), "documents",
                                ["doc_id", "source"]) for s in ("a", "b")]
     ids = pa.chunked_array([t["doc_id"] for t in tables])
     sources = pa.chunked_array([t["source"] for t in tables])

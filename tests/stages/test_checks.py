@@ -33,7 +33,7 @@ def _crawl(folder: Path) -> CrawlSpec:
 
 
 def test_a_check_needs_a_committed_output(tmp_path: Path) -> None:
-    with pytest.raises(NotMaterialized, match=r"^raw_documents\[a\] has no committed output for its current "
+    with pytest.raises(NotMaterialized, match=r"^raw_documents\[c1\|a\] has no committed output for its current "
                                               r"parameters$"):
         evaluate_over_deletion(Store(str(tmp_path / "data")), _crawl(tmp_path), "exact_duplicates", None,
                                ChecksConfig())
@@ -46,7 +46,7 @@ def test_every_check_judges_a_crawl_without_dagster(tmp_path: Path) -> None:
 import json, sys
 from pathlib import Path
 from tests.stages.test_checks import _crawl
-from stages.catalog import PROGRAMS
+from stages.catalog import PROGRAMS, partition_name
 from stages.checks import CHECK_KINDS, ChecksConfig
 from stages.execute import execute_crawl
 from stages.params import ExecutionParams
@@ -63,7 +63,8 @@ for cfg_name, cfg in (("default", ChecksConfig()), ("tight", tight)):
             if kind.applies(program):
                 for source in spec.partitions(program.name):
                     v = kind.evaluate(store, spec, program.name, source, cfg)
-                    out[f"{{cfg_name}} {{kind.name}} {{program.name}}[{{source or 'c1'}}]"] = [v.passed, v.description]
+                    name = partition_name(program.name, "c1", source)
+                    out[f"{{cfg_name}} {{kind.name}} {{name}}"] = [v.passed, v.description]
 print(json.dumps({{"dagster": sorted(m for m in sys.modules if m.split(".")[0] == "dagster"), "verdicts": out}}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
@@ -80,5 +81,5 @@ print(json.dumps({{"dagster": sorted(m for m in sys.modules if m.split(".")[0] =
     assert failed["tight over_deletion exact_duplicates[c1]"].startswith(
         f"stage exact removed more than 40.0% of: a 50.0% ({DOCS // 2:,} of {DOCS:,}); "
         f"b 50.0% ({DOCS // 2:,} of {DOCS:,}); not applied")
-    assert verdicts["default doc_id_unique raw_documents[a]"] == [True, f"{DOCS:,} rows, every doc_id distinct"]
+    assert verdicts["default doc_id_unique raw_documents[c1|a]"] == [True, f"{DOCS:,} rows, every doc_id distinct"]
     assert verdicts["default ledger_consistency removal_ledger[c1]"][0] is True

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from stages.dataroot import DataRoot
 from stages.execute import execute, execute_crawl
 from stages.filters import FilterFailed
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 from tests.support.tiny_corpus import TINY
@@ -96,12 +96,12 @@ ENTRY_FILTERS: list[Any] = [{"filter": "mentions_word", "kwargs": {"word": "zyzz
 
 
 def _reasons(store: Store, crawl: CrawlSpec) -> dict[str, str]:
-    ledger = store.read_table(plan_task(store, crawl, "removal_ledger", None).output_dir, "ledger")
+    ledger = store.read_table(DataRoot(store).output_dir(crawl, "removal_ledger", None), "ledger")
     return dict(zip(ledger["record_id"].to_pylist(), ledger["reason"].to_pylist(), strict=True))
 
 
 def _report(store: Store, crawl: CrawlSpec, program: str, source: str | None = None) -> dict[str, Any]:
-    manifest = store.read_manifest(plan_task(store, crawl, program, source).output_dir)
+    manifest = DataRoot(store).manifest(crawl, program, source)
     assert manifest is not None
     return manifest.report
 
@@ -123,7 +123,7 @@ def test_entry_point_filters_run_in_the_heuristic_stage(tmp_path: Path, web: Pat
     assert ledger["removed_per_stage"]["heuristic"] == 7 and ledger["kept"] == 10
     assert ledger["filters"] == {"mentions_word": 4, "digit_share": 2}
     # The ledger's score is the filter's score: how many times the word occurs, the digit share.
-    t = store.read_table(plan_task(store, crawl, "removal_ledger", None).output_dir, "ledger").to_pylist()
+    t = store.read_table(DataRoot(store).output_dir(crawl, "removal_ledger", None), "ledger").to_pylist()
     scores = {r["record_id"]: r["score"] for r in t}
     assert scores["w0"] == 1.0 and scores["both"] == 1.0
     assert scores["d1"] == pytest.approx(sum(c.isdigit() for c in corpus()["d1"]) / len(corpus()["d1"]))
@@ -177,7 +177,7 @@ def test_a_filter_that_raises_fails_the_partition_naming_it_and_the_document(
     assert str(info.value).startswith("custom filter 'fragile' raised ValueError on document ")
     assert str(info.value).endswith(": cannot score a text with zyzzyva")
     assert "(record w0)" in str(info.value)  # the first planted one, in input order
-    assert store.read_manifest(plan_task(store, crawl, "filtered_documents", "web").output_dir) is None
+    assert DataRoot(store).manifest(crawl, "filtered_documents", "web") is None
 
 
 RAY_SCRIPT = """
@@ -187,7 +187,7 @@ from stages.filters import FilterFailed
 from stages.params import ExecutionParams
 from stages.store import Store
 from stages.execute import execute_crawl
-from stages.plan import plan_task
+from stages.resolve import resolve_task
 from stages.spec import CrawlSpec
 tmp, web = Path(sys.argv[1]), sys.argv[2]
 out = {}
@@ -198,7 +198,7 @@ for name, flt in (("ok", {"filter": "curate_plugin_filters:MentionsWord", "kwarg
     store = Store(str(tmp / "data"))
     try:
         execute_crawl(store, spec, ExecutionParams(executor="ray", workers=2))
-        out[name] = store.read_manifest(plan_task(store, spec, "filtered_documents", "web").output_dir).report
+        out[name] = DataRoot(store).manifest(spec, "filtered_documents", "web").report
     except FilterFailed as exc:
         out[name] = str(exc)
 print(json.dumps(out))

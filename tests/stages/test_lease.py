@@ -21,7 +21,7 @@ import stages.store
 from stages import params as P
 from stages.dataroot import DataRoot
 from stages.execute import execute
-from stages.plan import load_program, plan_task
+from stages.resolve import load_program, resolve_task
 from stages.spec import CrawlSpec
 from stages.store import Manifest, PartitionBusy, Store
 from tests.support.moto_s3 import moto_s3
@@ -166,7 +166,7 @@ def test_two_concurrent_attempts_of_one_partition_commit_once(
     attempt()  # the second, while the first runs
     first.join(timeout=120)
     assert sorted(outcomes) == ["busy", "committed"], outcomes
-    task = plan_task(store, spec, "raw_documents", "web")
+    task = resolve_task(store, spec, "raw_documents", "web")
     m = store.read_manifest(task.output_dir)
     assert m is not None and m.report["documents"] == 2000
     assert store.read_table(task.output_dir, "documents").num_rows == 2000

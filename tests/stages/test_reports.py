@@ -12,8 +12,8 @@ import pytest
 from stages import reports as R
 from stages.catalog import PROGRAMS
 from stages.checks import ChecksConfig, evaluate_giant_groups, evaluate_over_deletion, removed_by_source
+from stages.dataroot import DataRoot
 from stages.execute import execute, metadata
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
 
@@ -169,7 +169,7 @@ def planted(tmp_path: Path) -> tuple[Store, CrawlSpec]:
     store = Store(str(tmp_path / "data"))
 
     def plant(program: str, source: str | None, report: R.Report) -> None:
-        w = store.writer(plan_task(store, spec, program, source).output_dir)
+        w = store.writer(DataRoot(store).output_dir(spec, program, source))
         w.commit(Manifest(program, "planted", "planted", spec.crawl, source, {}, report=report.dump()))
 
     for s in ("a", "b"):

@@ -1,4 +1,4 @@
-"""``curate plan``'s arithmetic (``stages.sizing``) against values worked out by hand.
+"""``curate size``'s arithmetic (``stages.sizing``) against values worked out by hand.
 
 The reference crawl: 1,000,000 documents of 2,000 characters, 260 hashes in 20 bands x 13 rows,
 a 10% duplicate rate at Jaccard 0.9, 0.25 tokens per character, MiniLM (22,713,216 parameters)
@@ -18,7 +18,7 @@ from stages.sizing import (
     candidate_probability,
     flops_per_document,
     gpu_hours,
-    plan,
+    size,
 )
 
 SEED = Setting(num_perm=260, bands=20, rows=13)
@@ -29,13 +29,13 @@ P_DUP = 0.9971646685128354
 
 
 def test_signature_table_and_band_keys() -> None:
-    s = plan(CRAWL, SEED)
+    s = size(CRAWL, SEED)
     assert s.signatures == {"rows": 1_000_000, "bytes": 1_000_000 * (4 * 260 + 36)}  # 1.076 GB
     assert s.band_keys == {"keys": 20_000_000, "bytes": 1_000_000 * 8 * 21}  # 168 MB
 
 
 def test_candidates_at_the_lsh_setting() -> None:
-    c = plan(CRAWL, SEED).candidates
+    c = size(CRAWL, SEED).candidates
     assert c["threshold"] == pytest.approx(0.7941833348, rel=1e-9)  # (1/20)^(1/13)
     assert c["p_candidate"] == pytest.approx(P_DUP, rel=1e-12)
     assert candidate_probability(0.9, 20, 13) == pytest.approx(P_DUP, rel=1e-12)
@@ -45,19 +45,19 @@ def test_candidates_at_the_lsh_setting() -> None:
 
 
 def test_verification_text_and_spill() -> None:
-    v = plan(CRAWL, SEED).verification
+    v = size(CRAWL, SEED).verification
     assert v["documents"] == pytest.approx(199_432.9337, rel=1e-9)
     assert v["text_bytes"] == pytest.approx(398_865_867.4, rel=1e-9)
     assert v["spill_bytes"] == 0.0  # under text_block_bytes = 512 MiB = 536,870,912
-    longer = plan(Crawl(1_000_000, 4000), SEED).verification
+    longer = size(Crawl(1_000_000, 4000), SEED).verification
     assert longer["text_bytes"] == pytest.approx(797_731_734.8, rel=1e-9)
     assert longer["spill_bytes"] == pytest.approx(2 * 797_731_734.8, rel=1e-9)  # gathered + block files
-    off = plan(CRAWL, Setting(bands=20, rows=13, verify=False)).verification
+    off = size(CRAWL, Setting(bands=20, rows=13, verify=False)).verification
     assert off == {"documents": 0.0, "text_bytes": 0.0, "spill_bytes": 0.0}
 
 
 def test_embedding_flops_and_gpu_hours() -> None:
-    e = plan(CRAWL, SEED).embeddings[MINILM.name]
+    e = size(CRAWL, SEED).embeddings[MINILM.name]
     assert e["tokens_per_document"] == 256  # min(2000 x 0.25, 256)
     assert e["flops_per_document"] == 2 * 22_713_216 * 256  # 1.163e10
     assert e["documents"] == pytest.approx(1_000_000 - 99_716.46685, rel=1e-9)  # fuzzy's removals not embedded
@@ -74,12 +74,12 @@ def test_the_seeds_classifier_example() -> None:
     assert per_doc * 500e6 == pytest.approx(7.168e19)
     assert gpu_hours(per_doc * 500e6, 150, 1.0) == pytest.approx(132.74, rel=1e-4)
     assert gpu_hours(per_doc * 500e6, 150, 1 / 3) == pytest.approx(398.2, rel=1e-4)
-    s = plan(Crawl(500_000_000, 4000), Setting(models=(model,)), Assumptions(dup_rate=0.0))
+    s = size(Crawl(500_000_000, 4000), Setting(models=(model,)), Assumptions(dup_rate=0.0))
     assert s.embeddings["classifier"]["gpu_hours"] == pytest.approx(398.2, rel=1e-4)
 
 
 def test_memory_per_stage_pod() -> None:
-    m = plan(CRAWL, SEED).memory_bytes
+    m = size(CRAWL, SEED).memory_bytes
     assert m["lsh_buckets"] == 1_000_000 * (8 + 72) + 1_000_000 * 8 * 5  # nodes + one task's 5 columns
     assert m["exact_duplicates"] == 2 * 1_000_000 * 52
     assert m["semantic_clusters"] == pytest.approx((1_000_000 - 99_716.46685) * 384 * 6, rel=1e-9)

@@ -21,7 +21,7 @@ from stages import versions
 from stages.catalog import PROGRAMS, STAGES
 from stages.execute import execute_crawl
 from stages.params import ExecutionParams, KeepParams, RawDocumentsParams
-from stages.plan import plan_task
+from stages.resolve import resolve_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 from tests.support.tiny_corpus import SOURCES, read, spec
@@ -245,7 +245,8 @@ def test_execution_settings_change_no_key_and_no_output(tmp_path: Path) -> None:
         assert read(other, crawl, "curated_documents", "documents", s).equals(
             read(store, crawl, "curated_documents", "documents", s))
     assert read(other, crawl, "removal_ledger", "ledger").equals(read(store, crawl, "removal_ledger", "ledger"))
-    assert plan_task(other, crawl, "removal_ledger", None).key == plan_task(store, crawl, "removal_ledger", None).key
+    ledger_key = resolve_task(store, crawl, "removal_ledger", None).key
+    assert resolve_task(other, crawl, "removal_ledger", None).key == ledger_key
 
 
 def test_a_copy_with_other_parameters_has_its_own_keys() -> None:

@@ -17,6 +17,7 @@ import pytest
 
 import stages.store
 from stages.catalog import PROGRAMS
+from stages.dataroot import DataRoot
 from stages.execute import execute
 from stages.params import (
     ExactDuplicatesParams,
@@ -26,7 +27,6 @@ from stages.params import (
     RawDocumentsParams,
     params_key,
 )
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import MANIFEST, Manifest, Store
 from tests.support.tiny_corpus import downstream
@@ -299,12 +299,12 @@ def test_a_busy_score_cache_is_skipped_not_fatal(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "data"))
     execute(store, crawl, "raw_documents", "s")
     execute(store, crawl, "document_languages", "s")
-    raw = store.read_manifest(plan_task(store, crawl, "raw_documents", "s").output_dir)
+    raw = DataRoot(store).manifest(crawl, "raw_documents", "s")
     assert raw is not None
     key = hashlib.sha256(f"{fd.H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
     cache = store.partition_dir(fd.SCORES, key, "c1", "s")
     holder = store.writer(cache)  # the other attempt
-    out = plan_task(store, crawl, "filtered_documents", "s").output_dir
+    out = DataRoot(store).output_dir(crawl, "filtered_documents", "s")
     busy = execute(store, crawl, "filtered_documents", "s")
     removed = store.read_table(out, "removed")
     assert store.read_manifest(cache) is None and busy.manifest.report["removed"] > 0
@@ -410,7 +410,7 @@ def test_execution_params_change_neither_keys_nor_results(tmp_path: Path) -> Non
     assert not first.skipped and len(first.manifest.tables["documents"]) == 7
     again = execute(store, crawl, "raw_documents", "s", ExecutionParams(batch_rows=1000, workers=3))
     assert again.skipped and again.manifest.params_key == first.manifest.params_key
-    pdir = plan_task(store, crawl, "raw_documents", "s").output_dir
+    pdir = DataRoot(store).output_dir(crawl, "raw_documents", "s")
     small = store.read_table(pdir, "documents")
     forced = execute(store, crawl, "raw_documents", "s", ExecutionParams(batch_rows=1000), force=True)
     assert not forced.skipped and forced.manifest.params_key == first.manifest.params_key

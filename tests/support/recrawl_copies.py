@@ -81,8 +81,7 @@ def _run(root: Path, workdir: Path, crawl: str) -> str:
 
 def _kept_record_ids(workdir: Path, crawl: str, source: str) -> list[str]:
     from stages.dataroot import DataRoot
-    from stages.plan import plan_task
 
     root = DataRoot.open(None, workdir)
-    pdir = plan_task(root.store, root.spec(crawl), "curated_documents", source).output_dir
+    pdir = DataRoot(root.store).output_dir(root.spec(crawl), "curated_documents", source)
     return [str(r) for r in root.store.read_table(pdir, "documents", ["record_id"])["record_id"].to_pylist()]

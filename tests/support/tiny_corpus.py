@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import zstandard
 
 from stages.catalog import PROGRAMS
+from stages.dataroot import DataRoot
 from stages.execute import execute
 from stages.params import ExecutionParams
-from stages.plan import plan_task
 from stages.reports import RemovalLedgerReport
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -118,7 +118,7 @@ def table_report(store: Store, crawl_spec: CrawlSpec) -> dict[str, Any]:
 
 
 def output_dir(store: Store, crawl_spec: CrawlSpec, program: str, source: str | None = None) -> str:
-    return plan_task(store, crawl_spec, program, source).output_dir
+    return DataRoot(store).output_dir(crawl_spec, program, source)
 
 
 def read(store: Store, crawl_spec: CrawlSpec, program: str, table: str, source: str | None = None) -> pa.Table:

@@ -22,7 +22,7 @@ GROUPS = {
     crawl: {"run", "register"},
     outputs: {"report", "ledger", "explain", "decontam-report", "semantic-audit", "profile"},
     prepare: {"sample", "train-quality"},
-    sizing: {"plan", "lsh-curve"},
+    sizing: {"size", "lsh-curve"},
     deployment: {"ui", "deploy", "submit", "status", "k8s"},
 }
 

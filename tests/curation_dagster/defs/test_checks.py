@@ -24,8 +24,7 @@ from stages.checks import (
     evaluate_ledger_consistency,
     evaluate_over_deletion,
 )
-from stages.dataroot import CRAWLS_DIR
-from stages.plan import plan_task
+from stages.dataroot import CRAWLS_DIR, DataRoot
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
 from tests.support import ops_workdir
@@ -37,7 +36,7 @@ KIND = {k.name: k for k in CHECK_KINDS}
 def plant(store: Store, spec: CrawlSpec, program: str, source: str | None = None, report: dict[str, Any] | None = None,
           tables: dict[str, pa.Table] | None = None) -> None:
     """Commit a partition with exactly this report (and tables) at the path the spec names."""
-    w = store.writer(plan_task(store, spec, program, source).output_dir)
+    w = store.writer(DataRoot(store).output_dir(spec, program, source))
     for name, table in (tables or {}).items():
         w.write(name, table)
     w.commit(Manifest(program, "planted", "planted", spec.crawl, source, {}, report=report or {}))
@@ -236,16 +235,16 @@ def test_curate_run_stops_at_a_failed_blocking_check(tmp_path: Path) -> None:
         {"checks": {"over_deletion": {"per_stage": {"heuristic": 0.2}, "min_documents": 0}}}))
     assert load_config(workdir).checks.over_deletion.bound("heuristic") == 0.2
     spec = T.spec(stages=("heuristic", "exact"))
-    message = "filtered_documents[forum]: check over_deletion failed: stage heuristic removed more than 20.0% of: " \
-              "forum 25.0% (4 of 16); not applied, the crawl stops here. If intended, raise " \
+    message = f"filtered_documents[{T.CRAWL}|forum]: check over_deletion failed: stage heuristic removed more " \
+              "than 20.0% of: forum 25.0% (4 of 16); not applied, the crawl stops here. If intended, raise " \
               "checks.over_deletion.per_stage.heuristic in curate.yaml; else fix the stage's parameters"
     resource = CurationResource(workdir=str(workdir), workers=1)
     with pytest.raises(RunFailed) as err:
         run_crawl(workdir, home, spec, quiet=True, resource=resource)
     assert str(err.value) == message
     store = Store(str(workdir / "data"))
-    assert store.read_manifest(plan_task(store, spec, "exact_duplicates", None).output_dir) is None  # blocked
-    # A rerun finds filtered_documents[forum] up to date, and its check still holds the crawl back.
+    assert DataRoot(store).manifest(spec, "exact_duplicates", None) is None  # blocked
+    # A rerun finds filtered_documents[c|forum] up to date, and its check still holds the crawl back.
     with pytest.raises(RunFailed) as err:
         run_crawl(workdir, home, spec, quiet=True, resource=resource)
     assert str(err.value) == message
@@ -269,7 +268,7 @@ def test_a_stopped_crawl_still_shows_what_its_stage_would_remove(tmp_path: Path,
     with pytest.raises(RunFailed):
         run_crawl(workdir, home, spec, quiet=True, resource=CurationResource(workdir=str(workdir), workers=1))
     store = Store(str(workdir / "data"))
-    removed = store.read_table(plan_task(store, spec, "filtered_documents", "forum").output_dir, "removed")
+    removed = store.read_table(DataRoot(store).output_dir(spec, "filtered_documents", "forum"), "removed")
     reasons = sorted(set(removed["reason"].to_pylist()))
     capsys.readouterr()
     assert cli.main(["report", "--workdir", str(workdir), "--crawl", T.CRAWL, "--json"]) == 1

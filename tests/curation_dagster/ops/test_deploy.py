@@ -680,7 +680,7 @@ def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_a
             code, out, err = curate("submit", "--dagster", url, "--crawl", "broken", "--source",
                                     f"web={base / 'nowhere'}", "--stages", STAGES, "--wait", "--timeout", "300")
             assert code == 1
-            assert err.count("\n") == 1 and err.startswith("curate: error: raw_documents[web]: source URL "), err
+            assert err.count("\n") == 1 and err.startswith("curate: error: raw_documents[broken|web]: source URL "), err
             assert "matches no JSONL or Parquet file" in err
             if ui is not None:
                 ui.result(120)

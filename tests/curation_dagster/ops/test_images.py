@@ -46,7 +46,7 @@ from curation_dagster.defs.partitions import CRAWL, SOURCE
 from curation_dagster.ops import k8s_spec
 from stages import params as P
 from stages.dataroot import DataRoot
-from stages.plan import plan_task
+from stages.resolve import resolve_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 from tests.e2e.test_k8s_pods import (
@@ -262,7 +262,7 @@ def test_a_stage_partition_runs_in_the_stage_image_as_a_pod(
     # Committed on S3, by the process in the image: the manifest and its counts.
     _, spec = workdir
     store = Store(DATA_ROOT, {"endpoint_url": s3.endpoint, "key": KEY_ID, "secret": SECRET})
-    task = plan_task(store, spec, "raw_documents", "web")
+    task = resolve_task(store, spec, "raw_documents", "web")
     manifest = store.read_manifest(task.output_dir)
     assert manifest is not None, s3.fs.find(f"{BUCKET}/data")
     report = manifest.report

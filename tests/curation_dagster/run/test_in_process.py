@@ -19,7 +19,7 @@ from curation_dagster.run.in_process import run_crawl
 from curation_dagster.run.recorder import DATA_VERSION_TAG
 from stages.catalog import PROGRAMS, waves
 from stages.checks import CHECK_KINDS
-from stages.plan import plan_task
+from stages.dataroot import DataRoot
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
 from tests.support.tiny_corpus import CRAWL, fast_tmp, read, run_all, spec
@@ -85,7 +85,7 @@ def test_one_run_materializes_and_checks_every_partition(tmp_path: Path) -> None
 
 def _manifest(resource: CurationResource, crawl: CrawlSpec, program: str, source: str | None) -> Manifest:
     store = resource.store()
-    manifest = store.read_manifest(plan_task(store, crawl, program, source).output_dir)
+    manifest = DataRoot(store).manifest(crawl, program, source)
     assert manifest is not None
     return manifest
 
@@ -107,7 +107,8 @@ def test_a_failed_partition_fails_the_run_once_the_others_are_recorded(tmp_path:
         resource = CurationResource(workdir=str(work))
         with pytest.raises(RunFailed) as err:
             run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
-        assert str(err.value) == f"raw_documents[news]: source URL {broken!r} matches no JSONL or Parquet file"
+        assert str(err.value) == (f"raw_documents[{crawl.crawl}|news]: source URL {broken!r} matches no JSONL or "
+                                  "Parquet file")
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         (run,) = instance.get_runs()
         assert run.job_name == CRAWL_JOB and not run.is_success
@@ -144,7 +145,7 @@ def test_force_recomputes_every_partition(tmp_path: Path) -> None:
         before = _manifest(CurationResource(workdir=str(work)), crawl, "minhash_signatures", "news")
         code, out, _ = curate(*args, "--force")
         assert code == 0 and " up to date" not in out and out.count(" + ") == partitions
-        after = store.read_manifest(plan_task(store, crawl, "minhash_signatures", "news").output_dir)
+        after = DataRoot(store).manifest(crawl, "minhash_signatures", "news")
         assert after is not None and after.data_version == before.data_version and after.report != before.report
 
 

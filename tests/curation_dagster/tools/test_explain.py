@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from curation_dagster.tools.explain import explain
-from stages.plan import plan_task
+from stages.dataroot import DataRoot
 from stages.spec import CrawlSpec
 from stages.store import Store
 from tests.stages.test_bounded import (
@@ -14,7 +14,7 @@ from tests.stages.test_bounded import (
 
 def test_explain_streams_the_ledger_and_the_documents(crawl: tuple[CountingStore, CrawlSpec]) -> None:  # noqa: F811 (the fixture)
     store, spec = crawl
-    ledger_dir = plan_task(store, spec, "removal_ledger", None).output_dir
+    ledger_dir = DataRoot(store).output_dir(spec, "removal_ledger", None)
     removed = next(r for b in Store.iter_batches(store, ledger_dir, "ledger", None, 1000) for r in b.to_pylist()
                    if r["stage"] == "exact")
     store.whole.clear()

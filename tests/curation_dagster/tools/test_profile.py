@@ -1,5 +1,5 @@
 """``curate profile``: the read/compute/write split every partition records (``stages.timing``),
-the orchestration overhead from the Dagster event log, and ``curate plan`` checked against it."""
+the orchestration overhead from the Dagster event log, and ``curate size`` checked against it."""
 
 from __future__ import annotations
 
@@ -156,8 +156,8 @@ def test_a_cached_step_records_no_figures() -> None:
 
 
 def test_plan_predicts_what_the_profiled_run_measured_within_2x(workdir: Path) -> None:
-    """``curate plan`` with the run's measured documents and mean length: its signature-table
-    bytes, band keys and band-key bytes within 2x of what the run wrote (bench/plan_vs_profile.py
+    """``curate size`` with the run's measured documents and mean length: its signature-table
+    bytes, band keys and band-key bytes within 2x of what the run wrote (bench/size_vs_profile.py
     does the same at any size)."""
     root = DataRoot.open(workdir=workdir)
     got = measured_sizing(root, CRAWL)

@@ -1,4 +1,4 @@
-"""``curate plan``: the sizing command over stages.sizing (config, --model, errors, its output)."""
+"""``curate size``: the sizing command over stages.sizing (config, --model, errors, its output)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ def test_parse_model_errors() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         sizing(-1, 10, {}, Assumptions())
 
-def test_cli_plan(tmp_path: Path) -> None:
+def test_cli_size(tmp_path: Path) -> None:
     config = tmp_path / "curate.json"
     config.write_text(json.dumps({"params": {"lsh_buckets": {"preset": "seed"}}}))
-    code, out, err = curate("plan", "--docs", "1000000", "--mean-chars", "2000", "--config", str(config),
+    code, out, err = curate("size", "--docs", "1000000", "--mean-chars", "2000", "--config", str(config),
                             "--dup-rate", "0.1", "--json")
     assert code == 0, err
     got = json.loads(out)
@@ -49,7 +49,7 @@ def test_cli_plan(tmp_path: Path) -> None:
     assert got["candidates"]["candidate_pairs"] == pytest.approx(99_716.46685, rel=1e-9)
     assert got["assumptions"]["dup_rate"] == 0.1 and got["assumptions"]["tokens_per_char"] == 0.25
     assert got["memory_gib"]["lsh_buckets"]["requested"] == 8.0
-    code, out, err = curate("plan", "--docs", "1000000", "--mean-chars", "2000")
+    code, out, err = curate("size", "--docs", "1000000", "--mean-chars", "2000")
     assert code == 0, err
     for words in ("signature table", "band keys", "candidate pairs", "verification spill", "GPU-hours",
                   "memory per stage pod", "assumptions"):

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from stages.dataroot import DataRoot
 from stages.execute import execute
 from stages.ingest.ids import Counts as _Counts
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 from tests.support.peak_rss import PEAK
@@ -73,7 +73,7 @@ def ingest(src: Path, data: Path, **execution: Any) -> dict[str, Any]:
 def table(data: Path, src: Path, name: str, columns: list[str] | None = None) -> pa.Table:
     spec = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=str(src), id_field="id")})
     store = Store(str(data))
-    return store.read_table(plan_task(store, spec, "raw_documents", "s").output_dir, name, columns)
+    return store.read_table(DataRoot(store).output_dir(spec, "raw_documents", "s"), name, columns)
 
 
 @pytest.mark.slow  # 64 MB ingested twice in subprocesses
@@ -120,7 +120,7 @@ def test_compressed_streams_are_cut_into_line_tasks_too(tmp_path: Path) -> None:
                             "cut": ExecutionParams(workers=2, ingest_task_bytes=1000, batch_rows=100)}.items():
         store = Store(str(tmp_path / name))
         report = execute(store, spec, "raw_documents", "s", execution).manifest.report
-        pdir = plan_task(store, spec, "raw_documents", "s").output_dir
+        pdir = DataRoot(store).output_dir(spec, "raw_documents", "s")
         got[name] = (report, store.read_table(pdir, "documents"), store.read_table(pdir, "quarantine"))
     assert got["cut"][0]["tasks"] >= 50 and got["one"][0]["tasks"] == 1
     assert got["cut"][1].equals(got["one"][1]) and got["cut"][2].equals(got["one"][2])
@@ -156,6 +156,6 @@ def test_parquet_is_split_by_row_groups(tmp_path: Path) -> None:
     ra = execute(a, spec, "raw_documents", "s", ExecutionParams(workers=1)).manifest.report
     rb = execute(b, spec, "raw_documents", "s", ExecutionParams(workers=2, ingest_task_bytes=2000)).manifest.report
     assert ra["tasks"] == 1 and rb["tasks"] >= 10
-    docs_a = a.read_table(plan_task(a, spec, "raw_documents", "s").output_dir, "documents")
-    assert docs_a.equals(b.read_table(plan_task(b, spec, "raw_documents", "s").output_dir, "documents"))
+    docs_a = a.read_table(DataRoot(a).output_dir(spec, "raw_documents", "s"), "documents")
+    assert docs_a.equals(b.read_table(DataRoot(b).output_dir(spec, "raw_documents", "s"), "documents"))
     assert docs_a.num_rows == 2000

@@ -25,12 +25,12 @@ import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from stages.dataroot import DataRoot
 from stages.execute import execute
 from stages.ingest import streams
 from stages.ingest.files import UnsupportedFileError, fingerprint
 from stages.ingest.streams import InputReadError
 from stages.params import ExecutionParams, RawDocumentsParams
-from stages.plan import plan_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -49,7 +49,7 @@ class Got:
     def __init__(self, store: Store, spec: CrawlSpec, source: str) -> None:
         execution = ExecutionParams(batch_rows=50, workers=1)
         self.report = execute(store, spec, "raw_documents", source, execution).manifest.report
-        pdir = plan_task(store, spec, "raw_documents", source).output_dir
+        pdir = DataRoot(store).output_dir(spec, "raw_documents", source)
         self.docs = store.read_table(pdir, "documents").to_pylist()
         self.bad = store.read_table(pdir, "quarantine").to_pylist()
 

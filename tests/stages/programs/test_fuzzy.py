@@ -20,18 +20,18 @@ from hypothesis import strategies as st
     groups=st.integers(1, 4),
     budget=st.integers(1, 400),
 )
-def test_plan_blocks_respects_the_budget(pairs: list[tuple[int, int]], size: list[int], groups: int,
+def test_pack_blocks_respects_the_budget(pairs: list[tuple[int, int]], size: list[int], groups: int,
                                          budget: int) -> None:
     """Each block's distinct documents fit the byte budget (or the block is one pair), a group
     that fits is never split (one over the budget only
     for a single pair), and the plan does not depend on the order of the pairs."""
-    from stages.pair_texts import plan_blocks
+    from stages.pair_texts import pack_blocks
 
     src = np.array([p[0] for p in pairs], np.int64)
     dst = np.array([p[1] for p in pairs], np.int64)
     group = (src + dst) % groups
     nbytes = np.array(size, np.int64)
-    block, count = plan_blocks(src, dst, group, nbytes, budget)
+    block, count = pack_blocks(src, dst, group, nbytes, budget)
     assert set(block.tolist()) == set(range(count))
     for b in range(count):
         mine = block == b
@@ -44,7 +44,7 @@ def test_plan_blocks_respects_the_budget(pairs: list[tuple[int, int]], size: lis
         if mine.any() and nbytes[docs].sum() <= budget:
             assert len(set(block[mine].tolist())) == 1
     perm = np.random.default_rng(len(pairs)).permutation(len(pairs))
-    again, _ = plan_blocks(src[perm], dst[perm], group[perm], nbytes, budget)
+    again, _ = pack_blocks(src[perm], dst[perm], group[perm], nbytes, budget)
     assert (again == block[perm]).all()
 
 

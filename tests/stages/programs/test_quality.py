@@ -20,10 +20,10 @@ pytest.importorskip("transformers")
 
 from stages.backend import cuda_available
 from stages.catalog import PROGRAMS
+from stages.dataroot import DataRoot
 from stages.execute import execute
 from stages.kernels import quality as Q
 from stages.params import QualityClassifier, QualityScoresParams, params_key
-from stages.plan import plan_task
 from stages.programs.quality_scores import NO_MODEL, load_scorer
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -184,13 +184,13 @@ def _run(store: Store, spec: CrawlSpec) -> dict[tuple[str, str | None], Any]:
 
 
 def _removed(store: Store, spec: CrawlSpec, source: str) -> dict[str, tuple[str, float]]:
-    pdir = plan_task(store, spec, "quality_scores", source).output_dir
+    pdir = DataRoot(store).output_dir(spec, "quality_scores", source)
     t = store.read_table(pdir, "removed")
     return {r["doc_id"]: (r["reason"], r["score"]) for r in t.to_pylist()}
 
 
 def _record_ids(store: Store, spec: CrawlSpec, source: str) -> dict[str, str]:
-    t = store.read_table(plan_task(store, spec, "raw_documents", source).output_dir, "documents")
+    t = store.read_table(DataRoot(store).output_dir(spec, "raw_documents", source), "documents")
     return dict(zip(t["doc_id"].to_pylist(), t["record_id"].to_pylist(), strict=True))
 
 
@@ -225,7 +225,7 @@ def test_cascade_thresholds_cache_and_ledger(tmp_path: Path, models: dict[str, A
         for r in expected_edu:
             assert removed[r][1] == pytest.approx(edu_ref[texts[r]], rel=1e-4, abs=1e-5)
         # The transformer scored only the fastText survivors (null where not scored).
-        scores = store.read_table(plan_task(store, spec, "quality_scores", source).output_dir, "scores")
+        scores = store.read_table(DataRoot(store).output_dir(spec, "quality_scores", source), "scores")
         by_rec = dict(zip([ids[d] for d in scores["doc_id"].to_pylist()], scores["edu"].to_pylist(), strict=True))
         assert {r for r, v in by_rec.items() if v is None} == lq
         rep = outcomes[("quality_scores", source)].manifest.report
@@ -235,7 +235,7 @@ def test_cascade_thresholds_cache_and_ledger(tmp_path: Path, models: dict[str, A
         on_gpu = _exec().backend == "auto" and cuda_available()
         assert (rep["device"], rep["backend"]) == (("cuda", "gpu") if on_gpu else ("cpu", "cpu"))
 
-    ledger = store.read_table(plan_task(store, spec, "removal_ledger", None).output_dir, "ledger")
+    ledger = store.read_table(DataRoot(store).output_dir(spec, "removal_ledger", None), "ledger")
     q = ledger.filter(pc.equal(ledger["stage"], "quality"))
     assert q.num_rows == sum(len(_removed(store, spec, s)) for s in sources)
     report = outcomes[("removal_ledger", None)].manifest.report

@@ -17,9 +17,10 @@ import pytest
 
 from stages.cache import RowCache, text_keys
 from stages.catalog import PROGRAMS
+from stages.dataroot import DataRoot
 from stages.execute import execute
 from stages.params import ExecutionParams
-from stages.plan import plan_task
+from stages.resolve import resolve_task
 from stages.spec import CrawlSpec
 from stages.store import Store
 from tests.support.tiny_models import train_fasttext
@@ -97,9 +98,9 @@ def run_upto(store: Store, spec: CrawlSpec, last: str) -> dict[str, dict[str, An
 
 def embeddings(store: Store, spec: CrawlSpec) -> dict[str, np.ndarray]:
     """{record_id: float32 vector} of ``document_embeddings`` of the source."""
-    raw = store.read_table(plan_task(store, spec, "raw_documents", "web").output_dir, "documents")
+    raw = store.read_table(DataRoot(store).output_dir(spec, "raw_documents", "web"), "documents")
     record = dict(zip(raw["doc_id"].to_pylist(), raw["record_id"].to_pylist(), strict=True))
-    t = store.read_table(plan_task(store, spec, "document_embeddings", "web").output_dir, "embeddings")
+    t = store.read_table(DataRoot(store).output_dir(spec, "document_embeddings", "web"), "embeddings")
     return {record[d]: np.asarray(v, np.float32) for d, v in
             zip(t["doc_id"].to_pylist(), t["embedding"].to_pylist(), strict=True)}
 
@@ -128,7 +129,7 @@ def test_embeddings_see_only_exact_and_fuzzy_survivors_and_a_fuzzy_change_reembe
     # A looser fuzzy threshold (0.9): the J ~0.83 pair is no longer a duplicate. The output is
     # re-keyed; exactly the one document whose survival changed is embedded.
     loose = make_spec(url, 0.9)
-    assert plan_task(store, loose, "document_embeddings", "web").key != plan_task(
+    assert resolve_task(store, loose, "document_embeddings", "web").key != resolve_task(
         store, strict, "document_embeddings", "web").key
     emb = run_upto(store, loose, "document_embeddings")["document_embeddings"]
     second = embeddings(store, loose)
@@ -187,7 +188,7 @@ def test_quality_scores_rescore_only_documents_whose_survival_changed(tmp_path: 
     clf = {"name": "ft", "kind": "fasttext", "path": str(model), "label": "hq", "min_score": 0.0}
 
     def quality_inputs(spec: CrawlSpec) -> set[str]:
-        t = store.read_table(plan_task(store, spec, "quality_scores", "web").output_dir, "scores")
+        t = store.read_table(DataRoot(store).output_dir(spec, "quality_scores", "web"), "scores")
         return set(t["doc_id"].to_pylist())
 
     # Without stage semantic, which would remove one of the pair the looser threshold keeps.
@@ -207,7 +208,7 @@ def test_quality_scores_rescore_only_documents_whose_survival_changed(tmp_path: 
     assert fresh["computed"] == len(after) and fresh["cached"] == 0
 
     def scores(root: Store) -> dict[str, float]:
-        t = root.read_table(plan_task(root, loose, "quality_scores", "web").output_dir, "scores")
+        t = root.read_table(DataRoot(root).output_dir(loose, "quality_scores", "web"), "scores")
         return dict(zip(t["doc_id"].to_pylist(), t["ft"].to_pylist(), strict=True))
 
     assert scores(store) == scores(fresh_store)

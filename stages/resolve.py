@@ -1,5 +1,5 @@
-"""Planning one partition: its key, input and output folders (``plan_task``), the identity of
-the data it would produce (``data_version``), and its program module (``load_program``).
+"""Resolving one partition: its key, input and output folders (``resolve_task``), the identity
+of the data it would produce (``data_version``), and its program module (``load_program``).
 
 Program modules are imported by name here, only when asked for, never at module level.
 """
@@ -10,13 +10,13 @@ import hashlib
 import importlib
 import json
 
-from stages.catalog import PROGRAMS
+from stages.catalog import PROGRAMS, partition_name
 from stages.spec import CrawlSpec
 from stages.store import Store
 from stages.task import ProgramModule, Task
 
 
-def plan_task(store: Store, spec: CrawlSpec, program: str, source: str | None) -> Task:
+def resolve_task(store: Store, spec: CrawlSpec, program: str, source: str | None) -> Task:
     """The ``Task`` of one partition: its params and key, its output folder, its inputs' folders
     (and, for a program that reads them, the folders of earlier crawls' outputs)."""
     if program not in PROGRAMS:
@@ -66,7 +66,7 @@ def data_version(store: Store, task: Task) -> str:
             m = store.read_manifest(pdir)
             if m is None:
                 raise FileNotFoundError(
-                    f"{program}[{source or task.crawl}] must be materialized before {task.program}"
+                    f"{partition_name(program, task.crawl, source)} must be materialized before {task.program}"
                 )
             parts.append(f"{program}/{source}={m.data_version}")
     for crawl, outputs in sorted(task.prior_dirs.items()):

@@ -1,12 +1,12 @@
-"""``curate plan`` against what a profiled fuzzy run measures, at a size given on the command line.
+"""``curate size`` against what a profiled fuzzy run measures, at a size given on the command line.
 
-    python bench/plan_vs_profile.py --docs 1000000 [--mean-chars 2000] [--dup-rate 0.1] [--sources 4]
+    python bench/size_vs_profile.py --docs 1000000 [--mean-chars 2000] [--dup-rate 0.1] [--sources 4]
                                     [--work DIR] [--workers N]
 
 Writes a synthetic crawl (random words; a ``--dup-rate`` fraction of the documents are copies of
 another with a few words replaced, planted at Jaccard ~``--dup-similarity``), runs the fuzzy stage
 on it without Dagster (``stages.execute.execute_crawl``), profiles it (``curate profile``'s
-figures) and prints each figure of ``curate plan`` beside the measured one, with the ratio and
+figures) and prints each figure of ``curate size`` beside the measured one, with the ratio and
 whether it is within 2x. The issue asks for this on the 1M-document scale run; the test suite does
 it on the tiny corpus (tests/curation_dagster/tools/test_profile.py). Not run in tests.
 """
@@ -25,10 +25,10 @@ from curation_dagster.tools.profile import measured_sizing, print_profile, profi
 from stages.dataroot import DataRoot
 from stages.execute import execute_crawl
 from stages.params import ExecutionParams
-from stages.sizing import Assumptions, Crawl, Setting, plan
+from stages.sizing import Assumptions, Crawl, Setting, size
 from stages.spec import CrawlSpec
 
-CRAWL = "plan-check"
+CRAWL = "size-check"
 SHINGLE = 24
 
 
@@ -84,7 +84,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=0, help="0 = every core")
     ap.add_argument("--work", type=Path, help="a folder for the corpus and the data root (default: a temporary one)")
     args = ap.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="plan-vs-profile-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="size-vs-profile-"))
     t0 = time.perf_counter()
     write_corpus(work / "corpus", args.docs, args.mean_chars, args.dup_rate, args.dup_similarity, args.sources)
     print(f"corpus: {args.docs} documents in {time.perf_counter() - t0:.1f}s under {work}", file=sys.stderr)
@@ -99,7 +99,7 @@ def main() -> int:
 
     got = measured_sizing(root, CRAWL)
     lsh = spec.program_params("lsh_buckets")
-    want = plan(Crawl(int(got["documents"]), got["mean_chars"]),
+    want = size(Crawl(int(got["documents"]), got["mean_chars"]),
                 Setting(bands=lsh.bands, rows=lsh.rows),  # type: ignore[attr-defined]
                 Assumptions(dup_rate=args.dup_rate, dup_similarity=args.dup_similarity))
     rows = [
@@ -110,8 +110,8 @@ def main() -> int:
         ("candidate pairs", want.candidates["candidate_pairs"], got["candidate_pairs"]),
         ("verification text bytes", want.verification["text_bytes"], got["verification_text_bytes"]),
     ]
-    print(f"\nplan vs profile: {int(got['documents'])} documents signed, {got['mean_chars']:.0f} mean chars")
-    print(f"{'figure':<26}{'plan':>16}{'measured':>16}{'ratio':>8}  within 2x")
+    print(f"\nsize vs profile: {int(got['documents'])} documents signed, {got['mean_chars']:.0f} mean chars")
+    print(f"{'figure':<26}{'size':>16}{'measured':>16}{'ratio':>8}  within 2x")
     ok = True
     for name, predicted, measured in rows:
         ratio = predicted / measured if measured else float("inf")
