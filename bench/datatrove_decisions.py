@@ -1,6 +1,6 @@
 """Write ``tests/data/datatrove_decisions.json``: datatrove's own decisions on the sample corpus.
 
-``tests/stages/kernels/test_heuristics_datatrove.py`` checks the datatrove mode (``rules: datatrove``) against
+``tests/e2e/test_heuristics_datatrove.py`` checks the datatrove mode (``rules: datatrove``) against
 this file, so CI checks the agreement without datatrove installed. Each document of
 ``curate sample`` (``scraps`` and ``benchmarks`` left out) is named by the sha256 of its text (the
 corpus is built from the installed packages, so another machine shares most documents, not all)

@@ -1,12 +1,12 @@
-"""Orchestration of curation-dagster: Dagster assets, partitions, resources and the ``curate`` CLI.
+"""Orchestration of curation-dagster: the Dagster asset graph over the ``stages`` payload.
 
-    definitions.py   the code locations (local ``defs``, ``k8s_definitions``; deploy.py's)
-    assets.py        one asset per stage program; checks.py its asset checks
-    resources.py     the ``curation`` resource and ``resource_for(env)``, which builds it
-    launchers/       how a partition runs: inprocess, pipes (subprocess), k8s (a pod)
-    k8s_spec.py      pod specs and the k8s/ manifests, rendered from settings (pure)
-    location.py      where the workdir is; crawls.py the crawl spec builder
-    recrawl.py, runner.py, submit.py, deploy.py, cli.py   recrawls, ``curate run``, the deployment
+    defs/    the Dagster definitions: code locations (definitions.py), assets, asset checks,
+             partitions, the ``curation`` resource, recrawls, launchers/ (pipes, k8s)
+    run/     running a crawl: planner, crawl_job, recorder, metadata, in_process (``curate run``)
+    ops/     operating it: config, instance, event_log, location, deploy, submit, k8s_spec
+    tools/   no Dagster: report, explain, lineage, profile, pending, semantic_audit, decontam_report,
+             sample, sizing, crawls, examples
+    cli/     ``curate``: one module per group of commands; console.py is the console script
 
 Kernels (numba, torch, ...) and kubernetes are loaded only when a task executes; the import
 graph has no cycle (tests/test_imports.py).

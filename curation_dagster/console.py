@@ -1,6 +1,6 @@
 """The ``curate`` command: :func:`curation_dagster.cli.main`, or one line saying what to install.
 
-A payload-only install (``pip install curation-dagster``: the stage programs, ``python -m
+A payload-only install (``pip install curation-dagster``: the programs, ``python -m
 stages``) has no Dagster, and every install lacks the extras it was not given. The CLI imports
 each role's libraries lazily, so a missing one shows while a command runs; ``curate`` then names
 the extra that brings it instead of a traceback.

@@ -1,1 +1,1 @@
-"""Stage programs of curation-dagster: pure data programs with no Dagster dependency."""
+"""The payload of curation-dagster: the programs: pure data programs with no Dagster dependency."""

@@ -1,4 +1,4 @@
-"""The program catalog: every stage program, its level, dependencies and resources.
+"""The program catalog: every program, its level, dependencies and resources.
 
 One name per concept: a program's ``name`` is its asset key, its module under
 ``stages/programs/``, the path segment of its outputs and its ``python -m stages`` word.
@@ -33,7 +33,7 @@ class Resources:
 
 @dataclass(frozen=True)
 class Program:
-    """One stage program: its asset key, partition level, params model, inputs and resources."""
+    """One program: its asset key, partition level, params model, inputs and resources."""
 
     name: str
     level: Level
@@ -184,5 +184,5 @@ def waves() -> list[list[str]]:
 
 
 def partition_name(program: str, crawl: str, source: str | None) -> str:
-    """``program[crawl|source]`` or ``program[crawl]``: how messages name a stage partition."""
+    """``program[crawl|source]`` or ``program[crawl]``: how messages name a program's partition."""
     return f"{program}[{crawl}|{source}]" if source is not None else f"{program}[{crawl}]"

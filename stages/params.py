@@ -1,4 +1,4 @@
-"""One frozen parameter model per stage program, and the key that names its outputs.
+"""One frozen parameter model per program, and the key that names its outputs.
 
 ``params_key(program, params, upstream)`` hashes the program name, its version, the
 parameters that change its output and the keys of its upstream outputs. The key is a path

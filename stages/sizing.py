@@ -20,7 +20,7 @@ read or run. Every figure is a closed formula of the ``Crawl``, the ``Setting`` 
 * embeddings (after fuzzy dedup: the found duplicates are never embedded): per model,
   ``2 x parameters x tokens`` FLOPs per document, tokens = ``min(mean_chars x tokens_per_char,
   max_tokens)``; GPU-hours at ``gpu_tflops`` sustained x ``utilisation``.
-* memory of one stage partition (a pod): the dominant buffers of each program, in bytes.
+* memory of one program partition (a pod): the dominant buffers of each program, in bytes.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def add_commands(sub: Any) -> None:
     st.add_argument("--crawl", required=True)
     st.set_defaults(fn=cmd_status)
 
-    k8s = sub.add_parser("k8s", help="Kubernetes: the pods that stage partitions run in")
+    k8s = sub.add_parser("k8s", help="Kubernetes: the pods that program partitions run in")
     k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True)
     kr = k8s_sub.add_parser("render", help="print the exact pod manifests that would be submitted, as YAML")
     kr.add_argument("--asset", help="one asset (default: every asset)")

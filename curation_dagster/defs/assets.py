@@ -1,4 +1,4 @@
-"""One asset per stage program, built from the registry: the asset only names its partition
+"""One asset per program, built from the registry: the asset only names its partition
 and hands it to the ``curation`` resource; the work is in ``stages/programs/<name>.py``.
 
 Everything the UI shows about an asset comes from its ``Program`` entry and its params class:

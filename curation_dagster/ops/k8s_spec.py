@@ -1,4 +1,4 @@
-"""Stage partitions as Kubernetes pods, rendered from settings: a program's declared ``Resources``
+"""Program partitions as Kubernetes pods, rendered from settings: a program's declared ``Resources``
 become its pod spec. Pure: no ``kubernetes`` or ``dagster_k8s`` import, no Dagster definitions;
 ``curation_dagster.defs.launchers.k8s`` submits what is built here.
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from curation_dagster.defs.resources import load_spec
+from stages.catalog import partition_name
 from stages.store import MANIFEST, Store
 from tests.support.tiny_corpus import CRAWL, TINY, curate, fast_tmp, output_dir, read, write_config
 
@@ -79,7 +80,7 @@ def test_a_damaged_partition_is_recomputed_by_curate_run(work: Path, program: st
         part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
     code, out, err = rerun(work)
     assert code == 0, err
-    label = f"{program}[{source or CRAWL}]"
+    label = partition_name(program, CRAWL, source)
     assert f"+ {label}" in out and f"= {label} up to date" not in out, out
     assert read(store, spec, program, table, source).equals(want)
     code, out, err = rerun(work)  # and whole again: nothing to do

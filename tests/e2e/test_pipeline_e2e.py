@@ -26,7 +26,7 @@ from curation_dagster import cli
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource, load_spec
 from curation_dagster.run.in_process import run_crawl
-from stages.catalog import PROGRAMS, QUARANTINE, waves
+from stages.catalog import PROGRAMS, QUARANTINE, partition_name, waves
 from stages.kernels.exact import normalize
 from stages.kernels.heuristics import RULE_TABLE, score_text
 from stages.spec import CrawlSpec
@@ -118,7 +118,7 @@ def assert_reran_only_changed(out: str, before: CrawlSpec, after: CrawlSpec) -> 
     other one was up to date (=)."""
     old, new = before.keys(), after.keys()
     for (program, source), key in new.items():
-        label = f"{program}[{source or CRAWL}]"
+        label = partition_name(program, after.crawl, source)
         mark = "=" if old[(program, source)] == key else "+"
         assert f"  {mark} {label} " in out, (label, mark)
 

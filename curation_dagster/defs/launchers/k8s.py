@@ -1,4 +1,4 @@
-"""Run a stage partition in its own Kubernetes pod through dagster-k8s's ``PipesK8sClient``, and
+"""Run a program's partition in its own Kubernetes pod through dagster-k8s's ``PipesK8sClient``, and
 render the pods it would submit (``curate k8s render``). The pod itself is ``curation_dagster.ops.k8s_spec``'s.
 
 ``kubernetes`` and ``dagster_k8s`` are imported inside functions, so definitions load without them.

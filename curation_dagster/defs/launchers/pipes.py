@@ -1,4 +1,4 @@
-"""Run a stage partition as a ``python -m stages`` subprocess speaking Dagster Pipes: the stage
+"""Run a program's partition as a ``python -m stages`` subprocess speaking Dagster Pipes: the stage
 pod's command line and thread settings on this machine (``CurationResource.pod_command``), so that
 ``curate deploy`` runs each partition as Kubernetes would, minus the pod. Many may run at once in
 one step (threads of ``curation_dagster.run.crawl_job.Fanout``): each has its own Pipes session."""

@@ -18,7 +18,7 @@ from stages import cli as stages_cli
 from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot
 from stages.execute import Outcome, metadata
-from stages.sizing import Crawl, Setting, plan
+from stages.sizing import Crawl, Setting, size
 from stages.store import Manifest, Store
 from stages.timing import measure, timed, timed_iter
 from tests.support.tiny_corpus import CRAWL, curate, fast_tmp, spec, write_config
@@ -163,7 +163,7 @@ def test_plan_predicts_what_the_profiled_run_measured_within_2x(workdir: Path) -
     got = measured_sizing(root, CRAWL)
     assert got["documents"] > 0
     lsh = root.spec(CRAWL).program_params("lsh_buckets")
-    want = plan(Crawl(int(got["documents"]), got["mean_chars"]),
+    want = size(Crawl(int(got["documents"]), got["mean_chars"]),
                 Setting(bands=lsh.bands, rows=lsh.rows))  # type: ignore[attr-defined]
     for predicted, measured in ((want.signatures["bytes"], got["signature_bytes"]),
                                 (want.band_keys["keys"], got["band_keys"]),
