@@ -27,7 +27,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_ui.py",  # 219 s, with test_checks, test_recrawl and test_lineage 321 s
     "tests/test_install.py",  # 197 s
     "tests/e2e/test_scale_out.py",  # 157 s
-    "tests/stages/test_dataroot.py",  # 128 s
+    "tests/e2e/test_dataroot.py",  # 128 s measured as tests/stages/test_dataroot.py, whose crawls moved here
     "tests/curation_dagster/defs/test_dagster_tools.py",  # 126 s
     "tests/curation_dagster/ops/test_k8s.py",  # 108 s
 )
