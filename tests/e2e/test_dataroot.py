@@ -28,9 +28,9 @@ from stages.dataroot import CRAWLS_DIR, DATA_ROOT_FILE, DataRoot, NoDataRoot, da
 from stages.execute import execute_crawl
 from stages.params import ExecutionParams
 from stages.store import Store
-from tests.stages.test_dataroot import (
-    BUCKET,
-)
+
+# The s3 fixture (tests/conftest.py) reads the bucket and the keys it plants from this module.
+from tests.stages.test_dataroot import BUCKET, KEY_ID, SECRET  # noqa: F401
 from tests.support import tiny_corpus as T
 
 STOP_WORDS = ["the", "and", "of", "to", "with"]

@@ -15,7 +15,7 @@ from stages.kernels import heuristics as H
 from stages.kernels import heuristics_datatrove as D
 from stages.params import FilteredDocumentsParams
 
-GOLDEN = Path(__file__).resolve().parents[2] / "data" / "datatrove_decisions.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "datatrove_decisions.json"
 
 def _golden_agreement(setting: str, tmp_path: Path) -> tuple[int, float, float]:
     from curation_dagster.tools.sample import build_sample
