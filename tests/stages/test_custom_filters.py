@@ -186,8 +186,8 @@ from pathlib import Path
 from stages.filters import FilterFailed
 from stages.params import ExecutionParams
 from stages.store import Store
+from stages.dataroot import DataRoot
 from stages.execute import execute_crawl
-from stages.resolve import resolve_task
 from stages.spec import CrawlSpec
 tmp, web = Path(sys.argv[1]), sys.argv[2]
 out = {}
