@@ -35,8 +35,12 @@ event_log_storage:
   config:
     base_dir: {history}
 """
+# The package path of this storage before curation_dagster's modules moved into folders by role
+# (event_log.py into ops/): a workdir made before then names it so, a module no longer there.
+PRE_LAYOUT_MODULE = "curation_dagster" + ".event_log"  # two literals: no path rewrite touches it
 # What earlier versions wrote: recognized as ours, and rewritten with this version's storage.
-EARLIER_YAML = (HEADER + """
+EARLIER_YAML = (DAGSTER_YAML.replace("module: curation_dagster.ops.event_log", f"module: {PRE_LAYOUT_MODULE}"),
+                HEADER + """
 telemetry:
   enabled: false
 # One event-log database for all runs: the default opens a new database per run, which costs

@@ -102,11 +102,16 @@ def test_the_instance_storage_on_a_private_base_loads_and_upgrades_earlier_files
 
     config = yaml.safe_load(DAGSTER_YAML.format(history='"x"'))["event_log_storage"]
     assert (config["module"], config["class"]) == ("curation_dagster.ops.event_log", "PooledSqliteEventLogStorage")
-    home = tmp_path / "dagster"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(EARLIER_YAML[0].format(history=json.dumps(str(home / "history"))))
-    home = ensure_instance_config(home)
-    assert (home / "dagster.yaml").read_text() == DAGSTER_YAML.format(history=json.dumps(str(home / "history")))
+    # the file of the version before the layout by role (its storage at curation_dagster.event_log)
+    # and the one of the version before the pooled storage
+    assert yaml.safe_load(EARLIER_YAML[0].format(history='"x"'))["event_log_storage"]["module"] == \
+        "curation_dagster" + ".event_log"
+    for i, earlier in enumerate(EARLIER_YAML):
+        home = tmp_path / f"dagster{i}"
+        home.mkdir()
+        (home / "dagster.yaml").write_text(earlier.format(history=json.dumps(str(home / "history"))))
+        home = ensure_instance_config(home)
+        assert (home / "dagster.yaml").read_text() == DAGSTER_YAML.format(history=json.dumps(str(home / "history")))
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert type(instance.event_log_storage) is PooledSqliteEventLogStorage
         for i in range(3):
