@@ -50,7 +50,8 @@ def _hint_instance() -> None:
 def build_definitions(workdir: str | None = None, run_executor: ExecutorDefinition | None = None,
                       **resource_config: object) -> Definitions:
     """The code location: the assets and their checks, the crawl job (``curate_run``: a whole crawl,
-    one run), the recrawl schedule and sensors. ``run_executor`` runs an asset run's steps
+    one run), the recrawl sensor, the automation sensor and, where curate.yaml sets
+    ``recrawl.cron``, the recrawl schedule. ``run_executor`` runs an asset run's steps
     (default: Dagster's, a process per step; the crawl job runs its steps in its run's process).
     ``resource_config``: fields of the ``curation`` resource, over those of the environment
     (``resource_for``); ``workdir``: default ``default_workdir()``."""
@@ -64,10 +65,11 @@ def build_definitions(workdir: str | None = None, run_executor: ExecutorDefiniti
         description="Eagerly materializes what a new crawl, a new source or an updated parent leaves "
                     "missing or outdated (automation.enabled in curate.yaml).",
     )
+    schedule = build_recrawl_schedule(cfg.recrawl)  # None until curate.yaml sets recrawl.cron
     return Definitions(
         assets=ASSETS,
         asset_checks=CHECKS,
-        schedules=[build_recrawl_schedule(cfg.recrawl)],
+        schedules=[schedule] if schedule else [],
         sensors=[build_recrawl_sensor(cfg.recrawl), automation],
         jobs=[CRAWL_JOB_DEF],
         resources={"curation": curation},

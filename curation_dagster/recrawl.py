@@ -139,8 +139,11 @@ def register(root: DataRoot, cfg: RecrawlConfig, crawl: str, urls: dict[str, str
 def build_recrawl_sensor(cfg: RecrawlConfig) -> SensorDefinition:
     @sensor(
         name="recrawl_sensor",
-        description="Registers every new crawl snapshot under recrawl.prefix (<prefix>/<crawl>/<source>/): "
-                    "saves its spec, adds the crawl and source partitions and requests its root runs.",
+        description="Registers every new crawl snapshot under recrawl.prefix ({prefix}/{crawl}/{source}/): "
+                    "saves its spec, adds the crawl and source partitions and requests its root runs. "
+                    "Stopped while curate.yaml sets no recrawl.prefix. Crawls are also created by `curate run`, "
+                    "`curate submit` and `curate register` (docs/operations.md), and by the recrawl schedule, "
+                    "which is listed only once curate.yaml sets recrawl.cron.",
         minimum_interval_seconds=cfg.sensor_interval_seconds,
         target=TARGET,
         default_status=DefaultSensorStatus.RUNNING if cfg.prefix else DefaultSensorStatus.STOPPED,
@@ -179,24 +182,26 @@ def build_recrawl_sensor(cfg: RecrawlConfig) -> SensorDefinition:
 
 
 def schedule_description(cfg: RecrawlConfig) -> str:
-    """The schedule's description: what a tick does, and plainly whether curate.yaml configures it."""
-    what = ("On every tick of recrawl.cron, registers crawl strftime(recrawl.crawl_name) of the recrawl sources "
-            "(url may contain {crawl}) and requests its root runs.")
-    if cfg.cron:
-        return f"Configured: recrawl.cron {cfg.cron!r} ({cfg.timezone}) in curate.yaml. {what}"
-    return ("NOT CONFIGURED: curate.yaml sets no recrawl.cron, so this schedule stays stopped and the cron shown "
-            "is a placeholder, not a plan. Set recrawl.cron (and recrawl.sources or recrawl.template) to use it. "
-            f"{what} Crawls are created by `curate run`, `curate submit`, `curate register` or the recrawl sensor.")
+    """The schedule's description: what a tick does, and the curate.yaml setting that made it."""
+    return (f"Configured: recrawl.cron {cfg.cron!r} ({cfg.timezone}) in curate.yaml. On every tick, registers "
+            "crawl strftime(recrawl.crawl_name) of the recrawl sources (url may contain {crawl}) and requests "
+            "its root runs.")
 
 
-def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition:
+def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition | None:
+    """The recrawl schedule, or None (no schedule in the code location) while curate.yaml sets no
+    ``recrawl.cron``: a listed schedule always shows a cron, and a placeholder one reads as a plan
+    (the UI's Automation list showed "Scheduled At 03:00 AM UTC, only on Monday" for none)."""
+    if not cfg.cron:
+        return None
+
     @schedule(
         name="recrawl_schedule",
         description=schedule_description(cfg),
-        cron_schedule=cfg.cron or "0 3 * * 1",
+        cron_schedule=cfg.cron,
         execution_timezone=cfg.timezone,
         target=TARGET,
-        default_status=DefaultScheduleStatus.RUNNING if cfg.cron else DefaultScheduleStatus.STOPPED,
+        default_status=DefaultScheduleStatus.RUNNING,
     )
     def recrawl_schedule(
         context: ScheduleEvaluationContext, curation: CurationResource
