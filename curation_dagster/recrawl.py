@@ -17,9 +17,13 @@ import fsspec
 from dagster import (
     AssetKey,
     AssetSelection,
+    Config,
     DefaultScheduleStatus,
     DefaultSensorStatus,
+    Failure,
+    JobDefinition,
     MultiPartitionKey,
+    OpExecutionContext,
     RunRequest,
     ScheduleDefinition,
     ScheduleEvaluationContext,
@@ -27,9 +31,12 @@ from dagster import (
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    job,
+    op,
     schedule,
     sensor,
 )
+from pydantic import Field
 
 from curation_dagster.config import RecrawlConfig, load_config
 from curation_dagster.crawls import crawl_spec
@@ -228,3 +235,45 @@ def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition | None:
         return run_requests(spec, "recrawl_schedule")
 
     return recrawl_schedule
+
+
+class RegisterConfig(Config):
+    """The launchpad form of ``curate_register``: a new crawl and its sources."""
+
+    crawl: str = Field(description="the new crawl's name")
+    sources: dict[str, dict[str, str]] = Field(
+        default={}, description="per source name, its fields as in a crawl config: url (required), text_field, "
+                                "id_field, format ...; empty: the template crawl's sources")
+    template: str | None = Field(default=None, description="a registered crawl whose sources (unless given), "
+                                                           "params, stages and keep are copied")
+
+
+@op(name="curate_register", description="Registers a new crawl: saves its spec (sources, params) in the data "
+                                        "root and adds its crawl and source partitions, as `curate register` does.")
+def register_op(context: OpExecutionContext, config: RegisterConfig, curation: CurationResource) -> None:
+    root = curation.dataroot()
+    crawl = check_name("crawl", config.crawl)
+    if root.record(crawl) is not None:
+        raise Failure(f"crawl {crawl!r} is registered already: launch curate_run with crawl: {crawl}")
+    base = root.spec(config.template) if config.template else None
+    sources: dict[str, dict[str, Any]] = {n: dict(f) for n, f in config.sources.items()}
+    if not sources and base is not None:
+        sources = {n: p.model_dump() for n, p in base.sources.items()}
+    if not sources:
+        raise Failure("no source: give sources ({name: {url: ...}}) or a template crawl")
+    spec = crawl_spec(root, crawl, sources, base=base)
+    record = root.register(spec)
+    add_partitions(context.instance, {CRAWL: [crawl], SOURCE: sorted(spec.sources)})
+    context.log.info(f"crawl {crawl} registered (#{record.sequence}, sources {', '.join(sorted(spec.sources))}): "
+                     f"launch curate_run with crawl: {crawl} to run it")
+
+
+@job(name="curate_register", description="Registers a crawl from the UI (Launchpad: crawl, sources, template), "
+                                         "as `curate register` does; then launch curate_run with its name. The "
+                                         "launch dialog's 'Add a partition' registers nothing: do not create "
+                                         "crawls that way.")
+def register_job() -> None:
+    register_op()
+
+
+REGISTER_JOB_DEF: JobDefinition = register_job

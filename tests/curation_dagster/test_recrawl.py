@@ -139,6 +139,26 @@ def test_schedule_registers_a_dated_crawl(tmp_path: Path) -> None:
         assert not again.run_requests and "already registered" in (again.skip_message or "")
 
 
+def test_curate_register_job_registers_a_crawl_with_its_sources(tmp_path: Path) -> None:
+    """The UI's way to create a crawl (Jobs -> curate_register -> Launchpad): its spec, sources
+    included, in the data root and both dynamic partitions, as `curate register` does; launched
+    again for the same crawl, it refuses and names what to do instead."""
+    job = build_definitions(str(tmp_path)).get_job_def("curate_register")
+    sources = T.source_config()
+    config = {"ops": {"curate_register": {"config": {"crawl": "c9", "sources": sources}}}}
+    with dg.instance_for_test() as instance:
+        assert job.execute_in_process(run_config=config, instance=instance).success
+        assert instance.get_dynamic_partitions("crawl") == ["c9"]
+        assert sorted(instance.get_dynamic_partitions("source")) == sorted(T.SOURCES)
+        again = job.execute_in_process(run_config=config, instance=instance, raise_on_error=False)
+        assert not again.success
+        (failure,) = [e for e in again.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+        assert "crawl 'c9' is registered already: launch curate_run with crawl: c9" in str(failure.event_specific_data)
+    spec = DataRoot.open(None, tmp_path).spec("c9")
+    assert {n: (s.url, s.id_field) for n, s in spec.sources.items()} == {
+        n: (f["url"], f["id_field"]) for n, f in sources.items()}
+
+
 def test_failed_blocking_check_holds_the_crawl_back(tmp_path: Path) -> None:
     """Eager automation requests nothing downstream of a partition whose over_deletion failed."""
     workdir, prefix = tmp_path / "w", tmp_path / "snapshots"
