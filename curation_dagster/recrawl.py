@@ -248,7 +248,7 @@ class RegisterConfig(Config):
                                                            "params, stages and keep are copied")
 
 
-@op(name="curate_register", description="Registers a new crawl: saves its spec (sources, params) in the data "
+@op(name="register_crawl", description="Registers a new crawl: saves its spec (sources, params) in the data "
                                         "root and adds its crawl and source partitions, as `curate register` does.")
 def register_op(context: OpExecutionContext, config: RegisterConfig, curation: CurationResource) -> None:
     root = curation.dataroot()

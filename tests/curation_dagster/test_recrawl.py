@@ -145,7 +145,7 @@ def test_curate_register_job_registers_a_crawl_with_its_sources(tmp_path: Path) 
     again for the same crawl, it refuses and names what to do instead."""
     job = build_definitions(str(tmp_path)).get_job_def("curate_register")
     sources = T.source_config()
-    config = {"ops": {"curate_register": {"config": {"crawl": "c9", "sources": sources}}}}
+    config = {"ops": {"register_crawl": {"config": {"crawl": "c9", "sources": sources}}}}
     with dg.instance_for_test() as instance:
         assert job.execute_in_process(run_config=config, instance=instance).success
         assert instance.get_dynamic_partitions("crawl") == ["c9"]
