@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from curation_dagster.recorder import TIMINGS
 from curation_dagster.resources import CurationResource
 from stages.plan import plan_task
 from stages.reports import CuratedDocumentsReport, RemovalLedgerReport, read_as
@@ -71,11 +72,35 @@ def table_metadata(curation: CurationResource, program: str, crawl: str, source:
     return meta
 
 
+def per_source_counts(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` of a source x crawl partition with its counts (every int or float but the timings
+    and Dagster's row count, and ``rows`` as ``rows/<table>``) folded into one ``counts`` mapping,
+    first, which the recorder shows as a table.
+
+    Why: the UI plots each numeric metadata entry of a partitioned asset as one line through its
+    partitions in key order (c1|docstrings, c1|licenses, c2|docstrings, ...), which joins
+    different sources and reads as nothing. A table is not plotted. The counts of a source over
+    crawls are in removal_ledger's ``crawl_over_crawl`` and ``waterfall_table``; a crawl-level
+    asset keeps its numbers, whose line runs crawl to crawl. Timings stay numbers: by partition
+    they are a per-partition profile (and ``curate profile`` reads ``overhead_s``)."""
+    def count(key: str, value: Any) -> bool:
+        return (isinstance(value, int | float) and not isinstance(value, bool) and key not in TIMINGS
+                and not key.startswith("dagster/"))
+
+    counts = {k: v for k, v in meta.items() if count(k, v)}
+    if isinstance(meta.get("rows"), dict):
+        counts.update({f"rows/{table}": int(n) for table, n in meta["rows"].items()})
+    rest = {k: v for k, v in meta.items() if k not in counts and k != "rows"}
+    return {"counts": counts, **rest} if counts else rest
+
+
 def asset_metadata(
     curation: CurationResource, program: str, crawl: str, source: str | None, meta: dict[str, Any]
 ) -> dict[str, Any]:
     """A partition's materialization metadata: ``meta`` (``stages.execute.metadata`` and the
     profile's ``overhead_s``) after the lineage that explains a shrinking source, the waterfall
-    first: it is what the materialization's page shows at the top. An asset step and a crawl
-    step record the same (``curation_dagster.crawl_run``)."""
-    return {**_lineage(curation, program, crawl, source), **table_metadata(curation, program, crawl, source), **meta}
+    first: it is what the materialization's page shows at the top. A source x crawl partition's
+    counts are one table (``per_source_counts``). An asset step and a crawl step record the same
+    (``curation_dagster.crawl_run``)."""
+    out = {**_lineage(curation, program, crawl, source), **table_metadata(curation, program, crawl, source), **meta}
+    return per_source_counts(out) if source is not None else out

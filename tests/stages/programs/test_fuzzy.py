@@ -22,6 +22,7 @@ from scipy.sparse.csgraph import connected_components
 from curation_dagster.sample import build_sample
 from stages.execute import execute_crawl
 from stages.plan import plan_task
+from stages.reports import FuzzyDuplicatesReport, read_as
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -125,6 +126,11 @@ def test_default_fuzzy_matches_exact_oracle(corpus: tuple[Path, list[dict[str, s
         assert row.nnz and row.data.max() >= THRESHOLD, doc
     agreement = len(clustered & oracle_clustered) / len(clustered | oracle_clustered)
     assert agreement >= 0.995, agreement
+    # input: every document that reached the stage (only fuzzy removes here, so all of them),
+    # not the fewer ones in components
+    report = read_as(store.read_manifest(plan_task(store, spec, "fuzzy_duplicates", None).output_dir),
+                     FuzzyDuplicatesReport)
+    assert (report.input, report.removed) == (len(ids), len(removed)) and len(clustered) < len(ids)
 
 
 def test_seed_preset_without_verification_keeps_partners_above_half(corpus: tuple[Path, list[dict[str, str]]]) -> None:
