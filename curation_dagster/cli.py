@@ -177,8 +177,10 @@ def _ledger_dir(root: DataRoot, crawl: str) -> tuple[Store, str, CrawlSpec]:
     store = root.store
     key = spec.keys()[("removal_ledger", None)]
     pdir = store.partition_dir("removal_ledger", key, crawl)
-    if store.read_manifest(pdir) is None:
+    manifest = store.read_manifest(pdir)
+    if manifest is None:
         raise CliError(f"crawl {crawl!r} has no removal ledger for its current parameters; run `curate run`")
+    store.check_whole(pdir, manifest)  # report, ledger and explain never show a damaged ledger
     return store, pdir, spec
 
 
