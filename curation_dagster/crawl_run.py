@@ -229,6 +229,9 @@ class PartitionPool:
             fields.update(data_root=resource.root(), storage_options=resource.options())
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
                                              initargs=(fields, spec, dict(os.environ)))
+            # Start the fork server (its imports take a second or two) and a first worker now, on
+            # another core while this process starts the run and plans its first step.
+            self._pool.submit(os.getpid)
 
     def close(self) -> None:
         if self._pool is not None:
