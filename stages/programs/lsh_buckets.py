@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.backend import CPU, Backend, band_edges_on, band_keys_on, fanout, resolve
-from stages.keep import ID_BYTES, fixed_ids
+from stages.pair_texts import IdIndex
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, LshBucketsParams, lsh_curve, lsh_threshold
 from stages.reports import Bucket, LshBucketsReport, read_as
@@ -103,29 +103,13 @@ def _canonical_nodes(inputs: Inputs, crawl: str, prior: list[pa.Table]) -> pa.Ta
     return table.add_column(0, "node", pa.array(np.arange(table.num_rows, dtype=np.int64))).cast(NODES)
 
 
-class NodeIndex:
-    """doc_id -> node: its row in the canonical nodes (the first where an id repeats, as
-    ``pc.index_in`` answers), for batch after batch of signatures.
-
-    ``pc.index_in`` hashes every node's id again at each call: at 20,000 rows a batch, 50 times
-    over 1M ids, two thirds of this program's time. The nodes are sorted by doc_id, so with every
-    id 32 bytes (``stages.keep.fixed_ids``) a binary search finds each one; every answer is
-    checked against the id it names, and a batch with any other answer takes ``pc.index_in``."""
-
-    def __init__(self, node_ids: pa.Array) -> None:
-        self.ids = node_ids
-        lengths = pc.min_max(pc.binary_length(node_ids)).as_py() if len(node_ids) else {}
-        exact = not node_ids.null_count and lengths == {"min": ID_BYTES, "max": ID_BYTES}
-        self.sorted = fixed_ids(node_ids) if exact else None  # S32 (n,), ascending as Arrow sorted them
-
-    def __call__(self, ids: pa.Array | pa.ChunkedArray) -> pa.Array:
-        """int64 (len(ids),): the node of each id."""
-        if self.sorted is not None and not ids.null_count and len(ids):
-            pos = np.searchsorted(self.sorted, fixed_ids(ids), side="left")
-            found = pa.array(np.minimum(pos, len(self.sorted) - 1), pa.int64())
-            if pc.all(pc.equal(pc.take(self.ids, found), ids)).as_py():
-                return found
-        return pc.index_in(ids, value_set=self.ids).cast(pa.int64())
+def _nodes_of(index: IdIndex, ids: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """int64 (len(ids),): each doc_id's node, its row in the canonical nodes (the first where an
+    id repeats, null where none), as ``pc.index_in`` answers. ``index``: the nodes' ids, indexed
+    once; ``pc.index_in`` hashed all of them again for each batch (at 20,000 rows a batch, 50
+    times over 1M ids: two thirds of this program's time)."""
+    pos = index.find(ids)
+    return pa.array(pos, pa.int64(), mask=pos < 0)
 
 
 def run(
@@ -163,16 +147,16 @@ def run(
     if node == 0:
         output.write("edges", EDGES.empty_table())
         return base.model_copy(update={"nodes": 0, "edges": 0})
-    node_of = NodeIndex(nodes["doc_id"].combine_chunks())
+    node_ids = IdIndex(nodes["doc_id"].combine_chunks())
     for source in inputs.sources("minhash_signatures"):
         pdir = inputs.dir("minhash_signatures", source)
         for batch in inputs.store.iter_batches(pdir, "signatures", None, execution.batch_rows):
             keys = band_keys_on(backend, signature_matrix(batch.column(1), num_perm), params.bands, params.rows)
-            cols = {"node": node_of(batch.column(0))}
+            cols = {"node": _nodes_of(node_ids, batch.column(0))}
             cols.update({band_column(b): pa.array(keys[:, b]) for b in range(params.bands)})
             output.write("band_keys", pa.table(cols))
     for _, keys in prior:
-        output.write("band_keys", keys.set_column(0, "node", node_of(keys["doc_id"])))
+        output.write("band_keys", keys.set_column(0, "node", _nodes_of(node_ids, keys["doc_id"])))
     stats = None
     groups = [list(range(b, min(b + BANDS_PER_TASK, params.bands))) for b in range(0, params.bands, BANDS_PER_TASK)]
     job = _BandGroup(output.store, output.pdir, tuple(output.tables["band_keys"]), backend)

@@ -322,15 +322,16 @@ _HEX = st.text("0123456789abcdef", min_size=32, max_size=32)
     odd=st.one_of(st.none(), st.text("0123456789abcdef", max_size=34)),
     probe=st.lists(st.one_of(_HEX, st.integers(0, 39), st.none()), max_size=40),
 )
-def test_node_index_answers_as_index_in(nodes: list[str], odd: str | None, probe: list[str | int | None]) -> None:
-    """lsh_buckets' NodeIndex gives every id the node ``pc.index_in`` gives it (the first row
-    where an id repeats, null where none), on the nodes sorted as _canonical_nodes sorts them,
-    with repeated ids, ids of other lengths, ids not among the nodes and nulls."""
+def test_nodes_of_answers_as_index_in(nodes: list[str], odd: str | None, probe: list[str | int | None]) -> None:
+    """lsh_buckets gives every id the node ``pc.index_in`` gives it (the first row where an id
+    repeats, null where none), on the nodes sorted as _canonical_nodes sorts them, with repeated
+    ids, ids of other lengths, ids not among the nodes and nulls."""
     import pyarrow as pa
 
-    from stages.programs.lsh_buckets import NodeIndex
+    from stages.pair_texts import IdIndex
+    from stages.programs.lsh_buckets import _nodes_of
 
-    nodes = nodes + ([odd] if odd is not None else [])  # an id of another length: the index_in path
+    nodes = nodes + ([odd] if odd is not None else [])  # an id of another length
     ids = pc.sort_indices(pa.array(nodes, pa.string()))
     node_ids = pc.take(pa.array(nodes, pa.string()), ids)  # ascending, as Table.sort_by("doc_id")
     # a probe is a fresh id, a node's own id (by position), or a null
@@ -338,7 +339,5 @@ def test_node_index_answers_as_index_in(nodes: list[str], odd: str | None, probe
                        for p in probe], pa.string())
     want = pc.index_in(wanted, value_set=node_ids).cast(pa.int64())
     for chunks in ([wanted], [wanted[: len(wanted) // 2], wanted[len(wanted) // 2:]]):
-        index = NodeIndex(node_ids)
-        assert (index.sorted is not None) == (bool(nodes) and all(len(n) == 32 for n in nodes))  # the path taken
-        got = index(pa.chunked_array(chunks, pa.string()) if len(chunks) > 1 else chunks[0])
+        got = _nodes_of(IdIndex(node_ids), pa.chunked_array(chunks, pa.string()) if len(chunks) > 1 else chunks[0])
         assert got.to_pylist() == want.to_pylist()
