@@ -26,6 +26,7 @@ from the UI (one partition, or a backfill's) runs through the same launchers and
 (``materialize_partition``).
 """
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -93,7 +94,7 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
     """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
     materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
     evaluator of the crawl that a step's partitions share)."""
-    meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
+    meta = asset_metadata(resource, program, spec, source, metadata(outcome))
     verdicts = []
     if checks:
         judge = judge or evaluator(resource, spec.crawl)
@@ -106,12 +107,13 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
 
 def finish(resource: CurationResource, store: Store, spec: CrawlSpec, program: str, source: str | None,
            execution: ExecutionParams, force: bool, emit: Callable[[str], None] | None = None,
-           checks: bool = True) -> Done:
-    """Run one partition in this process and describe it: what a pool worker does for each."""
+           checks: bool = True, judge: Judge | None = None) -> Done:
+    """Run one partition in this process and describe it: what a pool worker does for each
+    (``judge``: the step's evaluator, else one of its own)."""
     t0 = time.perf_counter()
     try:
         outcome = execute(store, spec, program, source, execution, force=force, emit=emit)
-        return describe(resource, spec, program, source, outcome, t0, checks)
+        return describe(resource, spec, program, source, outcome, t0, checks, judge)
     except Exception as exc:
         return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
 
@@ -128,8 +130,9 @@ def one_line(exc: BaseException) -> str:
 
 
 DIED = "its worker process died (out of memory?)"
-# A worker's resource, store and crawl, set by the pool's initializer.
+# A worker's resource, store and crawl, set by the pool's initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
+_STEPS = itertools.count()
 # What a worker has imported when the pool's fork server forks it: the executor and the programs.
 PRELOAD = ["curation_dagster.crawl_run", *(f"stages.programs.{name}" for name in PROGRAMS)]
 
@@ -145,14 +148,30 @@ def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict
         _WORKER["error"] = f"the worker process could not start: {one_line(exc)}"
 
 
-def _work(program: str, source: str | None, execution: ExecutionParams, force: bool) -> Done:
+def step_judge(resource: CurationResource, crawl: str) -> Judge | None:
+    """An evaluator for one step's partitions (the checks' bounds and the crawl's record, read
+    once, as ``Fanout``'s), else None where it cannot be made: each partition's ``describe`` then
+    makes its own and reports the error as that partition's."""
+    try:
+        return evaluator(resource, crawl)
+    except Exception:
+        return None
+
+
+def _work(program: str, source: str | None, execution: ExecutionParams, force: bool, step: int) -> Done:
     if "error" in _WORKER:
         return Done(program, source, error=_WORKER["error"])
     cores = execution.resolved_workers()
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # libraries not loaded yet
         os.environ[name] = str(cores)
     limit_threads(cores)
-    return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force)
+    # One evaluator per step in each worker, made at its first partition of the step: reading
+    # curate.yaml and the crawl's record for every partition was a third of a small one's time.
+    held = _WORKER.get("judge")
+    if held is None or held[0] != step:
+        held = _WORKER["judge"] = (step, step_judge(_WORKER["resource"], _WORKER["spec"].crawl))
+    return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force,
+                  judge=held[1])
 
 
 def _cores() -> int:
@@ -210,6 +229,9 @@ class PartitionPool:
             fields.update(data_root=resource.root(), storage_options=resource.options())
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
                                              initargs=(fields, spec, dict(os.environ)))
+            # Start the fork server (its imports take a second or two) and a first worker now, on
+            # another core while this process starts the run and plans its first step.
+            self._pool.submit(os.getpid)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -239,21 +261,24 @@ class PartitionPool:
         by then fails, and so do later steps' (a rerun resumes)."""
         at_once = self.side_by_side(program, len(sources))
         if not at_once:
+            judge = step_judge(self.resource, self.spec.crawl) if sources else None
             for source in sources:
-                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit)
+                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit,
+                             judge=judge)
             return
         assert self._pool is not None
         execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
         # All at once when the pool's size is the bound (its queue keeps every worker busy while
         # this process records), else ``at_once`` in flight.
         in_flight = len(sources) if at_once >= self.workers else at_once
+        step = next(_STEPS)  # the workers' evaluators are per step
         queue = list(sources)
         pending: dict[Future[Done], str | None] = {}
         while queue or pending:
             while queue and len(pending) < in_flight:
                 source = queue.pop(0)
                 try:
-                    pending[self._pool.submit(_work, program, source, execution, self.force)] = source
+                    pending[self._pool.submit(_work, program, source, execution, self.force, step)] = source
                 except BrokenProcessPool as exc:  # a worker died in an earlier step
                     yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
             if not pending:

@@ -110,7 +110,10 @@ def _canonical_nodes(inputs: Inputs, crawl: str, prior: list[pa.Table]) -> pa.Ta
 
 
 def _nodes_of(index: IdIndex, ids: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """int64 node of each id (null where absent: never, every signature's id is a node)."""
+    """int64 (len(ids),): each doc_id's node, its row in the canonical nodes (the first where an
+    id repeats, null where none), as ``pc.index_in`` answers. ``index``: the nodes' ids, indexed
+    once; ``pc.index_in`` hashed all of them again for each batch (at 20,000 rows a batch, 50
+    times over 1M ids: two thirds of this program's time)."""
     pos = index.find(ids)
     return pa.array(pos, pa.int64(), mask=pos < 0)
 
