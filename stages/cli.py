@@ -37,6 +37,7 @@ from stages.store import Store
 # Pipes subprocess): the pid of that launcher.
 PARENT_PID_ENV = "CURATE_PARENT_PID"
 SERVE = "serve"  # the word of a warm worker (``python -m stages serve``), beside the programs'
+IDLE = "stages serve"  # a warm worker's process name between partitions
 # A stage's own errors (a bad source, a filter, counts that do not add up): one line; anything
 # else is a bug, reported with its traceback.
 OWN_ERRORS = (FileNotFoundError, KeyError, ValueError, StageError)
@@ -135,6 +136,16 @@ def _replies() -> IO[str]:
     return replies
 
 
+def _name(title: str) -> None:
+    """This process's name as ``ps -o comm`` and ``/proc/PID/comm`` show it (Linux, 15 bytes):
+    a warm worker's program while it runs one of its partitions, else ``stages serve``."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_name = 15
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, title.encode()[:15], 0, 0, 0)
+
+
 def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: IO[str], replies: IO[str]) -> int:
     """A warm worker: partitions of ``spec``'s crawl, one after another, as ``requests`` asks (one
     JSON object a line); one JSON line on ``replies`` answers each request once it is done. The
@@ -150,10 +161,13 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
       and reply ``{"done": S}``;
     - ``{"close": true}``: close the session (its launcher then stops reading it); ``{"closed": true}``.
 
-    Ends with 0 when ``requests`` ends (its launcher closed it, or died)."""
+    While it runs a partition, the process is named after its program (``ps -o comm``, 15 bytes).
+    It ends with 0 when ``requests`` ends (its launcher closed it, or died).
+    """
     from stages.parallel import limit_threads
 
     pipes: Any = None
+    _name(IDLE)
 
     def reply(message: dict[str, Any]) -> None:
         replies.write(json.dumps(message) + "\n")
@@ -186,6 +200,7 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
             ran = execution.model_copy(update={"workers": workers}) if workers else execution
             limit_threads(ran.resolved_workers())
             emit = pipes.log.info if pipes is not None else _stderr
+            _name(program)
             try:
                 outcome = execute(store, spec, program, source, ran, bool(request.get("force")), emit=emit)
                 message: dict[str, Any] = {"source": source, "skipped": outcome.skipped,
@@ -197,6 +212,7 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
                     pipes.log.error(traceback.format_exc())
             if pipes is not None:
                 pipes.report_custom_message(message)
+            _name(IDLE)
             reply({"done": source, **({} if pipes is not None else message)})
     if pipes is not None:
         pipes.close()
