@@ -66,10 +66,10 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     storage_options: dict[str, Any] = Field(default_factory=dict)
     mode: Literal["in_process", "pipes", "k8s"] = "in_process"  # where a partition runs: the warm pool, a
     # Pipes subprocess, a pod (curation_dagster.crawl_run)
-    fan_out: int = 8  # pipes, k8s: at most this many partitions of one step at once (subprocesses, pods)
+    fan_out: int = 8  # pipes, k8s: at most this many partitions of one step at once (warm workers, pods)
     partition_retries: int = 1  # pipes: launches again of a partition whose process was killed by a signal
-    # pipes, k8s: small partitions packed into one process or pod, in turn, up to this many input
-    # documents (their source's, as ingested) a pack; 0: one partition per process or pod
+    # k8s: small partitions packed into one pod, in turn, up to this many input documents (their
+    # source's, as ingested) a pack; 0: one partition per pod. (pipes: warm workers serve many each)
     pack_documents: int = 0
     batch_rows: int = 20_000
     workers: int = 0  # 0 = every core
