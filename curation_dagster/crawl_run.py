@@ -423,7 +423,7 @@ class Fanout:
                             while (item := next_partition()) is not None:
                                 source, launched = item
                                 t0 = time.perf_counter()
-                                reported = worker.run(session, program, source, self.force, cores)
+                                reported = worker.run(program, source, self.force, cores)
                                 if reported.get("killed") and launched < self.resource.partition_retries:
                                     # Killed from outside (not its own error): on another worker once this
                                     # one is gone (Worker.run waited for it); a lease it held on an S3 data

@@ -156,9 +156,11 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
       session (a step's), the bootstrap values a Pipes subprocess finds in its environment;
       replied ``{"opened": true}``;
     - ``{"program": P, "source": S, "force": bool, "workers": n}``: run that partition with
-      ``stages.execute.execute`` (its kernels on ``n`` cores, 0: the command line's), report its
-      outcome (or its error, on one line) over the open session as a one-partition process does,
-      and reply ``{"done": S}``;
+      ``stages.execute.execute`` (its kernels on ``n`` cores, 0: the command line's; its progress
+      lines, and a bug's traceback, to the open session's log) and reply its outcome, what a
+      one-partition process reports over Pipes: ``{"done": S, "skipped", "seconds",
+      "data_version"}``, or ``{"done": S, "error": one line}``. On the reply, not over Pipes:
+      the launcher has it at once, not when Pipes' reader next polls its file;
     - ``{"close": true}``: close the session (its launcher then stops reading it); ``{"closed": true}``.
 
     While it runs a partition, the process is named after its program (``ps -o comm``, 15 bytes).
@@ -210,10 +212,8 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
                 print(f"error: {program}: {exc}", file=sys.stderr)
                 if not isinstance(exc, OWN_ERRORS) and pipes is not None:  # a bug: its traceback, in the run's log
                     pipes.log.error(traceback.format_exc())
-            if pipes is not None:
-                pipes.report_custom_message(message)
             _name(IDLE)
-            reply({"done": source, **({} if pipes is not None else message)})
+            reply({"done": source, **message})
     if pipes is not None:
         pipes.close()
     return 0

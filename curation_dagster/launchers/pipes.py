@@ -4,9 +4,10 @@ pod's entry point and thread settings on this machine (``CurationResource.pod_co
 
 - :func:`launch`: one process for one partition (or a pack), its own Pipes session;
 - :class:`Worker`: a warm ``python -m stages serve`` process that serves many partitions one
-  after another (``stages.cli.serve``), a Pipes session per step, each partition's outcome
-  reported as it finishes; its start and imports (~0.6 s) are paid once per worker, not per
-  partition. ``curation_dagster.crawl_run.Fanout`` keeps up to ``fan_out`` of them for a run.
+  after another (``stages.cli.serve``) in a Pipes session per step (their progress lines in the
+  run's log), each partition's outcome replied as it finishes; its start and imports (~0.6 s)
+  are paid once per worker, not per partition. ``curation_dagster.crawl_run.Fanout`` keeps up to
+  ``fan_out`` of them for a run.
 
 Many run at once in one step (threads of ``Fanout``), each with its own Pipes session."""
 
@@ -16,7 +17,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -75,8 +75,6 @@ def launch(context: OpExecutionContext | AssetExecutionContext, command: Sequenc
 # PR_SET_PDEATHSIG (``stages.cli``), which fires when the *thread* that started it ends, and a
 # step's launching threads end with the step while its workers serve the next.
 _STARTER = ThreadPoolExecutor(1, thread_name_prefix="stage-worker-start")
-# How long a partition's outcome may trail its worker's reply (the Pipes reader polls every 10 ms).
-OUTCOME_WAIT_S = 10.0
 
 
 class Worker:
@@ -122,28 +120,17 @@ class Worker:
                 if opened and self.alive():
                     self._ask({"close": True})
 
-    def run(self, session: PipesSession, program: str, source: str | None, force: bool, workers: int
-            ) -> dict[str, Any]:
-        """Run one partition in the worker; what it reported over ``session`` (``skipped``,
+    def run(self, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
+        """Run one partition in the worker (in its open session); what it replied (``skipped``,
         ``seconds``, ``data_version``, or ``error``; ``killed`` where the process died of a signal
-        before it reported)."""
+        before it replied)."""
         self.served += 1
-        seen = len(session.get_custom_messages())
         reply = self._ask({"program": program, "source": source, "force": force, "workers": workers})
         if reply is None:
             self.close()
             return reported([], [source], self.proc.wait())[source]
-        deadline = time.monotonic() + OUTCOME_WAIT_S
-        while True:
-            messages = session.get_custom_messages()
-            for message in messages[seen:]:
-                if isinstance(message, dict) and message.get("source") == source and (
-                        "error" in message or "data_version" in message):
-                    return message
-            if time.monotonic() > deadline:
-                return {"error": "its worker process replied without reporting an outcome"}
-            seen = len(messages)
-            time.sleep(0.005)
+        reply.pop("done", None)
+        return reply
 
     def close(self, timeout_s: float = 10.0) -> int | None:
         """End the worker: its stdin closed (it exits), else killed after ``timeout_s``; its exit code."""

@@ -106,12 +106,11 @@ def test_a_worker_killed_holding_a_partition_has_it_launched_again(
     killed: list[int] = []
     real = pipes.Worker.run
 
-    def fault(self: pipes.Worker, session: Any, program: str, source: str | None, force: bool, workers: int
-              ) -> dict[str, Any]:
+    def fault(self: pipes.Worker, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
         if (program, source) == target and not killed:  # the first attempt: SIGKILLed 50 ms after it is handed over
             killed.append(self.pid)
             threading.Timer(0.05, os.kill, (self.pid, signal.SIGKILL)).start()
-        return real(self, session, program, source, force, workers)
+        return real(self, program, source, force, workers)
 
     monkeypatch.setattr(pipes.Worker, "run", fault)
     with fast_tmp(tmp_path / "w") as work:
