@@ -21,7 +21,7 @@ import json
 import os
 import sys
 import traceback
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot, NoDataRoot, UnknownCrawl
@@ -127,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _replies() -> IO[str]:
+def _replies() -> TextIO:
     """This process's stdout, kept for the replies of :func:`serve`; fd 1 itself becomes stderr,
     so that what a library prints can never pass for a reply."""
-    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    replies = cast(TextIO, os.fdopen(os.dup(1), "w", buffering=1))
     sys.stdout.flush()
     os.dup2(2, 1)
     return replies
@@ -146,15 +146,31 @@ def _name(title: str) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, title.encode()[:15], 0, 0, 0)
 
 
-def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: IO[str], replies: IO[str]) -> int:
+def _reply_writer(replies: TextIO) -> Any:
+    """A Pipes message writer onto ``replies``, one message a line, among the replies."""
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    from dagster_pipes import PipesMessageWriter, PipesStreamMessageWriterChannel
+
+    class ReplyWriter(PipesMessageWriter[PipesStreamMessageWriterChannel]):
+        @contextmanager
+        def open(self, params: Any) -> Iterator[PipesStreamMessageWriterChannel]:
+            yield PipesStreamMessageWriterChannel(replies)
+
+    return ReplyWriter()
+
+
+def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: IO[str], replies: TextIO) -> int:
     """A warm worker: partitions of ``spec``'s crawl, one after another, as ``requests`` asks (one
     JSON object a line); one JSON line on ``replies`` answers each request once it is done. The
     launcher (``curation_dagster.launchers.pipes.Worker``) pays this process's start and imports
     once for every partition it serves. Requests:
 
     - ``{"open": {DAGSTER_PIPES_CONTEXT: ..., DAGSTER_PIPES_MESSAGES: ...}}``: a Dagster Pipes
-      session (a step's), the bootstrap values a Pipes subprocess finds in its environment;
-      replied ``{"opened": true}``;
+      session (a step's), the bootstrap values a Pipes subprocess finds in its environment; its
+      messages (``opened``, log lines, ``closed``) go on ``replies`` too, one a line, where the
+      launcher tells them from replies by their ``__dagster_pipes_version``; replied ``{"opened": true}``;
     - ``{"program": P, "source": S, "force": bool, "workers": n}``: run that partition with
       ``stages.execute.execute`` (its kernels on ``n`` cores, 0: the command line's; its progress
       lines, and a bug's traceback, to the open session's log) and reply its outcome, what a
@@ -178,18 +194,14 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
     for line in requests:
         request = json.loads(line)
         if "open" in request:
-            from dagster_pipes import (  # only the Pipes entry point needs it
-                PipesContext,
-                PipesDefaultContextLoader,
-                PipesDefaultMessageWriter,
-                PipesMappingParamsLoader,
-            )
+            from dagster_pipes import PipesContext, PipesDefaultContextLoader, PipesMappingParamsLoader
 
             if pipes is not None:
                 pipes.close()
-            # A session per step: open_dagster_pipes keeps its first context for the process.
+            # A session per step (open_dagster_pipes keeps its first context for the process); its
+            # messages go on the reply stream, where the launcher reads them as they come.
             pipes = PipesContext(PipesMappingParamsLoader(request["open"]), PipesDefaultContextLoader(),
-                                 PipesDefaultMessageWriter())
+                                 _reply_writer(replies))
             reply({"opened": True})
         elif "close" in request:
             if pipes is not None:

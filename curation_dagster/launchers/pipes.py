@@ -26,6 +26,7 @@ from typing import Any
 from dagster import (
     AssetExecutionContext,
     OpExecutionContext,
+    PipesMessageReader,
     PipesSession,
     PipesTempFileContextInjector,
     PipesTempFileMessageReader,
@@ -77,6 +78,27 @@ def launch(context: OpExecutionContext | AssetExecutionContext, command: Sequenc
 _STARTER = ThreadPoolExecutor(1, thread_name_prefix="stage-worker-start")
 
 
+class ReplyStreamReader(PipesMessageReader):
+    """The Pipes messages of a warm worker's session: on its reply stream, among its replies
+    (``stages.cli.serve``), handed to the session's handler by :class:`Worker` as it reads them.
+    No reader thread: ``PipesTempFileMessageReader``'s polls its file every 10 ms, one thread per
+    session, which py-spy put at a third of a run worker's samples with 8 workers."""
+
+    def __init__(self) -> None:
+        self.handler: Any = None
+
+    @contextmanager
+    def read_messages(self, handler: Any) -> Iterator[dict[str, Any]]:
+        self.handler = handler
+        yield {REPLY_STREAM: True}
+
+    def no_messages_debug_text(self) -> str:
+        return "Attempted to read messages from the stage worker's reply stream."
+
+
+REPLY_STREAM = "reply_stream"  # the messages params of a worker's session (stages.cli.serve ignores them)
+
+
 class Worker:
     """A warm ``python -m stages serve`` process (``command``, with ``env`` added to this process's
     environment): requests on its stdin, one reply line each on its stdout (``stages.cli.serve``).
@@ -87,6 +109,7 @@ class Worker:
             subprocess.Popen, list(command), env={**os.environ, **env}, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, bufsize=1).result()
         self.served = 0  # partitions
+        self._handler: Any = None  # the open session's Pipes message handler
 
     @property
     def pid(self) -> int:
@@ -104,21 +127,29 @@ class Worker:
             stdin.flush()
         except (BrokenPipeError, OSError):
             return None
-        line = stdout.readline()
-        return json.loads(line) if line else None
+        while line := stdout.readline():
+            message = json.loads(line)
+            if "__dagster_pipes_version" not in message:
+                return dict(message)
+            if self._handler is not None:  # a Pipes message of the open session: a log line, opened, closed
+                self._handler.handle_message(message)
+        return None
 
     @contextmanager
     def session(self, context: OpExecutionContext | AssetExecutionContext) -> Iterator[PipesSession | None]:
         """A Pipes session of ``context``'s step, opened in the worker; None when the worker ended
         before it opened. Closed in the worker before here, so no message of it is lost."""
+        reader = ReplyStreamReader()
         with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
-                                message_reader=PipesTempFileMessageReader()) as session:
+                                message_reader=reader) as session:
+            self._handler = reader.handler
             opened = self._ask({"open": session.get_bootstrap_env_vars()}) is not None
             try:
                 yield session if opened else None
             finally:
                 if opened and self.alive():
                     self._ask({"close": True})
+                self._handler = None
 
     def run(self, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
         """Run one partition in the worker (in its open session); what it replied (``skipped``,

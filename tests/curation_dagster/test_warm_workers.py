@@ -1,6 +1,7 @@
 """The deployment's launcher (``mode="pipes"``): warm ``python -m stages serve`` workers, each
 serving many partitions of the run one after another in a Pipes session per step. Every partition
-is recorded once, as it finishes (not when its worker's session ends); a worker killed while it
+is recorded once, as it finishes (not when its worker's session ends), its progress lines in the
+run's log through its step's Pipes session; a worker killed while it
 holds a partition has that partition launched again on another, and the outputs are those of the
 executor alone. Real processes, a real Dagster instance: no mocks (a wrapper counts the workers
 started and, in the fault test, SIGKILLs one)."""
@@ -23,7 +24,7 @@ from curation_dagster.instance import ensure_instance_config
 from curation_dagster.launchers import pipes
 from curation_dagster.partitions import partition_key
 from curation_dagster.resources import CurationResource
-from stages.catalog import PROGRAMS, waves
+from stages.catalog import PROGRAMS, partition_name, waves
 from stages.plan import plan_task
 from stages.store import MANIFEST, Store
 from tests.support.tiny_corpus import CRAWL, SOURCES, fast_tmp, read, run_all, spec
@@ -98,6 +99,15 @@ def test_one_warm_worker_serves_the_whole_run_and_each_partition_is_recorded_as_
                 assert recorded_at < committed, (program, source)
                 compared += 1
         assert compared == 7 * (len(SOURCES) - 1)  # the per-source programs
+        # Each partition's closing progress line came over its step's Pipes session into the
+        # run's log, and every session (one per step) opened and closed.
+        messages = [e.user_message for e in instance.all_logs(run_id)]
+        for program in PROGRAMS:
+            for source in crawl.partitions(program):
+                name = partition_name(program, CRAWL, source)
+                assert any(m.startswith(f"{name}: done, ") for m in messages), name
+        assert sum("external process successfully opened dagster pipes" in m for m in messages) == len(PROGRAMS)
+        assert not [m for m in messages if "[pipes] did not receive" in m]
 
 
 def test_a_worker_killed_holding_a_partition_has_it_launched_again(
