@@ -764,7 +764,7 @@ def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_a
     assert ledgers[0].num_rows > 0 and ledgers[0].equals(ledgers[1])
     with capsys.disabled():
         print(f"\ncurate deploy: ready in {started:.1f}s, stopped in {stopped:.1f}s; crawl {T.CRAWL} "
-              f"({STAGES}): curate submit --wait {submitted:.1f}s (a stage subprocess, a run worker and the daemon "
+              f"({STAGES}): curate submit --wait {submitted:.1f}s (a stage worker, a run worker and the daemon "
               f"SIGKILLed, "
               f"{len(runs)} runs, {len(retries)} retries, the killed run's by {faults.retried_by}), curate run "
               f"{ran:.1f}s\n{sampler.table()}\nfailed runs:\n" + "\n".join(f"  {r}: {w}" for r, w in failed.items()))
