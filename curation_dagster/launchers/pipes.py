@@ -163,11 +163,15 @@ class Worker:
         reply.pop("done", None)
         return reply
 
-    def close(self, timeout_s: float = 10.0) -> int | None:
-        """End the worker: its stdin closed (it exits), else killed after ``timeout_s``; its exit code."""
+    def end_input(self) -> None:
+        """Tell the worker to exit once it is done: its stdin closed."""
         with _quiet():
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
+
+    def close(self, timeout_s: float = 10.0) -> int | None:
+        """End the worker: its stdin closed (it exits), else killed after ``timeout_s``; its exit code."""
+        self.end_input()
         try:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -213,6 +217,8 @@ class Workers:
     def close(self) -> None:
         with self._lock:
             workers, self._all, self._idle = self._all, [], []
+        for worker in workers:  # all told first: they exit side by side
+            worker.end_input()
         for worker in workers:
             worker.close()
 
