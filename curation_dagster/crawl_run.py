@@ -97,7 +97,7 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
     """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
     materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
     evaluator of the crawl that a step's partitions share)."""
-    meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
+    meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome), spec)
     verdicts = []
     if checks:
         judge = judge or evaluator(resource, spec.crawl)
