@@ -78,6 +78,9 @@ def launch(context: OpExecutionContext | AssetExecutionContext, command: Sequenc
 _STARTER = ThreadPoolExecutor(1, thread_name_prefix="stage-worker-start")
 
 
+REPLY_STREAM = "reply_stream"  # the messages params of a worker's session (stages.cli.serve ignores them)
+
+
 class ReplyStreamReader(PipesMessageReader):
     """The Pipes messages of a warm worker's session: on its reply stream, among its replies
     (``stages.cli.serve``), handed to the session's handler by :class:`Worker` as it reads them.
@@ -94,9 +97,6 @@ class ReplyStreamReader(PipesMessageReader):
 
     def no_messages_debug_text(self) -> str:
         return "Attempted to read messages from the stage worker's reply stream."
-
-
-REPLY_STREAM = "reply_stream"  # the messages params of a worker's session (stages.cli.serve ignores them)
 
 
 class Worker:
