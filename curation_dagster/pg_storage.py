@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster._core.storage.config import pg_config
 from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
 
 
@@ -50,10 +49,6 @@ class PooledPostgresStorage(DagsterPostgresStorage):
         self._event_log_storage = _EventLogStorage(postgres_url, should_autocreate_tables, token_provider)
         for storage in (self.run_storage, self.event_log_storage):
             storage.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=20)
-
-    @classmethod
-    def config_type(cls) -> Any:
-        return pg_config()
 
     @classmethod
     def from_config_value(cls, inst_data: Any, config_value: Any) -> PooledPostgresStorage:  # type: ignore[override]
