@@ -1,6 +1,7 @@
 """A deployed crawl against ``curate run``: ``curate deploy`` + ``curate submit --wait`` (whole
-processes: PostgreSQL, daemon, webserver, code server; each partition a Pipes subprocess with the
-stage pod's command line) beside ``curate run`` (SQLite instance, warm pool) on the same sources.
+processes: PostgreSQL, daemon, webserver, code server; partitions on warm ``python -m stages
+serve`` workers, the stage pod's entry point) beside ``curate run`` (SQLite instance, warm pool)
+on the same sources.
 
 The corpus is ``curate sample``'s real text dealt round-robin into each shape's sources, as in
 ``bench/orchestration.py``. Per shape, both sides on a local data root of their own:
@@ -10,14 +11,14 @@ The corpus is ``curate sample``'s real text dealt round-robin into each shape's 
 - ``submit_s``: ``curate submit --wait`` of the same crawl to a ``curate deploy`` started before
   (its start is not counted: ``deploy_start_s``); the runs of the crawl (GraphQL, tag
   ``curate/crawl``) and the ``overhead_s`` every partition's materialization carries: its time
-  outside the program from its launch to its record (the subprocess's start and imports included,
-  shared by a pack's partitions).
+  outside the program from its launch to its record (a worker's start and imports included in
+  the first partition it serves).
 - The two reports must be equal (``curate report --json``).
 
 Usage (needs PostgreSQL: ``make postgres``)::
 
     python bench/deployed.py                                   # shapes 3:6,200:20
-    python bench/deployed.py --shapes 200:20 --pack-documents 5000 --fan-out 8
+    python bench/deployed.py --shapes 200:20 --fan-out 8
 """
 
 from __future__ import annotations
@@ -62,9 +63,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _stats(values: list[float]) -> tuple[float | None, float | None]:
-    """(mean, worst) in milliseconds."""
-    return (round(1000 * sum(values) / len(values), 1), round(1000 * max(values), 1)) if values else (None, None)
+def _stats(values: list[float]) -> tuple[float | None, float | None, float | None]:
+    """(mean, median, worst) in milliseconds."""
+    if not values:
+        return None, None, None
+    ordered = sorted(values)
+    return (round(1000 * sum(values) / len(values), 1), round(1000 * ordered[len(ordered) // 2], 1),
+            round(1000 * ordered[-1], 1))
 
 
 def deployed(work: Path, config: Path, stages: str, env: dict[str, str]) -> dict[str, Any]:
@@ -112,9 +117,8 @@ def deployed(work: Path, config: Path, stages: str, env: dict[str, str]) -> dict
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
-    mean, top = _stats(overhead)
     return {"deploy_start_s": round(started, 1), "submit_s": round(submit_s, 2), "submit_runs": len(runs),
-            "submit_overhead_ms": (mean, top), "submit_worst": worst[0], "submit_partitions": len(overhead),
+            "submit_overhead_ms": _stats(overhead), "submit_worst": worst[0], "submit_partitions": len(overhead),
             "report": json.loads(report)}
 
 
@@ -141,10 +145,8 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=8, help="varied copies per sample document")
     ap.add_argument("--max-docs", type=int, default=400)
     ap.add_argument("--fan-out", type=int, default=8, help="the deployment's partitions at once per step")
-    ap.add_argument("--pack-documents", type=int, default=0, help="the deployment's documents per packed process")
     args = ap.parse_args()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CURATE_FAN_OUT": str(args.fan_out),
-           "CURATE_PACK_DOCUMENTS": str(args.pack_documents)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CURATE_FAN_OUT": str(args.fan_out)}
     shapes = [(int(s), float(m)) for s, m in (x.split(":") for x in args.shapes.split(","))]
     rows = []
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # the PostgreSQL user must reach it
@@ -168,13 +170,14 @@ def main() -> None:
             rows.append({"sources": sources, "docs": docs, "mb": round(written, 1), **ran, **dep,
                          "ratio": round(dep["submit_s"] / ran["run_s"], 2)})
             print(json.dumps(rows[-1]), flush=True)
-    print(f"fan_out {args.fan_out}, pack_documents {args.pack_documents}, stages {args.stages}")
+    print(f"fan_out {args.fan_out}, stages {args.stages}")
     print(f"{'sources':>7} {'docs':>6} {'curate run s':>12} {'runs':>4} {'submit --wait s':>15} {'runs':>4} "
-          f"{'ratio':>6} {'overhead ms run (mean, worst)':>30} {'deployed (mean, worst)':>24}  worst deployed")
+          f"{'ratio':>6} {'overhead ms run (mean, median, worst)':>38} {'deployed (mean, median, worst)':>32}"
+          "  worst deployed")
     for r in rows:
         print(f"{r['sources']:>7} {r['docs']:>6} {r['run_s']:>12} {r['run_runs']:>4} {r['submit_s']:>15} "
-              f"{r['submit_runs']:>4} {r['ratio']:>6} {r['run_overhead_ms']!s:>30} "
-              f"{r['submit_overhead_ms']!s:>24}  {r['submit_worst']}")
+              f"{r['submit_runs']:>4} {r['ratio']:>6} {r['run_overhead_ms']!s:>38} "
+              f"{r['submit_overhead_ms']!s:>32}  {r['submit_worst']}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ into that shape's sources (one JSONL file each). Per shape:
   each partition's step time and its orchestration overhead (its time outside the program up to
   its materialization); the Dagster runs it made, the overhead per partition (mean, worst and
   which), and the wall time beyond the steps per partition: (wall - steps / the processes that
-  ran them side by side) / partitions, the whole process's fixed costs included.
+  ran them side by side) / partitions, the whole process's fixed costs included; and the fixed
+  cost to the first partition (``to_first_s``): from the process's launch to the start of the
+  earliest partition (its manifest's mtime minus its wall time, wherever it ran).
 - ``rensa``: a subprocess that reads the same files, shingles (char-24), RMinHash (260 perms) and
   RMinHashLSH (20 bands, threshold 0.8), and writes the removed ids: its time includes reading.
 
@@ -140,29 +142,44 @@ def removed_ids(wd: Path, tree: Path | None) -> list[str]:
     return sorted(f"{r['doc_id']} {r['stage']}" for r in ledger.to_pylist())
 
 
-def run_curate(work: Path, name: str, tree: Path | None) -> tuple[float, Path]:
-    """Wall seconds of one fuzzy-only ``curate run`` of ``work``'s crawl (a fresh workdir)."""
+def run_curate(work: Path, name: str, tree: Path | None) -> tuple[float, Path, float]:
+    """Wall seconds of one fuzzy-only ``curate run`` of ``work``'s crawl (a fresh workdir), the
+    workdir, and the seconds from its launch to its first partition's start."""
     wd = work / name
     wd.mkdir()
     # The corpus is copies of copies by construction: lift the over-deletion guard for it.
     (wd / "curate.yaml").write_text("checks:\n  over_deletion:\n    max_removed_fraction: 1.0\n")
     curate = [sys.executable, "-m", "curation_dagster.cli"]
+    launched = time.time()
     wall, _ = _timed([*curate, "run", "--workdir", str(wd), "--crawl", "bench", "--config", str(work / "curate.json"),
                       "--stages", "fuzzy", "--quiet"], tree=tree)
-    return wall, wd
+    return wall, wd, first_partition_start(wd) - launched
+
+
+def first_partition_start(wd: Path) -> float:
+    """When the crawl's earliest partition started (epoch seconds): over its committed manifests,
+    the file's mtime (written at commit, the partition's end) minus the partition's wall time."""
+    starts = []
+    for path in (wd / "data").glob("*/*/bench/**/_manifest.json"):
+        wall = json.loads(path.read_text())["report"].get("timing", {}).get("wall_s")
+        if wall is not None:
+            starts.append(path.stat().st_mtime - wall)
+    return min(starts)
 
 
 def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: float, fmt: str,
               baseline: Path | None) -> dict[str, Any]:
     data = work / "data"
     docs, written = deal(texts, data, sources, mb, fmt)
+    load = os.getloadavg()[0]  # the machine may be shared: the 1-minute load average, before and after
     cfg = {"sources": {p.name: {"url": str(p), "id_field": "id"} for p in sorted(data.iterdir())}}
     (work / "curate.json").write_text(json.dumps(cfg))
     before: dict[str, Any] = {}
     if baseline is not None:  # first, so neither tree profits from the other's warm page cache alone
-        base_s, base_wd = run_curate(work, "wd-baseline", baseline)
-        before = {"baseline_s": round(base_s, 2), "baseline_removed": removed_ids(base_wd, baseline)}
-    ours, wd = run_curate(work, "wd", None)
+        base_s, base_wd, base_first = run_curate(work, "wd-baseline", baseline)
+        before = {"baseline_s": round(base_s, 2), "baseline_to_first_s": round(base_first, 2),
+                  "baseline_removed": removed_ids(base_wd, baseline)}
+    ours, wd, to_first = run_curate(work, "wd", None)
     curate = [sys.executable, "-m", "curation_dagster.cli"]
     _, out = _timed([*curate, "profile", "--workdir", str(wd), "--crawl", "bench", "--json"])
     profile = json.loads(out)
@@ -182,10 +199,12 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
     if before:
         removed = removed_ids(wd, None)
         before = {"baseline_s": before["baseline_s"], "baseline_ratio": round(rensa / before["baseline_s"], 2),
+                  "baseline_to_first_s": before["baseline_to_first_s"],
                   "same_removals": removed == before["baseline_removed"], "removed": len(removed)}
     return {
         "format": fmt, "sources": sources, "docs": docs, "mb": round(written, 1), "curate_s": round(ours, 2),
         "rensa_s": round(rensa, 2), "ratio": round(rensa / ours, 2), **before, "runs": runs,
+        "to_first_s": round(to_first, 2), "load_before": load, "load_after": os.getloadavg()[0],
         "raw_documents_mb_per_partition_s": round(sum(raw_mb_s) / len(raw_mb_s), 1) if raw_mb_s else None,
         "partitions": sum(len(parts) for parts in profile["programs"].values()),
         "steps_s": round(steps, 2),
@@ -223,12 +242,13 @@ def main() -> None:
             rows.append(run_shape(texts, root / f"shape{i}", sources, mb, args.format, args.baseline))
             print(json.dumps(rows[-1]), flush=True)
     print(f"{'sources':>7} {'docs':>7} {'MB':>6} {'curate s':>9} {'rensa s':>8} {'ratio':>6} {'runs':>5} "
-          f"{'partitions':>10} {'steps s':>8} {'overhead/partition ms (mean, max)':>34} {'beyond steps ms':>15}  worst")
+          f"{'partitions':>10} {'steps s':>8} {'overhead/partition ms (mean, max)':>34} {'beyond steps ms':>15} "
+          f"{'to first s':>10} {'load':>9}  worst")
     for r in rows:
         print(f"{r['sources']:>7} {r['docs']:>7} {r['mb']:>6} {r['curate_s']:>9} {r['rensa_s']:>8} {r['ratio']:>6} "
               f"{r['runs']:>5} {r['partitions']:>10} {r['steps_s']:>8} "
-              f"{str(r['overhead_mean_ms']) + ', ' + str(r['overhead_max_ms']):>34} {r['beyond_steps_ms']:>15}  "
-              f"{r['worst']}")
+              f"{str(r['overhead_mean_ms']) + ', ' + str(r['overhead_max_ms']):>34} {r['beyond_steps_ms']:>15} "
+              f"{r['to_first_s']:>10} {r['load_before']:>4.1f}-{r['load_after']:<4.1f}  {r['worst']}")
     ratios = [r["ratio"] for r in rows]
     print(f"ratio rensa/curate: worst {min(ratios)}, best {max(ratios)}")
 

@@ -88,8 +88,10 @@ _MIDDLE: tuple[Program, ...] = (
         "Candidate edges checked against exact Jaccard, then connected components.",
         group="dedup", part_of="fuzzy", reads_prior=True, resources=Resources(cpu=2.0, memory_gib=8.0),
     ),
+    # minhash_signatures: its reports count the documents that reached fuzzy dedup (``input``).
     Program(
-        "fuzzy_duplicates", "crawl", P.FuzzyDuplicatesParams, ("raw_documents", "duplicate_components"),
+        "fuzzy_duplicates", "crawl", P.FuzzyDuplicatesParams,
+        ("raw_documents", "minhash_signatures", "duplicate_components"),
         "Removal list of near-duplicates: one survivor per component, each removed one names it.",
         group="dedup", stage="fuzzy", uses_keep_rule=True, reads_prior=True, resources=Resources(memory_gib=4.0),
     ),

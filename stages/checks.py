@@ -164,12 +164,13 @@ def evaluate_over_deletion(
             bad.append(f"{s} {_pct(frac)} ({removed[s]:,} of {entering[s]:,})")
         if judged:
             worst = max(worst, (frac, s))
-        else:
-            small.append(f"{s} {_pct(frac)} of {entering[s]:,}")
+        else:  # no fraction beside a pass: the per-source table has it, marked not judged
+            small.append(f"{s} ({entering[s]:,} documents)")
         rows.append(f"| {s} | {entering[s]:,} | {removed[s]:,} | {_pct(frac)} | "
                     f"{'judged' if judged else f'not judged: under min_documents {od.min_documents:,}'} |")
     table = "\n".join([f"| source | entering {stage} | removed | fraction | note |", "|---|---:|---:|---:|---|", *rows])
-    meta: dict[str, Any] = {"stage": stage, "bound": bound, "min_documents": od.min_documents,
+    # The settings are text: a number would be plotted as a flat line in the check's Plots.
+    meta: dict[str, Any] = {"stage": stage, "bound": _pct(bound), "min_documents": f"{od.min_documents:,}",
                             "sources_judged": len(sources) - len(small), "sources_not_judged": len(small),
                             "worst_fraction": round(worst[0], 6), "worst_source": worst[1]}
     if bad:  # the Dagster check adds the stage's removal list (curation_dagster.defs.checks)
@@ -190,7 +191,7 @@ def over_deletion_pass(stage: str, bound: float, worst: tuple[float, str], small
     not_judged = (f"not judged (under min_documents {min_documents:,}): {', '.join(small[:5])}"
                   f"{f' and {len(small) - 5} more' if len(small) > 5 else ''}") if small else ""
     if not worst[1] and small:
-        return f"stage {stage}: nothing judged, every source is too small; {not_judged}"
+        return f"NOT JUDGED: stage {stage}: every source is too small; {not_judged}"
     head = f"stage {stage} removed at most {_pct(worst[0])} of a judged source (bound {_pct(bound)})"
     return f"{head}; {not_judged}" if small else head
 
@@ -203,7 +204,8 @@ def evaluate_empty_result(
     sources = [source] if source is not None else sorted(spec.sources)
     seen = sum(entering_by_source(store, spec, program, sources).values())
     removed = sum(removed_by_source(store, spec, program, sources).values())
-    meta = {"stage": stage, "documents": seen, "removed": removed, "min_documents": cfg.empty_result.min_documents}
+    meta = {"stage": stage, "documents": seen, "removed": removed,
+            "min_documents": f"{cfg.empty_result.min_documents:,}"}  # a setting: text, not plotted
     if not report.enabled:
         return Verdict(True, f"stage {stage} is disabled for this crawl", metadata=meta)
     if removed == 0 and seen >= cfg.empty_result.min_documents:

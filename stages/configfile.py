@@ -11,6 +11,12 @@ from typing import Any
 
 from stages.errors import DamagedFile
 
+# Values (mapping keys, values and list items, counted as if every alias were copied out) a YAML
+# config may hold. Aliases share one object when read, so nine nested lists of nine aliases read
+# in microseconds, but anything that walks them (the model's validation, a JSON dump of the spec)
+# sees 9^9 = 387M values: `curate register` took 3.4 GB and a minute before it was stopped.
+MAX_VALUES = 1_000_000
+
 
 class InvalidConfig(DamagedFile, ValueError):
     """A config file that parses but whose values its model refuses (a ValueError, as pydantic's are)."""
@@ -35,6 +41,9 @@ def load_mapping(path: str | os.PathLike[str], what: str = "config") -> dict[str
         if suffix in (".yaml", ".yml"):
             data = yaml.safe_load(text)
             data = {} if data is None else data
+            if _expanded_values(data, MAX_VALUES) > MAX_VALUES:
+                raise DamagedFile(name, what, f"its aliases expand to more than {MAX_VALUES:,} values (an alias "
+                                  "bomb, or one that refers to itself); configs are plain data")
         elif suffix == ".toml":
             data = tomllib.loads(text)
         else:
@@ -46,6 +55,21 @@ def load_mapping(path: str | os.PathLike[str], what: str = "config") -> dict[str
     if not isinstance(data, dict):
         raise DamagedFile(name, what, f"expected a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+def _expanded_values(data: Any, limit: int) -> int:
+    """Values in ``data`` with every shared (aliased) object counted each time it appears, up to
+    just past ``limit``: O(limit) time whatever the aliases expand to, a loop included."""
+    count, stack = 0, [data]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
 
 
 def _yaml_reason(exc: Exception) -> str:

@@ -33,6 +33,7 @@ from numba import njit
 
 from stages.backend import Backend, pair_jaccard_on
 from stages.errors import StageError
+from stages.keep import ID_BYTES, fixed_ids
 from stages.kernels.lsh import sorted_distinct, sorted_find
 from stages.params import SPILL_RESERVE
 from stages.removal import raw_dirs
@@ -178,9 +179,17 @@ class IdIndex:
         if len(ids) and ids.null_count == 0 and pc.all(pc.string_is_ascii(ids)).as_py() \
                 and not pc.any(pc.match_substring(ids, "\x00")).as_py():
             self.width = max(int(pc.max(pc.binary_length(ids)).as_py()), 1)
-            keys = ids.to_numpy(zero_copy_only=False).astype(f"S{self.width}")
+            keys = self._fixed(ids)
             self.order = np.argsort(keys, kind="stable")
             self.keys = keys[self.order]
+            del keys
+
+    def _fixed(self, ids: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bytes_]:
+        """``ids`` (none longer than ``width``) as numpy fixed-width bytes; doc_ids (32 bytes
+        each) straight from Arrow's buffers, without a ``str`` per id."""
+        if self.width == ID_BYTES:
+            return fixed_ids(ids)
+        return np.asarray(ids.to_numpy(zero_copy_only=False), dtype=f"S{self.width}")
 
     def find(self, values: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
         """int64 (len(values),): position of each value in the set, -1 where absent."""
@@ -193,7 +202,7 @@ class IdIndex:
                      pc.invert(pc.match_substring(values, "\x00")))
         rows = np.flatnonzero(pc.fill_null(ok, False).to_numpy(zero_copy_only=False))
         if rows.shape[0]:
-            cand = pc.take(values, pa.array(rows)).to_numpy(zero_copy_only=False).astype(f"S{self.width}")
+            cand = self._fixed(pc.take(values, pa.array(rows)))
             at = sorted_find(self.keys, cand)
             out[rows[at >= 0]] = self.order[at[at >= 0]]
         return out

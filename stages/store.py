@@ -209,6 +209,17 @@ class Store:
         planner asks before it serves a committed partition as current."""
         return not self.damaged_parts(pdir, manifest)
 
+    def check_whole(self, pdir: str, manifest: Manifest) -> Manifest:
+        """``manifest`` when every part it names is whole (``is_whole``), else ``DamagedFile``
+        naming the first part that is not: what a command that shows a committed partition (its
+        report included) asks first, so that a damaged one is never served as if it were whole."""
+        damaged = self.damaged_parts(pdir, manifest)
+        if damaged:
+            raise DamagedFile(self.url(f"{pdir}/{damaged[0]}"), "part file",
+                              f"missing or not the size it was committed at ({len(damaged)} of "
+                              f"{len(manifest.parts())} parts); `curate run` recomputes its partition")
+        return manifest
+
     def current_manifest(self, pdir: str, version: str) -> Manifest | None:
         """The partition's manifest when it is committed for data version ``version`` and whole
         (``is_whole``), else None: the partition is to be computed (again)."""

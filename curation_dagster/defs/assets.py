@@ -50,7 +50,9 @@ def describe(program: Program) -> str:
     """The description: what the program makes, its partitioning, stage, resources, params.
 
     Plain sentences, no Markdown emphasis: the UI renders a description as Markdown on the asset
-    page but shows it as plain text in the catalog and the graph, where ``**`` would be raw."""
+    page but shows it as plain text in the catalog and the graph, where ``**`` would be raw. Path
+    placeholders are in braces: Markdown takes ``<crawl>`` or ``<source>`` for an HTML tag and
+    drops it (the page showed ``/curated_documents/<params_key>///``)."""
     res = program.resources
     level = "source × crawl" if program.level == "source" else "crawl (fans in over every source)"
     part_of = getattr(program, "part_of", None)
@@ -62,12 +64,12 @@ def describe(program: Program) -> str:
     gpu = f", {res.gpu} GPU" if res.gpu else ""
     facts.append(f"One partition needs {res.cpu:g} CPU, {res.memory_gib:g} GiB{gpu}.")
     params_doc = inspect.cleandoc(program.params.__doc__ or "").split("\n\n")[0].replace("\n", " ")
-    segs = "<crawl>/<source>" if program.level == "source" else "<crawl>"
+    segs = "{crawl}/{source}" if program.level == "source" else "{crawl}"
     return "\n\n".join([
         program.description,
         " ".join(facts),
         f"Parameters: {program.params.__name__} v{program.params.version}: {params_doc}",
-        f"Output: <data root>/{program.name}/<params_key>/{segs}/ (manifest written last).",
+        f"Output: {{data root}}/{program.name}/{{params_key}}/{segs}/ (manifest written last).",
     ])
 
 

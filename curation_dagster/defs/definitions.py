@@ -27,7 +27,7 @@ from dagster import (
 
 from curation_dagster.defs.assets import ASSETS
 from curation_dagster.defs.checks import CHECKS
-from curation_dagster.defs.recrawl import build_recrawl_schedule, build_recrawl_sensor
+from curation_dagster.defs.recrawl import REGISTER_JOB_DEF, build_recrawl_schedule, build_recrawl_sensor
 from curation_dagster.defs.resources import resource_for
 from curation_dagster.ops.config import load_config
 from curation_dagster.ops.location import workdir_from
@@ -50,7 +50,9 @@ def _hint_instance() -> None:
 def build_definitions(workdir: str | None = None, run_executor: ExecutorDefinition | None = None,
                       **resource_config: object) -> Definitions:
     """The code location: the assets and their checks, the crawl job (``curate_run``: a whole crawl,
-    one run), the recrawl schedule and sensors. ``run_executor`` runs an asset run's steps
+    one run), the registration job (``curate_register``: a crawl and its sources, from the
+    Launchpad), the recrawl sensor, the automation sensor and, where curate.yaml sets
+    ``recrawl.cron``, the recrawl schedule. ``run_executor`` runs an asset run's steps
     (default: Dagster's, a process per step; the crawl job runs its steps in its run's process).
     ``resource_config``: fields of the ``curation`` resource, over those of the environment
     (``resource_for``); ``workdir``: default ``default_workdir()``."""
@@ -64,12 +66,13 @@ def build_definitions(workdir: str | None = None, run_executor: ExecutorDefiniti
         description="Eagerly materializes what a new crawl, a new source or an updated parent leaves "
                     "missing or outdated (automation.enabled in curate.yaml).",
     )
+    schedule = build_recrawl_schedule(cfg.recrawl)  # None until curate.yaml sets recrawl.cron
     return Definitions(
         assets=ASSETS,
         asset_checks=CHECKS,
-        schedules=[build_recrawl_schedule(cfg.recrawl)],
+        schedules=[schedule] if schedule else [],
         sensors=[build_recrawl_sensor(cfg.recrawl), automation],
-        jobs=[CRAWL_JOB_DEF],
+        jobs=[CRAWL_JOB_DEF, REGISTER_JOB_DEF],
         resources={"curation": curation},
         executor=run_executor,
     )

@@ -17,9 +17,13 @@ import fsspec
 from dagster import (
     AssetKey,
     AssetSelection,
+    Config,
     DefaultScheduleStatus,
     DefaultSensorStatus,
+    Failure,
+    JobDefinition,
     MultiPartitionKey,
+    OpExecutionContext,
     RunRequest,
     ScheduleDefinition,
     ScheduleEvaluationContext,
@@ -27,9 +31,12 @@ from dagster import (
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    job,
+    op,
     schedule,
     sensor,
 )
+from pydantic import Field
 
 from curation_dagster.defs.partitions import CRAWL, SOURCE, crawl_partitions, source_partitions
 from curation_dagster.defs.resources import CurationResource
@@ -139,8 +146,11 @@ def register(root: DataRoot, cfg: RecrawlConfig, crawl: str, urls: dict[str, str
 def build_recrawl_sensor(cfg: RecrawlConfig) -> SensorDefinition:
     @sensor(
         name="recrawl_sensor",
-        description="Registers every new crawl snapshot under recrawl.prefix (<prefix>/<crawl>/<source>/): "
-                    "saves its spec, adds the crawl and source partitions and requests its root runs.",
+        description="Registers every new crawl snapshot under recrawl.prefix ({prefix}/{crawl}/{source}/): "
+                    "saves its spec, adds the crawl and source partitions and requests its root runs. "
+                    "Stopped while curate.yaml sets no recrawl.prefix. Crawls are also created by `curate run`, "
+                    "`curate submit` and `curate register` (docs/operations.md), and by the recrawl schedule, "
+                    "which is listed only once curate.yaml sets recrawl.cron.",
         minimum_interval_seconds=cfg.sensor_interval_seconds,
         target=TARGET,
         default_status=DefaultSensorStatus.RUNNING if cfg.prefix else DefaultSensorStatus.STOPPED,
@@ -179,24 +189,26 @@ def build_recrawl_sensor(cfg: RecrawlConfig) -> SensorDefinition:
 
 
 def schedule_description(cfg: RecrawlConfig) -> str:
-    """The schedule's description: what a tick does, and plainly whether curate.yaml configures it."""
-    what = ("On every tick of recrawl.cron, registers crawl strftime(recrawl.crawl_name) of the recrawl sources "
-            "(url may contain {crawl}) and requests its root runs.")
-    if cfg.cron:
-        return f"Configured: recrawl.cron {cfg.cron!r} ({cfg.timezone}) in curate.yaml. {what}"
-    return ("NOT CONFIGURED: curate.yaml sets no recrawl.cron, so this schedule stays stopped and the cron shown "
-            "is a placeholder, not a plan. Set recrawl.cron (and recrawl.sources or recrawl.template) to use it. "
-            f"{what} Crawls are created by `curate run`, `curate submit`, `curate register` or the recrawl sensor.")
+    """The schedule's description: what a tick does, and the curate.yaml setting that made it."""
+    return (f"Configured: recrawl.cron {cfg.cron!r} ({cfg.timezone}) in curate.yaml. On every tick, registers "
+            "crawl strftime(recrawl.crawl_name) of the recrawl sources (url may contain {crawl}) and requests "
+            "its root runs.")
 
 
-def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition:
+def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition | None:
+    """The recrawl schedule, or None (no schedule in the code location) while curate.yaml sets no
+    ``recrawl.cron``: a listed schedule always shows a cron, and a placeholder one reads as a plan
+    (the UI's Automation list showed "Scheduled At 03:00 AM UTC, only on Monday" for none)."""
+    if not cfg.cron:
+        return None
+
     @schedule(
         name="recrawl_schedule",
         description=schedule_description(cfg),
-        cron_schedule=cfg.cron or "0 3 * * 1",
+        cron_schedule=cfg.cron,
         execution_timezone=cfg.timezone,
         target=TARGET,
-        default_status=DefaultScheduleStatus.RUNNING if cfg.cron else DefaultScheduleStatus.STOPPED,
+        default_status=DefaultScheduleStatus.RUNNING,
     )
     def recrawl_schedule(
         context: ScheduleEvaluationContext, curation: CurationResource
@@ -223,3 +235,45 @@ def build_recrawl_schedule(cfg: RecrawlConfig) -> ScheduleDefinition:
         return run_requests(spec, "recrawl_schedule")
 
     return recrawl_schedule
+
+
+class RegisterConfig(Config):
+    """The launchpad form of ``curate_register``: a new crawl and its sources."""
+
+    crawl: str = Field(description="the new crawl's name")
+    sources: dict[str, dict[str, str]] = Field(
+        default={}, description="per source name, its fields as in a crawl config: url (required), text_field, "
+                                "id_field, format ...; empty: the template crawl's sources")
+    template: str | None = Field(default=None, description="a registered crawl whose sources (unless given), "
+                                                           "params, stages and keep are copied")
+
+
+@op(name="register_crawl", description="Registers a new crawl: saves its spec (sources, params) in the data "
+                                        "root and adds its crawl and source partitions, as `curate register` does.")
+def register_op(context: OpExecutionContext, config: RegisterConfig, curation: CurationResource) -> None:
+    root = curation.dataroot()
+    crawl = check_name("crawl", config.crawl)
+    if root.record(crawl) is not None:
+        raise Failure(f"crawl {crawl!r} is registered already: launch curate_run with crawl: {crawl}")
+    base = root.spec(config.template) if config.template else None
+    sources: dict[str, dict[str, Any]] = {n: dict(f) for n, f in config.sources.items()}
+    if not sources and base is not None:
+        sources = {n: p.model_dump() for n, p in base.sources.items()}
+    if not sources:
+        raise Failure("no source: give sources ({name: {url: ...}}) or a template crawl")
+    spec = crawl_spec(root, crawl, sources, base=base)
+    record = root.register(spec)
+    add_partitions(context.instance, {CRAWL: [crawl], SOURCE: sorted(spec.sources)})
+    context.log.info(f"crawl {crawl} registered (#{record.sequence}, sources {', '.join(sorted(spec.sources))}): "
+                     f"launch curate_run with crawl: {crawl} to run it")
+
+
+@job(name="curate_register", description="Registers a crawl from the UI (Launchpad: crawl, sources, template), "
+                                         "as `curate register` does; then launch curate_run with its name. The "
+                                         "launch dialog's 'Add a partition' registers nothing: do not create "
+                                         "crawls that way.")
+def register_job() -> None:
+    register_op()
+
+
+REGISTER_JOB_DEF: JobDefinition = register_job

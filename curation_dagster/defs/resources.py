@@ -19,9 +19,10 @@ from dagster import AssetExecutionContext, ConfigurableResource, Failure, OpExec
 from pydantic import Field
 
 from curation_dagster.defs.launchers import pipes
-from curation_dagster.ops.k8s_spec import K8sSettings, pod_arguments
+from curation_dagster.ops.k8s_spec import K8sSettings, pod_arguments, threads
 from curation_dagster.ops.location import workdir_from
-from stages.cli import PARENT_PID_ENV
+from stages.catalog import PROGRAMS
+from stages.cli import PARENT_PID_ENV, SERVE
 from stages.credentials import STORAGE_OPTIONS_ENV, storage_options
 from stages.dataroot import DATA_ROOT_ENV, DataRoot, UnknownCrawl, data_root_url
 from stages.params import ExecutionParams, workdir_tuning
@@ -65,10 +66,10 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     storage_options: dict[str, Any] = Field(default_factory=dict)
     mode: Literal["in_process", "pipes", "k8s"] = "in_process"  # where a partition runs: the warm pool, a
     # Pipes subprocess, a pod (curation_dagster.run.crawl_job)
-    fan_out: int = 8  # pipes, k8s: at most this many partitions of one step at once (subprocesses, pods)
+    fan_out: int = 8  # pipes, k8s: at most this many partitions of one step at once (warm workers, pods)
     partition_retries: int = 1  # pipes: launches again of a partition whose process was killed by a signal
-    # pipes, k8s: small partitions packed into one process or pod, in turn, up to this many input
-    # documents (their source's, as ingested) a pack; 0: one partition per process or pod
+    # k8s: small partitions packed into one pod, in turn, up to this many input documents (their
+    # source's, as ingested) a pack; 0: one partition per pod. (pipes: warm workers serve many each)
     pack_documents: int = 0
     batch_rows: int = 20_000
     workers: int = 0  # 0 = every core
@@ -144,12 +145,29 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
             command += ["--source", str(source)]
         if force:
             command.append("--force")
+        return pipes.launch(context, command, self._subprocess_env(env), sources)
+
+    def stage_workers(self, program: str) -> int:
+        """The cores a partition of ``program`` runs on outside this process: ``workers``, else
+        its pod's CPU request (``curation_dagster.ops.k8s_spec.stage_command``)."""
+        return self.workers or threads(PROGRAMS[program].resources)
+
+    def serve_command(self, crawl: str) -> tuple[list[str], dict[str, str]]:
+        """A warm worker of ``crawl`` (``python -m stages serve``: the stage pod's entry point and
+        settings, partitions asked for on its stdin, ``curation_dagster.defs.launchers.pipes.Worker``)
+        and what it adds to this environment: the pod's thread settings for the widest program
+        (each partition is held to its own, ``stage_workers``)."""
+        widest = str(max(threads(p.resources) for p in PROGRAMS.values()))
+        env = {"OMP_NUM_THREADS": widest, "NUMBA_NUM_THREADS": widest, "PYTHONUNBUFFERED": "1"}
+        return [sys.executable, *self.command(SERVE, crawl, None)], self._subprocess_env(env)
+
+    def _subprocess_env(self, env: dict[str, str]) -> dict[str, str]:
         if self.options():
             env[STORAGE_OPTIONS_ENV] = json.dumps(self.options())
         # A run worker that dies (SIGKILL, OOM) takes its stage subprocess with it: the run's
         # retry writes the partition again, and must find no writer of it still running.
         env[PARENT_PID_ENV] = str(os.getpid())
-        return pipes.launch(context, command, env, sources)
+        return env
 
 
 # Where a code location's environment configures its resource (docs/scale-out.md for the Ray ones:

@@ -57,15 +57,18 @@ DAGSTER_YAML = """\
 # Written by `curate deploy` at every start (the ports change): edit curation_dagster/ops/deploy.py.
 telemetry:
   enabled: false
-storage:
-  postgres:
-    postgres_db:
-      username: {user}
-      password: {{env: {password_env}}}
-      hostname: 127.0.0.1
-      port: {port}
-      db_name: {user}
-      scheme: postgresql+psycopg2  # SQLAlchemy 2.1 defaults to psycopg 3; dagster-postgres brings psycopg2
+storage:  # dagster-postgres's, its connections held open (curation_dagster/ops/pg_storage.py)
+  custom:
+    module: curation_dagster.ops.pg_storage
+    class: PooledPostgresStorage
+    config:
+      postgres_db:
+        username: {user}
+        password: {{env: {password_env}}}
+        hostname: 127.0.0.1
+        port: {port}
+        db_name: {user}
+        scheme: postgresql+psycopg2  # SQLAlchemy 2.1 defaults to psycopg 3; dagster-postgres brings psycopg2
 run_coordinator:  # runs wait in a queue; at most max_concurrent_runs at once
   module: dagster.core.run_coordinator
   class: QueuedRunCoordinator

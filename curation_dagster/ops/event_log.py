@@ -10,7 +10,9 @@ connections pooled (a connection per thread at a time, as SQLite wants), and ope
 process being killed; only the last commits before an OS crash or power loss can be lost, and
 ``curate run`` records those partitions again (their outputs are in the data root). 1.3 ms per
 event. A forked child builds its own engine, never its parent's connections. The UI's live run
-logs wake on the write-ahead log as well as the database (``watch``).
+logs wake on the write-ahead log as well as the database (``watch``). Each stored event is one
+transaction (``store_event``): Dagster's writes its row, its asset's row and its check's row in a
+transaction each.
 
 Named by its private module path, ``dagster._core.storage.event_log``: Dagster exports no public
 name for the base class; dagster is pinned (pyproject.toml), and
@@ -41,7 +43,33 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
 
     def __init__(self, base_dir: str, inst_data: Any = None) -> None:
         self._tables: set[str] = set()  # tables seen (before the base class creates any)
+        self._asset_key_columns: set[str] = set()  # columns of the asset keys table seen
+        self._held = threading.local()  # this thread's connection while it stores one event
         super().__init__(base_dir, inst_data)
+
+    def store_event(self, event: Any) -> None:
+        """Dagster's, with every write of the event in one transaction on one connection (its
+        row, its asset's row and tags, its check's row): atomic, and one commit instead of 3-4,
+        a third of what recording a small partition cost ``curate run``'s process."""
+        if getattr(self._held, "conn", None) is not None:  # storing an event while storing one
+            super().store_event(event)
+            return
+        with self._connect() as conn:
+            self._held.conn = conn
+            try:
+                super().store_event(event)
+            finally:
+                self._held.conn = None
+
+    def _has_asset_key_col_on_connection(self, conn: Any, column_name: str) -> bool:
+        """Dagster's reads the table's columns for every stored materialization; a column once
+        there stays (migrations only add them)."""
+        if column_name in self._asset_key_columns:
+            return True
+        found = bool(super()._has_asset_key_col_on_connection(conn, column_name))
+        if found:
+            self._asset_key_columns.add(column_name)
+        return found
 
     def engine(self) -> sa.engine.Engine:
         with self._engine_lock:
@@ -83,6 +111,10 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
 
     @contextmanager
     def _connect(self) -> Iterator[Any]:
+        held = getattr(self._held, "conn", None)
+        if held is not None:  # inside store_event: its transaction
+            yield held
+            return
         with self.engine().connect() as conn, conn.begin():
             yield conn
 

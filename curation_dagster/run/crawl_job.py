@@ -14,9 +14,10 @@ The launchers differ only in where a partition's ``stages.execute.execute`` runs
 
 - the warm pool (``PartitionPool``, ``mode="in_process"``: ``curate run``, ``dagster dev``):
   worker processes forked from a fork server, each partition's kernels on its share of the cores;
-- a ``python -m stages`` subprocess with the stage pod's command line speaking Dagster Pipes
-  (``mode="pipes"``: ``curate deploy``), or a Kubernetes pod through ``PipesK8sClient``
-  (``mode="k8s"``): at most ``CurationResource.fan_out`` partitions of a step at once.
+- warm ``python -m stages serve`` workers speaking Dagster Pipes (``mode="pipes"``: ``curate
+  deploy``), the stage pod's entry point, each serving partitions one after another for the whole
+  run, or a Kubernetes pod through ``PipesK8sClient`` per partition or pack (``mode="k8s"``): at
+  most ``CurationResource.fan_out`` partitions of a step at once.
 
 A partition's checks are evaluated where it is described (the pool worker, else the run worker).
 A step fails after its other partitions finish and are recorded, with the first failed
@@ -26,12 +27,15 @@ from the UI (one partition, or a backfill's) runs through the same launchers and
 (``materialize_partition``).
 """
 
+import itertools
 import logging
 import multiprocessing
 import os
+import queue
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -62,6 +66,7 @@ from dagster import (
 from pydantic import Field
 
 from curation_dagster.defs.checks import Judge, evaluator
+from curation_dagster.defs.launchers.pipes import Workers
 from curation_dagster.defs.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import add_partitions
@@ -95,7 +100,7 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
     """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
     materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
     evaluator of the crawl that a step's partitions share)."""
-    meta = asset_metadata(resource, program, spec.crawl, source, metadata(outcome))
+    meta = asset_metadata(resource, program, spec, source, metadata(outcome))
     verdicts = []
     if checks:
         judge = judge or evaluator(resource, spec.crawl)
@@ -108,12 +113,13 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
 
 def finish(resource: CurationResource, store: Store, spec: CrawlSpec, program: str, source: str | None,
            execution: ExecutionParams, force: bool, emit: Callable[[str], None] | None = None,
-           checks: bool = True) -> Done:
-    """Run one partition in this process and describe it: what a pool worker does for each."""
+           checks: bool = True, judge: Judge | None = None) -> Done:
+    """Run one partition in this process and describe it: what a pool worker does for each
+    (``judge``: the step's evaluator, else one of its own)."""
     t0 = time.perf_counter()
     try:
         outcome = execute(store, spec, program, source, execution, force=force, emit=emit)
-        return describe(resource, spec, program, source, outcome, t0, checks)
+        return describe(resource, spec, program, source, outcome, t0, checks, judge)
     except Exception as exc:
         return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
 
@@ -130,8 +136,9 @@ def one_line(exc: BaseException) -> str:
 
 
 DIED = "its worker process died (out of memory?)"
-# A worker's resource, store and crawl, set by the pool's initializer.
+# A worker's resource, store and crawl, set by the pool's initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
+_STEPS = itertools.count()
 # What a worker has imported when the pool's fork server forks it: the executor and the programs.
 PRELOAD = ["curation_dagster.run.crawl_job", *(f"stages.programs.{name}" for name in PROGRAMS)]
 
@@ -147,14 +154,30 @@ def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict
         _WORKER["error"] = f"the worker process could not start: {one_line(exc)}"
 
 
-def _work(program: str, source: str | None, execution: ExecutionParams, force: bool) -> Done:
+def step_judge(resource: CurationResource, crawl: str) -> Judge | None:
+    """An evaluator for one step's partitions (the checks' bounds and the crawl's record, read
+    once, as ``Fanout``'s), else None where it cannot be made: each partition's ``describe`` then
+    makes its own and reports the error as that partition's."""
+    try:
+        return evaluator(resource, crawl)
+    except Exception:
+        return None
+
+
+def _work(program: str, source: str | None, execution: ExecutionParams, force: bool, step: int) -> Done:
     if "error" in _WORKER:
         return Done(program, source, error=_WORKER["error"])
     cores = execution.resolved_workers()
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # libraries not loaded yet
         os.environ[name] = str(cores)
     limit_threads(cores)
-    return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force)
+    # One evaluator per step in each worker, made at its first partition of the step: reading
+    # curate.yaml and the crawl's record for every partition was a third of a small one's time.
+    held = _WORKER.get("judge")
+    if held is None or held[0] != step:
+        held = _WORKER["judge"] = (step, step_judge(_WORKER["resource"], _WORKER["spec"].crawl))
+    return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force,
+                  judge=held[1])
 
 
 def _cores() -> int:
@@ -212,6 +235,9 @@ class PartitionPool:
             fields.update(data_root=resource.root(), storage_options=resource.options())
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
                                              initargs=(fields, spec, dict(os.environ)))
+            # Start the fork server (its imports take a second or two) and a first worker now, on
+            # another core while this process starts the run and plans its first step.
+            self._pool.submit(os.getpid)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -241,21 +267,24 @@ class PartitionPool:
         by then fails, and so do later steps' (a rerun resumes)."""
         at_once = self.side_by_side(program, len(sources))
         if not at_once:
+            judge = step_judge(self.resource, self.spec.crawl) if sources else None
             for source in sources:
-                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit)
+                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit,
+                             judge=judge)
             return
         assert self._pool is not None
         execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
         # All at once when the pool's size is the bound (its queue keeps every worker busy while
         # this process records), else ``at_once`` in flight.
         in_flight = len(sources) if at_once >= self.workers else at_once
+        step = next(_STEPS)  # the workers' evaluators are per step
         queue = list(sources)
         pending: dict[Future[Done], str | None] = {}
         while queue or pending:
             while queue and len(pending) < in_flight:
                 source = queue.pop(0)
                 try:
-                    pending[self._pool.submit(_work, program, source, execution, self.force)] = source
+                    pending[self._pool.submit(_work, program, source, execution, self.force, step)] = source
                 except BrokenProcessPool as exc:  # a worker died in an earlier step
                     yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
             if not pending:
@@ -277,17 +306,21 @@ class Launcher(Protocol):
 
 
 class Fanout:
-    """Partitions as ``python -m stages`` subprocesses (Pipes) or pods (``PipesK8sClient``), at
-    most ``CurationResource.fan_out`` at once, small ones packed several to a process
-    (``pack_documents``); each partition is described here as it ends."""
+    """Partitions outside this process, at most ``CurationResource.fan_out`` at once, each
+    described here as it ends: on warm ``python -m stages serve`` workers (``mode="pipes"``:
+    ``workers``, kept for the run, each serving partitions one after another in a Pipes session
+    per step), or as pods through ``PipesK8sClient`` (``mode="k8s"``), small ones packed several to
+    a pod (``pack_documents``). A partition whose process a signal killed before it reported is
+    launched again (``partition_retries``) once that process is gone."""
 
     def __init__(self, context: OpExecutionContext | AssetExecutionContext, resource: CurationResource,
-                 spec: CrawlSpec, force: bool = False, checks: bool = True) -> None:
+                 spec: CrawlSpec, force: bool = False, checks: bool = True, workers: Workers | None = None) -> None:
         self.context = context
         self.resource = resource
         self.spec = spec
         self.force = force
         self.checks = checks
+        self.workers = workers
         self.store = resource.store()
         # One evaluator for the step (the checks' bounds and the crawl's record, read once).
         self.judge = evaluator(resource, spec.crawl) if checks else None
@@ -319,6 +352,9 @@ class Fanout:
             return 0
         return int(manifest.report.get("documents", 0)) if manifest is not None else 0
 
+    def _relaunch(self, program: str, source: str | None, error: str) -> None:
+        self.context.log.warning(f"{partition_name(program, self.spec.crawl, source)}: {error}; launching it again")
+
     def _pack(self, program: str, pack: list[str | None]) -> list[Done]:
         t0 = time.perf_counter()
         try:
@@ -330,8 +366,7 @@ class Fanout:
                 # Killed from outside (not its own error): launched once more; a lease it held on an
                 # S3 data root is taken over once it expires (stages.lease), so no two overlap.
                 for source in again:
-                    self.context.log.warning(f"{partition_name(program, self.spec.crawl, source)}: "
-                                             f"{reported[source]['error']}; launching it again")
+                    self._relaunch(program, source, reported[source]["error"])
                 reported.update(self.resource.launch(self.context, program, self.spec.crawl, again, self.force))
         except Exception as exc:
             return [Done(program, s, error=one_line(exc), trace=traceback.format_exc()) for s in pack]
@@ -339,8 +374,8 @@ class Fanout:
         total = sum(seconds.values())
         return [self._describe(program, s, reported[s], t0, len(pack), total - seconds[s]) for s in pack]
 
-    def _describe(self, program: str, source: str | None, reported: dict[str, Any], t0: float, packed: int,
-                  others_s: float) -> Done:
+    def _describe(self, program: str, source: str | None, reported: dict[str, Any], t0: float, packed: int = 1,
+                  others_s: float = 0.0) -> Done:
         """One partition of a pack of ``packed`` launched at ``t0``; ``others_s``: the seconds the
         pack's other partitions' programs took (not this one's overhead)."""
         if "error" in reported:
@@ -363,12 +398,98 @@ class Fanout:
             ) -> Iterator[Done]:
         if not sources:
             return
+        if self.resource.mode == "pipes":
+            yield from self._serve(program, sources)
+            return
         packs = self.packs(program, sources)
         with ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(packs))),
                                 thread_name_prefix=f"{program}-launch") as threads:
             futures = [threads.submit(self._pack, program, pack) for pack in packs]
             for future in as_completed(futures):
                 yield from future.result()
+
+    def _serve(self, program: str, sources: list[str | None]) -> Iterator[Done]:
+        """``sources`` on warm workers, ``fan_out`` at once: each launching thread takes a worker
+        (idle, else a new one), opens the step's Pipes session in it and hands it one partition
+        after another while any is left; each partition is yielded as it finishes."""
+        owned = self.workers is None
+        workers = self.workers or Workers(*self.resource.serve_command(self.spec.crawl))
+        todo: deque[tuple[str | None, int]] = deque((s, 0) for s in sources)  # (source, launches before)
+        lock = threading.Lock()
+        finished: queue.Queue[Done | None] = queue.Queue()
+        cores = self.resource.stage_workers(program)
+
+        def next_partition() -> tuple[str | None, int] | None:
+            with lock:
+                return todo.popleft() if todo else None
+
+        def fail_the_rest(error: str) -> None:
+            with lock:
+                left = list(todo)
+                todo.clear()
+            for source, _ in left:
+                finished.put(Done(program, source, error=error))
+
+        def slot() -> None:
+            starts_failed = 0
+            item: tuple[str | None, int] | None = None  # the partition in flight
+            try:
+                while todo:
+                    worker = workers.take()
+                    try:
+                        with worker.session(self.context) as session:
+                            if session is None:  # ended before it opened: a broken command line or setup
+                                starts_failed += 1
+                                if starts_failed >= 2:
+                                    fail_the_rest(f"its worker process exited with code {worker.proc.wait()} "
+                                                  "before it served a partition")
+                                continue
+                            starts_failed = 0
+                            while (item := next_partition()) is not None:
+                                source, launched = item
+                                t0 = time.perf_counter()
+                                reported = worker.run(program, source, self.force, cores)
+                                if reported.get("killed") and launched < self.resource.partition_retries:
+                                    # Killed from outside (not its own error): on another worker once this
+                                    # one is gone (Worker.run waited for it); a lease it held on an S3 data
+                                    # root is taken over once it expires (stages.lease): no two overlap.
+                                    self._relaunch(program, source, str(reported["error"]))
+                                    with lock:
+                                        todo.appendleft((source, launched + 1))
+                                    item = None
+                                    break
+                                finished.put(self._describe(program, source, reported, t0))
+                                item = None
+                                if not worker.alive():
+                                    break
+                    finally:
+                        workers.give(worker)
+            except Exception as exc:  # the session itself: fail what this slot would have served
+                if item is not None:
+                    finished.put(Done(program, item[0], error=one_line(exc), trace=traceback.format_exc()))
+                fail_the_rest(one_line(exc))
+                if not isinstance(exc, OSError):
+                    self.context.log.error(traceback.format_exc())
+            finally:
+                finished.put(None)
+
+        slots = max(1, min(self.resource.fan_out, len(sources)))
+        threads = [threading.Thread(target=slot, name=f"{program}-slot-{i}", daemon=True) for i in range(slots)]
+        try:
+            for thread in threads:
+                thread.start()
+            ended = 0
+            while ended < slots:
+                done = finished.get()
+                if done is None:
+                    ended += 1
+                else:
+                    yield done
+        finally:
+            for thread in threads:
+                thread.join()
+            if owned:
+                workers.close()
 
 
 class Listener(Protocol):
@@ -384,6 +505,27 @@ class Listener(Protocol):
 _LISTENERS: dict[str, Listener] = {}
 _POOLS: dict[str, PartitionPool] = {}
 _LOCK = threading.Lock()
+# The warm stage workers (``mode="pipes"``) of the run this process runs, by run id: a Dagster run
+# worker runs one run; a process that runs several in turn keeps the latest's.
+_WARM: dict[str, Workers] = {}
+
+
+def run_workers(run_id: str, curation: CurationResource, crawl: str) -> Workers:
+    """The warm workers of run ``run_id``, which its steps share (the others' are ended)."""
+    with _LOCK:
+        for other in [r for r in _WARM if r != run_id]:
+            _WARM.pop(other).close()
+        if run_id not in _WARM:
+            _WARM[run_id] = Workers(*curation.serve_command(crawl))
+        return _WARM[run_id]
+
+
+def retire_workers(run_id: str) -> None:
+    """End run ``run_id``'s warm workers (its last step ran, or a step failed: no later one runs)."""
+    with _LOCK:
+        workers = _WARM.pop(run_id, None)
+    if workers is not None:
+        workers.close()
 
 
 class attached:
@@ -452,7 +594,8 @@ def run_step(context: OpExecutionContext, curation: CurationResource, config: Cr
         launcher = _POOLS.get(spec.crawl) or PartitionPool(curation, spec, config.force)
         owned = None if launcher is _POOLS.get(spec.crawl) else launcher  # type: ignore[assignment]
     else:
-        launcher = Fanout(context, curation, spec, config.force)
+        warm = run_workers(context.run_id, curation, spec.crawl) if curation.mode == "pipes" else None
+        launcher = Fanout(context, curation, spec, config.force, workers=warm)
     try:
         for done in launcher.run(program, plan.stale, emit=context.log.info):
             received = time.perf_counter()
@@ -468,9 +611,14 @@ def run_step(context: OpExecutionContext, curation: CurationResource, config: Cr
                     blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
             if listener is not None:
                 listener.finished(done)
+    except BaseException:
+        retire_workers(context.run_id)
+        raise
     finally:
         if owned is not None:
             owned.close()
+    if errors or blocked or held or program == STEPS[-1]:  # no later step of this run runs
+        retire_workers(context.run_id)
     if errors:
         failed = sorted(errors, key=order.index)  # the first in the crawl's order is the one told
         raise Failure(description=told(partition_name(program, spec.crawl, failed[0]), errors[failed[0]]),

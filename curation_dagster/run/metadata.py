@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from curation_dagster.defs.resources import CurationResource
+from curation_dagster.run.recorder import TIMINGS
 from curation_dagster.tools.examples import COLUMNS, EXAMPLE_COLUMNS, pick, removal_examples
 from curation_dagster.tools.lineage import (
     chart_markdown,
@@ -30,19 +31,19 @@ from stages.spec import CrawlSpec
 from stages.store import Store
 
 
-def _lineage(curation: CurationResource, program: str, crawl: str, source: str | None) -> dict[str, Any]:
+def _lineage(curation: CurationResource, program: str, spec: CrawlSpec, source: str | None) -> dict[str, Any]:
     """Extra metadata that explains a shrinking source: the kept fraction of a curated partition,
     the source x stage waterfall (table and chart) of the crawl's ledger."""
     if program not in ("curated_documents", "removal_ledger"):
         return {}
     store = curation.store()
-    manifest = DataRoot(store).manifest(curation.spec(crawl), program, source)
+    manifest = DataRoot(store).manifest(spec, program, source)
     if manifest is None:
         return {}
     if program == "curated_documents":
         cur = read_as(manifest, CuratedDocumentsReport)
         return {"kept_fraction": round(cur.kept / cur.input, 6) if cur.input else 0.0}
-    return removal_ledger_metadata(store, curation.spec(crawl), read_as(manifest, RemovalLedgerReport))
+    return removal_ledger_metadata(store, spec, read_as(manifest, RemovalLedgerReport))
 
 
 # The table a partition of each kind is about, the first of these it holds (else its first).
@@ -63,7 +64,7 @@ def _column_type(t: Any) -> str:
     return str(t)
 
 
-def table_metadata(curation: CurationResource, program: str, crawl: str, source: str | None) -> dict[str, Any]:
+def table_metadata(curation: CurationResource, program: str, spec: CrawlSpec, source: str | None) -> dict[str, Any]:
     """``dagster/row_count`` and ``dagster/column_schema`` of the partition's main table (its
     documents, its ledger, or its removal list), from its manifest and one part file's Parquet
     footer; none where the partition holds no table."""
@@ -71,9 +72,8 @@ def table_metadata(curation: CurationResource, program: str, crawl: str, source:
     from dagster import TableColumn, TableSchema
 
     store = curation.store()
-    root = DataRoot(store)
-    pdir = root.output_dir(curation.spec(crawl), program, source)
-    manifest = root.manifest(curation.spec(crawl), program, source)
+    pdir = DataRoot(store).output_dir(spec, program, source)
+    manifest = store.read_manifest(pdir)
     if manifest is None or not manifest.tables:
         return {}
     table = next((t for t in MAIN_TABLES if t in manifest.tables), sorted(manifest.tables)[0])
@@ -87,14 +87,39 @@ def table_metadata(curation: CurationResource, program: str, crawl: str, source:
     return meta
 
 
+def per_source_counts(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` of a source x crawl partition with its counts (every int or float but the timings
+    and Dagster's row count, and ``rows`` as ``rows/<table>``) folded into one ``counts`` mapping,
+    first, which the recorder shows as a table.
+
+    Why: the UI plots each numeric metadata entry of a partitioned asset as one line through its
+    partitions in key order (c1|docstrings, c1|licenses, c2|docstrings, ...), which joins
+    different sources and reads as nothing. A table is not plotted. The counts of a source over
+    crawls are in removal_ledger's ``crawl_over_crawl`` and ``waterfall_table``; a crawl-level
+    asset keeps its numbers, whose line runs crawl to crawl. Timings stay numbers: by partition
+    they are a per-partition profile (and ``curate profile`` reads ``overhead_s``)."""
+    def count(key: str, value: Any) -> bool:
+        return (isinstance(value, int | float) and not isinstance(value, bool) and key not in TIMINGS
+                and not key.startswith("dagster/"))
+
+    counts = {k: v for k, v in meta.items() if count(k, v)}
+    if isinstance(meta.get("rows"), dict):
+        counts.update({f"rows/{table}": int(n) for table, n in meta["rows"].items()})
+    rest = {k: v for k, v in meta.items() if k not in counts and k != "rows"}
+    return {"counts": counts, **rest} if counts else rest
+
+
 def asset_metadata(
-    curation: CurationResource, program: str, crawl: str, source: str | None, meta: dict[str, Any]
+    curation: CurationResource, program: str, spec: CrawlSpec, source: str | None, meta: dict[str, Any]
 ) -> dict[str, Any]:
     """A partition's materialization metadata: ``meta`` (``stages.execute.metadata`` and the
     profile's ``overhead_s``) after the lineage that explains a shrinking source, the waterfall
-    first: it is what the materialization's page shows at the top. An asset step and a crawl
-    step record the same (``curation_dagster.run.crawl_job``)."""
-    return {**_lineage(curation, program, crawl, source), **table_metadata(curation, program, crawl, source), **meta}
+    first: it is what the materialization's page shows at the top. A source x crawl partition's
+    counts are one table (``per_source_counts``). An asset step and a crawl step record the same
+    (``curation_dagster.run.crawl_job``). ``spec``: the crawl's, as the partition ran it (not read
+    again from the data root for each partition)."""
+    out = {**_lineage(curation, program, spec, source), **table_metadata(curation, program, spec, source), **meta}
+    return per_source_counts(out) if source is not None else out
 
 
 def ledger_metadata(report: RemovalLedgerReport) -> dict[str, Any]:

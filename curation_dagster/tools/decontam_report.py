@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 from stages.dataroot import DataRoot
+from stages.errors import DamagedFile
 from stages.reports import ContaminatedDocumentsReport, read_as
 from stages.spec import CrawlSpec
-from stages.store import Store
+from stages.store import MANIFEST, Store
 
 PROGRAM = "contaminated_documents"
 
 
 def decontam_report(store: Store, spec: CrawlSpec) -> ContaminatedDocumentsReport | None:
     """The committed report of ``contaminated_documents`` for the crawl's current parameters,
-    or None when it has not been materialized."""
-    manifest = DataRoot(store).manifest(spec, PROGRAM, None)
-    return None if manifest is None else read_as(manifest, ContaminatedDocumentsReport)
+    or None when it has not been materialized; ``DamagedFile`` when its partition is not whole
+    or its report is not a decontamination report."""
+    pdir = DataRoot(store).output_dir(spec, PROGRAM, None)
+    manifest = store.read_manifest(pdir)
+    if manifest is None:
+        return None
+    store.check_whole(pdir, manifest)
+    try:
+        return read_as(manifest, ContaminatedDocumentsReport)
+    except ValueError as exc:  # pydantic's ValidationError
+        raise DamagedFile(store.url(f"{pdir}/{MANIFEST}"), "decontamination report", str(exc)) from None
 
 
 def print_decontam_report(crawl: str, report: ContaminatedDocumentsReport) -> None:

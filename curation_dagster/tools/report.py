@@ -15,32 +15,37 @@ from stages.catalog import QUARANTINE, STAGES
 from stages.dataroot import DataRoot
 from stages.errors import DamagedFile
 from stages.reports import RemovalLedgerReport, read_as
-from stages.store import MANIFEST
+from stages.store import MANIFEST, Manifest
 
 
 class NoLedger(LookupError):
     """The crawl has no committed removal ledger for its current parameters."""
 
 
-def ledger_dir(root: DataRoot, crawl: str) -> str:
-    """The folder of the crawl's current removal ledger; ``NoLedger`` when it is not committed."""
-    spec = root.spec(crawl)
-    if root.manifest(spec, "removal_ledger", None) is None:
-        raise NoLedger(f"crawl {crawl!r} has no removal ledger for its current parameters; run `curate run`")
-    return root.output_dir(spec, "removal_ledger", None)
-
-
-def load_report(root: DataRoot, crawl: str) -> RemovalLedgerReport:
-    """The report of the crawl's current removal ledger; a report that is not a ledger's is a
-    ``DamagedFile`` naming its manifest."""
+def _ledger(root: DataRoot, crawl: str) -> tuple[str, Manifest]:
+    """The folder and manifest of the crawl's current removal ledger, checked whole (report,
+    ledger and explain never show a damaged ledger); ``NoLedger`` when it is not committed."""
     spec = root.spec(crawl)
     manifest = root.manifest(spec, "removal_ledger", None)
     if manifest is None:
         raise NoLedger(f"crawl {crawl!r} has no removal ledger for its current parameters; run `curate run`")
+    pdir = root.output_dir(spec, "removal_ledger", None)
+    root.store.check_whole(pdir, manifest)
+    return pdir, manifest
+
+
+def ledger_dir(root: DataRoot, crawl: str) -> str:
+    """The folder of the crawl's current removal ledger (``_ledger``)."""
+    return _ledger(root, crawl)[0]
+
+
+def load_report(root: DataRoot, crawl: str) -> RemovalLedgerReport:
+    """The report of the crawl's current removal ledger (``_ledger``); a report that is not a
+    ledger's is a ``DamagedFile`` naming its manifest."""
+    pdir, manifest = _ledger(root, crawl)
     try:
         return read_as(manifest, RemovalLedgerReport)
     except ValueError as exc:  # a report that is not a ledger's (pydantic's ValidationError)
-        pdir = root.output_dir(spec, "removal_ledger", None)
         raise DamagedFile(root.store.url(f"{pdir}/{MANIFEST}"), "removal ledger report", str(exc)) from None
 
 

@@ -94,16 +94,28 @@ def embed(
     return out
 
 
+NORM_ROWS = 1 << 14  # rows normalised at once by embedding_matrix
+
+
 def embedding_matrix(column: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.float32]:
     """float32 (n, d) from a fixed-size-list column (float16 or float32 leaves), each row
     re-normalised to unit length: float16 storage rounds the norm to about 1e-3, and cosines
     are dot products of unit rows. A zero row stays zero."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    assert isinstance(arr.type, pa.FixedSizeListType)
-    d = arr.type.list_size
-    x = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(arr), d)
-    norm = np.linalg.norm(x, axis=1, keepdims=True)
-    return np.divide(x, norm, out=np.zeros_like(x), where=norm > 0)
+    # Filled chunk by chunk and normalised in place: one float32 matrix (4 * d bytes a row) and
+    # one chunk's leaves beside it, never a combined copy of the column or a second matrix.
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    assert isinstance(column.type, pa.FixedSizeListType)
+    d = column.type.list_size
+    x = np.empty((len(column), d), np.float32)
+    at = 0
+    for chunk in chunks:
+        x[at:at + len(chunk)] = chunk.flatten().to_numpy(zero_copy_only=False).reshape(len(chunk), d)
+        at += len(chunk)
+    for a in range(0, len(x), NORM_ROWS):  # a block at a time: norm's squares are a temporary matrix
+        block = x[a:a + NORM_ROWS]
+        norm = np.linalg.norm(block, axis=1, keepdims=True)
+        np.divide(block, norm, out=block, where=norm > 0)  # a zero row (norm 0) is left as it is: zero
+    return x
 
 
 # --------------------------------------------------------------------------- k-means

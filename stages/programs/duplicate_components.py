@@ -6,6 +6,9 @@ cuts the false-positive chains LSH builds through boilerplate; members whose anc
 true partner are compared with a bounded number of bucket-mates (``max_leaders``). Memory is
 bounded: candidate edges are read one band at a time (only the distinct pairs are held) and the
 texts of the documents in them through ``stages.pair_texts`` (at most ``text_block_bytes``).
+Per document (tested under 520 bytes, measured 322-425 with a third of the documents in
+candidate pairs: tests/stages/programs/test_crawl_memory.py): ``nodes`` (~55), the sorted ids
+of the candidates, labels and component sizes (8 each), and those candidates' texts.
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ def run(
     member = sizes[label] > 1 if n else np.zeros(0, bool)
     idx = np.flatnonzero(member)
     output.write("components", pa.table({
-        "node": idx, "doc_id": nodes["doc_id"].combine_chunks().take(pa.array(idx)),
+        "node": idx, "doc_id": doc_ids.take(pa.array(idx)),
         "source": nodes["source"].combine_chunks().take(pa.array(idx)),
         "crawl": nodes["crawl"].combine_chunks().take(pa.array(idx)), "component": label[idx],
     }, schema=COMPONENTS))

@@ -25,7 +25,7 @@ from stages.keep import fixed_ids, pick_survivors
 from stages.kernels.lsh import sorted_find
 from stages.params import ExecutionParams, FuzzyDuplicatesParams
 from stages.removal import REMOVED, removal_parts
-from stages.reports import DuplicateComponentsReport, FuzzyDuplicatesReport, read_as
+from stages.reports import DuplicateComponentsReport, FuzzyDuplicatesReport, MinhashSignaturesReport, read_as
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
 
@@ -44,6 +44,14 @@ def _verified_jaccard(inputs: Inputs, a: np.ndarray, b: np.ndarray) -> np.ndarra
     return out
 
 
+def reached(inputs: Inputs) -> int:
+    """The documents of this crawl that reached fuzzy dedup: those ``minhash_signatures`` signed,
+    the survivors of every remover before it, over all sources. Not the documents in components
+    (only those with a near-duplicate), nor the earlier crawls' kept documents merged in."""
+    return sum(read_as(inputs.manifest("minhash_signatures", s), MinhashSignaturesReport).documents
+               for s in inputs.sources("minhash_signatures"))
+
+
 def run(
     params: FuzzyDuplicatesParams,
     inputs: Inputs,
@@ -51,11 +59,11 @@ def run(
     partition: Partition,
     execution: ExecutionParams,
 ) -> FuzzyDuplicatesReport:
-    """Report: documents in components, removed, removed per source."""
+    """Report: the documents that reached the stage (``reached``), removed, removed per source."""
     comps = inputs.read("duplicate_components", "components")
     if not params.enabled or comps.num_rows == 0:
         output.write("removed", REMOVED.empty_table())
-        return FuzzyDuplicatesReport(enabled=params.enabled, input=comps.num_rows, removed=0, removed_per_source={})
+        return FuzzyDuplicatesReport(enabled=params.enabled, input=reached(inputs), removed=0, removed_per_source={})
     from stages.backend import resolve
     from stages.pair_texts import pair_jaccard
 
@@ -80,7 +88,7 @@ def run(
     report: dict[str, Any] = {}
     for part in removals(comps, partition.crawl, partition.spec.keep.source_priority, scores, report):
         output.write("removed", part)
-    return FuzzyDuplicatesReport(enabled=True, input=int(comps.num_rows), **report)
+    return FuzzyDuplicatesReport(enabled=True, input=reached(inputs), **report)
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:

@@ -9,6 +9,12 @@ boilerplate pages linear). Bands are independent: pass 2 runs one task per group
 ``BANDS_PER_TASK`` bands (``stages.parallel``: a process pool, or Ray tasks on other machines),
 each reading only its band columns from the ``band_keys`` parts this attempt wrote. Edges are
 written band by band in band order whichever executor ran them, so the output is identical.
+
+Memory per document (tested under 420 bytes, measured 235-333: tests/stages/programs/
+test_crawl_memory.py): the ``nodes`` table (~55 bytes) and its sort, then the sorted ids (32)
+and their order (8) that number each batch's documents by binary search (``IdIndex``; a hash
+table of every id per batch cost O(documents) a batch); pass 2 holds its 4 band columns (8
+bytes each) and the bucket sort. Beside it, one batch of signatures and its band keys.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stages.backend import CPU, Backend, band_edges_on, band_keys_on, fanout, resolve
+from stages.pair_texts import IdIndex
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, LshBucketsParams, lsh_curve, lsh_threshold
 from stages.reports import Bucket, LshBucketsReport, read_as
@@ -94,12 +101,21 @@ def _canonical_nodes(inputs: Inputs, crawl: str, prior: list[pa.Table]) -> pa.Ta
     for source in inputs.sources("minhash_signatures"):
         ids = inputs.read("minhash_signatures", "signatures", source, ["doc_id"])["doc_id"]
         n = len(ids)
-        parts.append(pa.table({"doc_id": ids, "source": pa.array([source] * n, pa.string()),
-                               "crawl": pa.array([crawl] * n, pa.string())}))
+        parts.append(pa.table({"doc_id": ids, "source": pa.repeat(pa.scalar(source, pa.string()), n),
+                               "crawl": pa.repeat(pa.scalar(crawl, pa.string()), n)}))
     tables = [t.cast(NODES.remove(0)) for t in (*parts, *prior)]
     table = pa.concat_tables(tables) if tables else NODES.remove(0).empty_table()
     table = table.sort_by("doc_id")
     return table.add_column(0, "node", pa.array(np.arange(table.num_rows, dtype=np.int64))).cast(NODES)
+
+
+def _nodes_of(index: IdIndex, ids: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """int64 (len(ids),): each doc_id's node, its row in the canonical nodes (the first where an
+    id repeats, null where none), as ``pc.index_in`` answers. ``index``: the nodes' ids, indexed
+    once; ``pc.index_in`` hashed all of them again for each batch (at 20,000 rows a batch, 50
+    times over 1M ids: two thirds of this program's time)."""
+    pos = index.find(ids)
+    return pa.array(pos, pa.int64(), mask=pos < 0)
 
 
 def run(
@@ -137,17 +153,20 @@ def run(
     if node == 0:
         output.write("edges", EDGES.empty_table())
         return base.model_copy(update={"nodes": 0, "edges": 0})
-    node_ids = nodes["doc_id"].combine_chunks()
+    # A document's node is its position among the sorted ids, found by binary search (a hash
+    # table of every id rebuilt per batch cost O(nodes) time and memory a batch).
+    index = IdIndex(nodes["doc_id"].combine_chunks())
+    del nodes  # written; only its row count is needed from here on
     for source in inputs.sources("minhash_signatures"):
         pdir = inputs.dir("minhash_signatures", source)
         for batch in inputs.store.iter_batches(pdir, "signatures", None, execution.batch_rows):
             keys = band_keys_on(backend, signature_matrix(batch.column(1), num_perm), params.bands, params.rows)
-            cols = {"node": pc.index_in(batch.column(0), value_set=node_ids).cast(pa.int64())}
+            cols = {"node": _nodes_of(index, batch.column(0))}
             cols.update({band_column(b): pa.array(keys[:, b]) for b in range(params.bands)})
             output.write("band_keys", pa.table(cols))
     for _, keys in prior:
-        output.write("band_keys", keys.set_column(0, "node", pc.index_in(keys["doc_id"], value_set=node_ids)
-                                                  .cast(pa.int64())))
+        output.write("band_keys", keys.set_column(0, "node", _nodes_of(index, keys["doc_id"])))
+    del index, prior  # pass 2 holds only its band columns
     stats = None
     groups = [list(range(b, min(b + BANDS_PER_TASK, params.bands))) for b in range(0, params.bands, BANDS_PER_TASK)]
     job = _BandGroup(output.store, output.pdir, tuple(output.tables["band_keys"]), backend)

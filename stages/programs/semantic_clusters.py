@@ -9,8 +9,11 @@ cluster), distance (float32, ``1 - cos`` to the mean direction of the document's
 embedding (as stored upstream). ``semantic_duplicates`` streams it one cluster at a
 time, so its memory is bounded by the largest cluster.
 
-Memory here: the embeddings of the crawl as float32 (4 * dim bytes per document: 1.5 GB per
-million documents at 384 dimensions), on the GPU when the backend is one.
+Memory per document, at ``dim`` dimensions: the stored embeddings (2 * dim as float16) and ids,
+one float32 matrix (4 * dim: 1.5 GB per million documents at 384 dimensions; on the GPU when
+the backend is one), k-means' labels and similarities, and its assignment tile (16,384 rows x
+one float per cluster); the output is taken a part at a time. Tested under 1,600 bytes at 64
+dimensions, measured 810-1,170 (tests/stages/programs/test_crawl_memory.py).
 """
 
 from __future__ import annotations
@@ -54,11 +57,11 @@ def surviving_embeddings(inputs: Inputs) -> tuple[pa.Table, int]:
             keep = pc.invert(pc.is_in(t["doc_id"], value_set=gone))
             dropped += t.num_rows - pc.sum(keep.cast(pa.int64())).as_py()
             t = t.filter(keep)
-        tables.append(t.append_column("source", pa.array([source] * t.num_rows, pa.string())))
+        tables.append(t.append_column("source", pa.repeat(pa.scalar(source, pa.string()), t.num_rows)))
     if not tables:
         return pa.table({}), dropped
-    table = pa.concat_tables(tables).combine_chunks()
-    return table.select(["doc_id", "source", "embedding"]), dropped
+    # The sources' chunks side by side, not combined: no second copy of the embeddings.
+    return pa.concat_tables(tables).select(["doc_id", "source", "embedding"]), dropped
 
 
 def run(
@@ -92,6 +95,7 @@ def run(
         params.min_fit_per_cluster, params.iterations, params.seed, params.spill_margin,
     )
     t2 = time.perf_counter()
+    del x  # the float32 matrix: the rows are written from the table's own (stored) embeddings
     # Own rows and spilled rows (a document's second cluster), sorted by cluster; a spilled row
     # carries the distance to the document's own cluster, so every cluster ranks it alike.
     guest = np.flatnonzero(second >= 0)
@@ -99,16 +103,20 @@ def run(
     cluster = np.concatenate([labels, second[guest]])
     order = np.lexsort((row, cluster))
     row, cluster = row[order], cluster[order]
-    out = table.take(pa.array(row))
-    out = pa.table({
-        "doc_id": out["doc_id"], "source": out["source"],
-        "cluster": pa.array(cluster.astype(np.int32)),
-        "primary": pa.array(order < n),
-        "distance": pa.array(distance[row].astype(np.float32)),
-        "embedding": out["embedding"],
-    }, schema=clusters_schema(table.schema.field("embedding").type))
+    primary, dist = order < n, distance[row].astype(np.float32)
+    del order
+    schema = clusters_schema(table.schema.field("embedding").type)
+    # A part at a time: the rows taken for one part, never a reordered copy of the whole table.
     for a in range(0, len(row), execution.batch_rows):
-        output.write("clusters", out.slice(a, execution.batch_rows))
+        b = a + execution.batch_rows
+        part = table.take(pa.array(row[a:b]))
+        output.write("clusters", pa.table({
+            "doc_id": part["doc_id"], "source": part["source"],
+            "cluster": pa.array(cluster[a:b].astype(np.int32)),
+            "primary": pa.array(primary[a:b]),
+            "distance": pa.array(dist[a:b]),
+            "embedding": part["embedding"],
+        }, schema=schema))
     sizes = np.bincount(labels)
     return SemanticClustersReport(
         enabled=True,

@@ -3,7 +3,8 @@
 Streams ``semantic_clusters`` one cluster at a time (memory: the largest cluster, one
 ``pairwise_batch_size``-square tile and numpy columns of 86 bytes an appearance — two ``"S32"``
 ids, source codes, cluster, rank, similarity — with no Python object per document; the removal
-list is written a part at a time by ``stages.removal.removal_parts``; measured ~360 bytes a
+list is written a part at a time by ``stages.removal.removal_parts``, ``neighbors`` in parts of
+``PART_ROWS`` rows too; measured ~360 bytes a
 document at the peak, tested under 450 by ``tests/stages/programs/test_semantic_memory.py``), drops documents that
 an earlier remover among the inputs (exact, fuzzy) removed, ranks the cluster (``which_to_keep``)
 and finds, for every document, the most similar earlier-ranked one
@@ -35,7 +36,7 @@ from stages.backend import resolve
 from stages.keep import fixed_ids
 from stages.params import ExecutionParams, SemanticDuplicatesParams
 from stages.programs.semantic_clusters import removed_before
-from stages.removal import REMOVED, id_column, removal_parts
+from stages.removal import PART_ROWS, REMOVED, id_column, removal_parts
 from stages.reports import SemanticDuplicatesReport
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
@@ -204,7 +205,8 @@ def appearances(
 def output_tables(
     col: dict[str, np.ndarray], names: list[str], eps: float, stats: dict[str, Any],
 ) -> Iterator[tuple[str, pa.Table]]:
-    """("removed", part)s then ("neighbors", table) from ``appearances``' columns: rows at
+    """("removed", part)s then ("neighbors", part)s (``PART_ROWS`` rows each; one, empty, for
+    no document) from ``appearances``' columns: rows at
     similarity ``>= 1 - eps`` are removed as duplicates of their neighbour. Fills ``stats``
     (removed, removed_per_source)."""
     from stages.kernels.semantic import duplicate_mask
@@ -225,12 +227,16 @@ def output_tables(
     del doc_all, src_all, part
     labels = pa.array(names, pa.string())
     none = pa.scalar(None, pa.string())
-    has = np.isfinite(col["sim"])
-    named = pa.array(col["has"])
-    yield "neighbors", pa.table({
-        "doc_id": id_column(col["doc"]), "source": labels.take(pa.array(col["src"])),
-        "cluster": pa.array(col["cluster"], pa.int32()), "rank": pa.array(col["rank"], pa.int32()),
-        "neighbor": pc.if_else(named, id_column(col["nbr"]), none),
-        "neighbor_source": pc.if_else(named, labels.take(pa.array(col["nbr_src"])), none),
-        "similarity": pa.array(np.where(has, col["sim"], 0.0).astype(np.float32), mask=~has),
-    }, schema=NEIGHBORS)
+    # A part of PART_ROWS rows at a time, like the removal list: the Arrow columns of one part
+    # beside the numpy ones, never a second copy of the crawl's (one part below PART_ROWS rows).
+    for a in range(0, max(n, 1), PART_ROWS):
+        c = {k: v[a:a + PART_ROWS] for k, v in col.items()}
+        has = np.isfinite(c["sim"])
+        named = pa.array(c["has"])
+        yield "neighbors", pa.table({
+            "doc_id": id_column(c["doc"]), "source": labels.take(pa.array(c["src"])),
+            "cluster": pa.array(c["cluster"], pa.int32()), "rank": pa.array(c["rank"], pa.int32()),
+            "neighbor": pc.if_else(named, id_column(c["nbr"]), none),
+            "neighbor_source": pc.if_else(named, labels.take(pa.array(c["nbr_src"])), none),
+            "similarity": pa.array(np.where(has, c["sim"], 0.0).astype(np.float32), mask=~has),
+        }, schema=NEIGHBORS)

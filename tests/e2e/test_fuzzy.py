@@ -18,6 +18,7 @@ from scipy.sparse.csgraph import connected_components
 from curation_dagster.tools.sample import build_sample
 from stages.dataroot import DataRoot
 from stages.execute import execute_crawl
+from stages.reports import FuzzyDuplicatesReport, read_as
 from stages.spec import CrawlSpec
 from stages.store import Store
 
@@ -115,6 +116,12 @@ def test_default_fuzzy_matches_exact_oracle(corpus: tuple[Path, list[dict[str, s
         assert row.nnz and row.data.max() >= THRESHOLD, doc
     agreement = len(clustered & oracle_clustered) / len(clustered | oracle_clustered)
     assert agreement >= 0.995, agreement
+    # input: every document that reached the stage (only fuzzy removes here, so all of them),
+    # not the fewer ones in components
+    report = read_as(DataRoot(store).manifest(spec, "fuzzy_duplicates", None),
+                     FuzzyDuplicatesReport)
+    assert (report.input, report.removed) == (len(ids), len(removed)) and len(clustered) < len(ids)
+
 
 def test_seed_preset_without_verification_keeps_partners_above_half(corpus: tuple[Path, list[dict[str, str]]]) -> None:
     """20 x 13 without verification: every removed doc still has some partner >= 0.5 (the

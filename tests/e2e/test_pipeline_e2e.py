@@ -31,6 +31,7 @@ from stages.kernels.exact import normalize
 from stages.kernels.heuristics import RULE_TABLE, score_text
 from stages.spec import CrawlSpec
 from stages.store import MANIFEST, Store
+from tests.support.metadata import md_table
 from tests.support.tiny_corpus import (
     CRAWL,
     EXPECTED,
@@ -319,7 +320,8 @@ def test_instance_records_a_materialization_per_asset_partition(base: Workdir) -
             mat = records[0].event_log_entry.asset_materialization
             assert mat is not None
             assert mat.metadata["params_key"].value == keys[(program, source)]
-            assert "params" in mat.metadata and any(k.startswith("rows/") for k in mat.metadata)
+            shown = [*mat.metadata, *md_table(mat.metadata["counts"])] if source else list(mat.metadata)
+            assert "params" in mat.metadata and any(k.startswith("rows/") for k in shown)
             assert all(not isinstance(v.value, dict) for k, v in mat.metadata.items() if k != "report"), \
                 (program, [k for k, v in mat.metadata.items() if isinstance(v.value, dict)])
 

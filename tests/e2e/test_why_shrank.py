@@ -114,21 +114,15 @@ WATERFALL_RIGHT = """(() => {
   const clip = p ? Math.min(p.getBoundingClientRect().right, window.innerWidth) : window.innerWidth;
   return [Math.round(t.getBoundingClientRect().right), Math.round(clip)];
 })()"""
-SHOW_MARKDOWN = """(() => {
-  const row = [...document.querySelectorAll('tr')]
-    .find(r => r.cells.length && r.cells[0].innerText.trim() === 'waterfall');
-  if (!row) return false;
-  const link = [...row.querySelectorAll('*')]
-    .find(e => e.childElementCount === 0 && e.textContent.trim() === '[Show Markdown]');
-  if (link) link.click();
-  return true;
-})()"""
 
 
 @pytest.fixture(scope="module")
 def ui(recrawl: R.Recrawl, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     from tests.e2e.test_ui import Server, free_port, gql, stop, wait_loaded
 
+    # No eager automation: a partition materialized from the UI would set off its downstream
+    # partitions as background runs and record them again (test_recrawl.py covers the automation).
+    (recrawl.workdir / "curate.yaml").write_text("automation:\n  enabled: false\n")
     port = free_port()
     log = tmp_path_factory.mktemp("why-ui") / "dagster-dev.log"
     with log.open("wb") as out:
@@ -163,7 +157,7 @@ def test_why_a_source_shrank_in_the_ui(ui: int, recrawl: R.Recrawl, tmp_path: Pa
     try:
         browser.open(f"http://127.0.0.1:{ui}/assets/removal_ledger?view=events&partition=c2")
         browser.wait_for(WATERFALL_SHOWN, timeout=90)
-        browser.wait_for(SHOW_MARKDOWN, timeout=30)
+        browser.show_markdown("waterfall", timeout=30)
         time.sleep(1)
         print(f"screenshot: {browser.screenshot(ARTIFACTS / 'why_shrank_c2.png')}")
         tables = browser.eval(TABLES)
@@ -191,6 +185,96 @@ def test_why_a_source_shrank_in_the_ui(ui: int, recrawl: R.Recrawl, tmp_path: Pa
         assert code == 0 and "crawl c1 (an earlier crawl, which kept it)" in out
     finally:
         browser.close()
+
+
+# Click the button labelled LABEL (a toggle of the asset page's Metadata section).
+CLICK = """(() => {
+  const b = [...document.querySelectorAll('button')].find(b => b.innerText.trim() === LABEL);
+  if (b) b.click();
+  return !!b;
+})()"""
+# The first cell of each row of the page's tables with N cells a row: 3, the metadata table (key,
+# timestamp, value) and the columns table; 2, a Markdown table of counts shown inline in a value.
+ROW_KEYS = """[...document.querySelectorAll('tr')].filter(r => r.cells.length === N)
+  .map(r => r.cells[0].innerText.trim())"""
+
+
+def _shows(text: str) -> str:
+    """A condition: the page (once it has a body) shows ``text``."""
+    return f"!!document.body && document.body.innerText.includes({json.dumps(text)})"
+
+
+def _click(browser: Browser, label: str, timeout: float = 60) -> None:
+    browser.wait_for(CLICK.replace("LABEL", json.dumps(label)), timeout=timeout)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
+def test_timeline_automation_and_metadata_plots_read_right(ui: int, tmp_path: Path) -> None:
+    """curate run's runs are on the Overview timeline; Automation lists no schedule while
+    curate.yaml sets no recrawl.cron; a per-source asset's counts are one table, so its Plots draw
+    no line through every source x crawl partition; its description shows the output path."""
+    browser = Browser(tmp_path / "chrome", WIDTH, 1600)
+    base = f"http://127.0.0.1:{ui}"
+    try:
+        browser.open(f"{base}/overview/activity/timeline")
+        browser.wait_for(_shows("curate_run"), timeout=90)
+        print(f"screenshot: {browser.screenshot(ARTIFACTS / 'overview_timeline.png')}")
+
+        browser.open(f"{base}/automation")
+        browser.wait_for(_shows("recrawl_sensor"), timeout=90)
+        text = browser.eval("document.body.innerText")
+        assert "curation_automation" in text and "recrawl_schedule" not in text and "Scheduled At" not in text
+
+        browser.open(f"{base}/assets/curated_documents?view=overview")
+        browser.wait_for(_shows("rows/documents"), timeout=90)
+        keys = browser.eval(ROW_KEYS.replace("N", "3"))
+        assert "counts" in keys and "wall_s" in keys and not {"input", "kept", "kept_fraction"} & set(keys), keys
+        assert {"input", "kept", "kept_fraction", "rows/documents"} <= set(browser.eval(ROW_KEYS.replace("N", "2")))
+        text = browser.eval("document.body.innerText")
+        assert "Output: {data root}/curated_documents/{params_key}/{crawl}/{source}/" in text
+        _click(browser, "Plots")
+        browser.wait_for(_shows("When graphing values by partition"), timeout=60)
+        time.sleep(1)
+        print(f"screenshot: {browser.screenshot(ARTIFACTS / 'curated_documents_plots.png')}")
+        plotted = browser.eval("document.body.innerText")
+        plots = plotted[plotted.index("Plots"):plotted.index("When graphing values by partition")]
+        assert "wall_s" in plots and not {"input", "kept", "kept_fraction", "quarantined"} & set(plots.split()), plots
+    finally:
+        browser.close()
+
+
+def test_materializing_a_partition_re_runs_its_checks(ui: int, recrawl: R.Recrawl) -> None:
+    """The Checks tab's Execute is disabled for partitioned assets; what works (docs/operations.md)
+    is Materialize on the partition: its checks run with it, with the bounds as they are now, and
+    the current output is not recomputed."""
+    from tests.e2e.test_ui import LAUNCH, LOCATION, REPOSITORY, gql
+
+    asset = {"path": ["filtered_documents"]}
+    tags = [{"key": "dagster/partition", "value": "c2|licenses"}, {"key": "dagster/partition/crawl", "value": "c2"},
+            {"key": "dagster/partition/source", "value": "licenses"}]
+    out = gql(ui, LAUNCH, {"p": {
+        "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "pipelineName": "__ASSET_JOB",
+                     "assetSelection": [asset], "assetCheckSelection": [{"assetKey": asset, "name": "over_deletion"}]},
+        "mode": "default", "executionMetadata": {"tags": tags}}})["launchPipelineExecution"]
+    assert out["__typename"] == "LaunchRunSuccess", out
+    run_id, deadline, status = out["run"]["runId"], time.monotonic() + 240, None
+    while time.monotonic() < deadline:
+        status = gql(ui, STATUS, {"id": run_id})["runOrError"]["status"]
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            break
+        time.sleep(2)
+    assert status == "SUCCESS", status
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(recrawl.workdir / "dagster")) as instance:
+        (check,) = [e.dagster_event.event_specific_data for e in
+                    instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)]
+        (mat,) = [e.asset_materialization for e in
+                  instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)]
+    assert (check.check_name, check.partition, check.passed) == ("over_deletion", "c2|licenses", True)
+    assert check.description == ("NOT JUDGED: stage heuristic: every source is too small; not judged (under "
+                                 "min_documents 1,000): licenses (40 documents)")
+    assert mat is not None and mat.metadata["cached"].value is True  # current: not recomputed
 
 
 RUNS = """query($f: RunsFilter) { runsOrError(filter: $f) { ... on Runs { results { runId status

@@ -16,6 +16,18 @@ from pathlib import Path
 from typing import Any
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Dagster's metadata table shows a Markdown value as a "[Show Markdown]" link in its row; clicking
+# it opens the rendered Markdown (a dialog). True once the row labelled LABEL is on the page (its
+# link clicked if it has one), false before.
+SHOW_MARKDOWN = """(() => {
+  const row = [...document.querySelectorAll('tr')]
+    .find(r => r.cells.length && r.cells[0].innerText.trim() === LABEL);
+  if (!row) return false;
+  const link = [...row.querySelectorAll('*')]
+    .find(e => e.childElementCount === 0 && e.textContent.trim() === '[Show Markdown]');
+  if (link) link.click();
+  return true;
+})()"""
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
 
@@ -73,6 +85,10 @@ class Browser:
                 return value
             time.sleep(0.5)
         raise TimeoutError(f"not true after {timeout}s: {expression}")
+
+    def show_markdown(self, label: str, timeout: float = 60) -> None:
+        """Wait for the metadata row ``label`` and click its "[Show Markdown]" (``SHOW_MARKDOWN``)."""
+        self.wait_for(SHOW_MARKDOWN.replace("LABEL", json.dumps(label)), timeout=timeout)
 
     def dom(self) -> str:
         return str(self.eval("document.documentElement.outerHTML"))

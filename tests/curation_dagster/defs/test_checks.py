@@ -4,6 +4,7 @@ check, and a failed blocking check stopping ``curate run``."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +78,21 @@ def test_over_deletion_per_source_stage(store: Store, spec: CrawlSpec) -> None:
     assert "raise checks.over_deletion.per_stage.heuristic in curate.yaml" in v.description
     assert {k: v.metadata[k] for k in ("stage", "bound", "min_documents", "worst_fraction", "worst_source",
                                        "sources_judged", "sources_not_judged")} == {
-        "stage": "heuristic", "bound": 0.9, "min_documents": 1000, "worst_fraction": 0.95, "worst_source": "a",
+        "stage": "heuristic", "bound": "90.0%", "min_documents": "1,000", "worst_fraction": 0.95, "worst_source": "a",
         "sources_judged": 1, "sources_not_judged": 0}
     v = evaluate_over_deletion(store, spec, "filtered_documents", "b", cfg())
     assert v.passed and v.description == "stage heuristic removed at most 10.0% of a judged source (bound 90.0%)"
     v = evaluate_over_deletion(store, spec, "filtered_documents", "c", cfg())  # 100 % of 10 documents
-    # not "passed ... at most 100 %": the source is too small to judge, and says so
-    assert v.passed and v.description == ("stage heuristic: nothing judged, every source is too small; not judged "
-                                          "(under min_documents 1,000): c 100.0% of 10")
+    # not "passed ... at most 100 %", nor any fraction beside the pass: the source is too small
+    # to judge, and says so; its fraction is in the per-source table, marked not judged
+    assert v.passed and v.description == ("NOT JUDGED: stage heuristic: every source is too small; not judged "
+                                          "(under min_documents 1,000): c (10 documents)")
     assert (v.metadata["sources_judged"], v.metadata["sources_not_judged"]) == (0, 1)
     assert "| c | 10 | 10 | 100.0% | not judged: under min_documents 1,000 |" in (v.table or "")
+    # a passing verdict shows no fraction over its bound, whichever sources it names
+    for source in ("b", "c"):
+        v = evaluate_over_deletion(store, spec, "filtered_documents", source, cfg())
+        assert v.passed and all(float(p) <= 90.0 for p in re.findall(r"([0-9.]+)%", v.description)), v.description
     loose = cfg(over_deletion={"per_stage": {"heuristic": 0.96}})
     assert evaluate_over_deletion(store, spec, "filtered_documents", "a", loose).passed
 
@@ -213,8 +219,8 @@ def test_the_recrawled_tiny_crawl_passes_every_check(prepared: ops_workdir.Prepa
     assert not failed
     forum = verdicts[("filtered_documents", "over_deletion", "forum")]
     # 4 of 16: under min_documents, so not judged, and the verdict says so (not "at most 25 %")
-    assert forum.description == ("stage heuristic: nothing judged, every source is too small; not judged (under "
-                                 "min_documents 1,000): forum 25.0% of 16")
+    assert forum.description == ("NOT JUDGED: stage heuristic: every source is too small; not judged (under "
+                                 "min_documents 1,000): forum (16 documents)")
     assert (forum.metadata["sources_judged"], forum.metadata["sources_not_judged"]) == (0, 1)
     # ... and every check the Dagster runs executed along the way passed, per partition.
     with dg.DagsterInstance.from_config(str(prepared.home)) as instance:

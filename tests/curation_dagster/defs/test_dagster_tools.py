@@ -102,7 +102,7 @@ def test_the_instance_storage_on_a_private_base_loads_and_upgrades_earlier_files
 
     config = yaml.safe_load(DAGSTER_YAML.format(history='"x"'))["event_log_storage"]
     assert (config["module"], config["class"]) == ("curation_dagster.ops.event_log", "PooledSqliteEventLogStorage")
-    # the file of the version before the layout by role (its storage at curation_dagster.event_log)
+    # the file of the version before the layout by role (its storage at curation_dagster.ops.event_log)
     # and the one of the version before the pooled storage
     assert yaml.safe_load(EARLIER_YAML[0].format(history='"x"'))["event_log_storage"]["module"] == \
         "curation_dagster" + ".event_log"

@@ -120,3 +120,15 @@ def test_the_snapshot_pins_the_graph() -> None:
     over_deletion = [c["blocking"] for k, c in want["checks"].items() if k.endswith(":over_deletion")]
     giant_groups = [c["blocking"] for k, c in want["checks"].items() if k.endswith(":giant_groups")]
     assert over_deletion and all(over_deletion) and giant_groups and not any(giant_groups)
+
+
+def test_the_code_location_loads_as_the_ui_loads_it(tmp_path: Path) -> None:
+    """Every definition resolves as a code server resolves it (the UI refuses a location whose op,
+    graph or job names collide; building a job alone does not notice), and the jobs are the crawl
+    job and the registration job."""
+    from curation_dagster.defs.definitions import build_definitions
+
+    repo = build_definitions(str(tmp_path)).get_repository_def()
+    repo.load_all_definitions()
+    assert sorted(j.name for j in repo.get_all_jobs() if not j.name.startswith("__")) == \
+        ["curate_register", "curate_run"]

@@ -2,12 +2,12 @@
 
 One deployment is started from the test exactly as an operator starts it (PostgreSQL, daemon,
 webserver and gRPC code server as separate processes; runs queued and launched as processes;
-each partition a Pipes subprocess with the stage pod's command line, several at once) on an S3
+partitions served by warm Pipes workers, the stage pod's entry point, several at once) on an S3
 data root served by moto on 127.0.0.1. A 3-source crawl submitted with `curate submit --wait` is
 one run of the crawl job (plus its retry) and gives the same report and ledger as `curate run` of
 the same sources, every asset partition materialized once and only after its inputs, although
-mid-crawl a partition's stage subprocess is SIGKILLed (its step launches it again), then a run
-worker is SIGKILLed while its stage subprocess runs (the run is retried from its failed step) and
+mid-crawl the stage worker running a partition is SIGKILLed (its step launches it again), then a run
+worker is SIGKILLed while its stage worker runs a partition (the run is retried from its failed step) and
 then the daemon is SIGKILLed (`curate deploy` starts it again); no two attempts ever execute one
 asset partition at once (the step windows in the event log); the run's page, in headless
 Chromium, shows a materialization of every partition; a failing source fails `submit --wait` with
@@ -95,6 +95,16 @@ def test_a_pipes_partition_runs_the_stage_pods_command_line() -> None:
                        if e["name"] in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "PYTHONUNBUFFERED")}
         assert command[command.index("--workers") + 1] == env["OMP_NUM_THREADS"] == str(
             k8s_spec.threads(PROGRAMS[program].resources))
+        assert resource.stage_workers(program) == int(env["OMP_NUM_THREADS"])
+    # A warm worker (python -m stages serve): the same entry point and options, no program or
+    # source (each request names them), threads for the widest program.
+    served, env = resource.serve_command("c1")
+    command, _ = resource.pod_command("lsh_buckets", "c1", None)
+    assert served[:3] == [sys.executable, "-m", "stages"] and served[3] == "serve" and command[3] == "lsh_buckets"
+    assert served[4:] == [*command[4:command.index("--workers") + 1], "0", *command[command.index("--workers") + 2:]]
+    widest = max(k8s_spec.threads(p.resources) for p in PROGRAMS.values())
+    assert env["OMP_NUM_THREADS"] == env["NUMBA_NUM_THREADS"] == str(widest) and env["CURATE_PARENT_PID"] == str(
+        os.getpid())
 
 
 def test_the_deployments_instance_config(tmp_path: Path) -> None:
@@ -110,7 +120,8 @@ def test_the_deployments_instance_config(tmp_path: Path) -> None:
     home = str(dep.base / "dagster")
     dagster_instance_config(home)  # raises on a config the schema refuses
     ref = InstanceRef.from_dir(home)
-    assert ref.storage_data is not None and ref.storage_data.class_name == "DagsterPostgresStorage"
+    assert ref.storage_data is not None and ref.storage_data.class_name == "PooledPostgresStorage"
+    assert ref.storage_data.module_name == "curation_dagster.ops.pg_storage"  # its connections held open
     db = yaml.safe_load(ref.storage_data.config_yaml)["postgres_db"]
     assert db["password"] == {"env": PG_PASSWORD_ENV} and db["port"] == 54321 and db["hostname"] == "127.0.0.1"
     assert ref.run_coordinator_data is not None and ref.run_coordinator_data.class_name == "QueuedRunCoordinator"
@@ -309,6 +320,14 @@ class Sampler:
                          for r, kib in sorted(self.peak.items()))
 
 
+def comm(p: Proc) -> str:
+    """The process's name now (a warm stage worker's: the program it runs), "" once it is gone."""
+    try:
+        return Path(f"/proc/{p.pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def alive(p: Proc) -> bool:
     """Still running (an exited process not yet reaped, a zombie, is not)."""
     try:
@@ -501,13 +520,14 @@ class Faults(threading.Thread):
             self.error = f"{type(exc).__name__}: {exc}"
 
     def _stage(self, program: str) -> Proc:
-        """A stage subprocess of ``program`` that a run worker started."""
+        """A stage subprocess that a run worker started (a warm ``python -m stages serve`` worker),
+        running a partition of ``program`` now: it is named after the program meanwhile."""
         deadline = time.monotonic() + 600
         while True:
             assert time.monotonic() < deadline, f"no {program} stage subprocess seen"
             procs = tree(self.root)
             stage = next((p for p in procs.values() if role(p, procs, self.root) == "stage subprocess"
-                          and f"-m stages {program} " in p.cmd and p.ppid in procs
+                          and "-m stages serve " in p.cmd and comm(p) == program[:15] and p.ppid in procs
                           and role(procs[p.ppid], procs, self.root) == "run worker"), None)
             if stage is not None:
                 self.procs = procs
@@ -745,7 +765,7 @@ def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_a
     assert ledgers[0].num_rows > 0 and ledgers[0].equals(ledgers[1])
     with capsys.disabled():
         print(f"\ncurate deploy: ready in {started:.1f}s, stopped in {stopped:.1f}s; crawl {T.CRAWL} "
-              f"({STAGES}): curate submit --wait {submitted:.1f}s (a stage subprocess, a run worker and the daemon "
+              f"({STAGES}): curate submit --wait {submitted:.1f}s (a stage worker, a run worker and the daemon "
               f"SIGKILLed, "
               f"{len(runs)} runs, {len(retries)} retries, the killed run's by {faults.retried_by}), curate run "
               f"{ran:.1f}s\n{sampler.table()}\nfailed runs:\n" + "\n".join(f"  {r}: {w}" for r, w in failed.items()))

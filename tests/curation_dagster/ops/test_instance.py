@@ -21,7 +21,14 @@ from pathlib import Path
 import pytest
 
 from curation_dagster.defs.partitions import CRAWL, SOURCE
-from curation_dagster.ops.instance import LOCK_FILE, add_partitions, instance_lock, open_instance
+from curation_dagster.ops.instance import (
+    LOCK_FILE,
+    STORAGES,
+    add_partitions,
+    instance_lock,
+    open_instance,
+    template_home,
+)
 
 TRIALS = 20
 SLOT_S = 1.0  # each trial starts both processes at the same instant, one trial per slot
@@ -102,3 +109,52 @@ def test_the_instance_lock_excludes_another_process(tmp_path: Path) -> None:
         assert proc.poll() is None  # still waiting
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and float(out) > 0.5
+
+
+# Rows of alembic_version as Dagster leaves a new instance: its consolidated event log stamps none.
+AS_DAGSTER_STAMPS = {"history/event_log.db": 0, "history/runs.db": 1, "schedules/schedules.db": 1}
+
+
+def schema(home: Path) -> dict[str, list[tuple[str, str, str]]]:
+    """Every table and index (type, name, SQL) of each database of an instance."""
+    out = {}
+    for name in STORAGES:
+        with sqlite3.connect(home / name) as con:
+            out[name] = con.execute("select type, name, sql from sqlite_master order by name").fetchall()
+        con.close()
+    return out
+
+
+def test_a_new_home_gets_the_templates_databases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first new home builds the template (in the cache folder), every later one copies it:
+    the same migrated databases, one alembic head each, and an instance that works."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    template = template_home()
+    assert template.parent == tmp_path / "cache" / "curation-dagster"
+    first = open_instance(tmp_path / "a" / "dagster")
+    assert sorted(str(p.relative_to(template)) for p in template.rglob("*") if p.is_file()) == sorted(STORAGES)
+    assert [p.name for p in template.parent.iterdir()] == [template.name]  # no build folder left
+    built = {name: (template / name).stat().st_mtime_ns for name in STORAGES}
+    second = open_instance(tmp_path / "b" / "dagster")
+    assert {name: (template / name).stat().st_mtime_ns for name in STORAGES} == built  # copied, not rebuilt
+    for home in (tmp_path / "a" / "dagster", tmp_path / "b" / "dagster"):
+        assert alembic_heads(home) == AS_DAGSTER_STAMPS
+        assert schema(home) == schema(template)
+    add_partitions(second, {CRAWL: ["c1"]})
+    assert second.get_dynamic_partitions(CRAWL) == ["c1"] and first.get_dynamic_partitions(CRAWL) == []
+    assert second.get_runs(limit=1) == []
+
+
+def test_without_a_template_dagster_creates_the_databases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache folder that cannot be written (here: a file where the folder should be) costs the
+    template, not the instance."""
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    instance = open_instance(tmp_path / "dagster")
+    add_partitions(instance, {SOURCE: ["a"]})
+    assert instance.get_dynamic_partitions(SOURCE) == ["a"]
+    assert alembic_heads(tmp_path / "dagster") == AS_DAGSTER_STAMPS
+    # and what Dagster created is what a template holds, table for table, index for index
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache2"))
+    open_instance(tmp_path / "seeded")
+    assert schema(tmp_path / "dagster") == schema(tmp_path / "seeded") == schema(template_home())

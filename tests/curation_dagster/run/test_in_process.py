@@ -180,11 +180,11 @@ def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
 
 
 def test_the_crawl_job_on_pipes_subprocesses_records_what_the_pool_does(tmp_path: Path) -> None:
-    """The code location's crawl job with ``mode="pipes"`` (``curate deploy``'s launcher: each
-    partition a ``python -m stages`` subprocess with the pod's command line, several at once):
-    one run, every partition materialized once with its checks and ``overhead_s``, the same
-    ledger as ``curate run``'s pool, small partitions packed two to a process; launched again,
-    it runs nothing and records nothing."""
+    """The code location's crawl job with ``mode="pipes"`` (``curate deploy``'s launcher: warm
+    ``python -m stages serve`` workers, the pod's entry point, several at once): one run, every
+    partition materialized once with its checks and ``overhead_s``, the same ledger as ``curate
+    run``'s pool; launched again, it runs nothing and records nothing. Pods (``mode="k8s"``) pack
+    small partitions two to a pod."""
     import dagster as dg
 
     from curation_dagster.ops.deploy import definitions

@@ -60,3 +60,33 @@ def test_id_index_finds_what_index_in_finds(ids: list[str], probe: list[str]) ->
     values = pa.array(probe + ids[:3], pa.string())
     want = pc.fill_null(pc.index_in(values, value_set=pa.array(ids, pa.string())), -1).to_numpy(zero_copy_only=False)
     assert IdIndex(pa.array(ids, pa.string())).find(values).tolist() == np.asarray(want, np.int64).tolist()
+
+
+_HEX = st.text("0123456789abcdef", min_size=32, max_size=32)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    nodes=st.lists(st.one_of(_HEX, st.sampled_from(["0" * 32, "f" * 32])), max_size=40),
+    odd=st.one_of(st.none(), st.text("0123456789abcdef", max_size=34)),
+    probe=st.lists(st.one_of(_HEX, st.integers(0, 39), st.none()), max_size=40),
+)
+def test_nodes_of_answers_as_index_in(nodes: list[str], odd: str | None, probe: list[str | int | None]) -> None:
+    """lsh_buckets gives every id the node ``pc.index_in`` gives it (the first row where an id
+    repeats, null where none), on the nodes sorted as _canonical_nodes sorts them, with repeated
+    ids, ids of other lengths, ids not among the nodes and nulls."""
+    import pyarrow as pa
+
+    from stages.pair_texts import IdIndex
+    from stages.programs.lsh_buckets import _nodes_of
+
+    nodes = nodes + ([odd] if odd is not None else [])  # an id of another length
+    ids = pc.sort_indices(pa.array(nodes, pa.string()))
+    node_ids = pc.take(pa.array(nodes, pa.string()), ids)  # ascending, as Table.sort_by("doc_id")
+    # a probe is a fresh id, a node's own id (by position), or a null
+    wanted = pa.array([nodes[p % len(nodes)] if isinstance(p, int) and nodes else (p if isinstance(p, str) else None)
+                       for p in probe], pa.string())
+    want = pc.index_in(wanted, value_set=node_ids).cast(pa.int64())
+    for chunks in ([wanted], [wanted[: len(wanted) // 2], wanted[len(wanted) // 2:]]):
+        got = _nodes_of(IdIndex(node_ids), pa.chunked_array(chunks, pa.string()) if len(chunks) > 1 else chunks[0])
+        assert got.to_pylist() == want.to_pylist()

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from stages.programs.semantic_duplicates import NEIGHBORS, REASON, appearances, output_tables
 from stages.removal import REMOVED, removal_table
@@ -115,6 +116,24 @@ def test_the_tables_equal_the_object_array_construction() -> None:
     assert pa.concat_tables(got["removed"]).equals(removed) and removed.schema == REMOVED
     assert 1000 < removed.num_rows < 3000 and neighbors.num_rows == 3000  # one row a document
     assert stats["appearances"] == 3000 + 14 * 30 and stats["removed"] == removed.num_rows
+
+
+def test_neighbors_in_parts_equal_the_one_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stages.programs import semantic_duplicates
+
+    def tables() -> dict[str, list[pa.Table]]:
+        col, names = appearances(cluster_tables(3000, size=200, spill=30), "priority", 42, {}, "cpu", 64, {})
+        out: dict[str, list[pa.Table]] = {"neighbors": [], "removed": []}
+        for name, table in output_tables(col, names, 0.07, {}):
+            out[name].append(table)
+        return out
+
+    whole = tables()
+    monkeypatch.setattr(semantic_duplicates, "PART_ROWS", 700)
+    parts = tables()
+    assert [t.num_rows for t in parts["neighbors"]] == [700, 700, 700, 700, 200]
+    assert pa.concat_tables(parts["neighbors"]).equals(whole["neighbors"][0])
+    assert all(t.schema == NEIGHBORS for t in parts["neighbors"])
 
 
 def test_no_cluster_gives_empty_tables() -> None:

@@ -1,0 +1,151 @@
+"""The deployment's launcher (``mode="pipes"``): warm ``python -m stages serve`` workers, each
+serving many partitions of the run one after another in a Pipes session per step. Every partition
+is recorded once, as it finishes (not when its worker's session ends), its progress lines in the
+run's log through its step's Pipes session; a worker killed while it
+holds a partition has that partition launched again on another, and the outputs are those of the
+executor alone. Real processes, a real Dagster instance: no mocks (a wrapper counts the workers
+started and, in the fault test, SIGKILLs one)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from dagster import DagsterEventType, DagsterInstance
+
+from curation_dagster.defs.launchers import pipes
+from curation_dagster.defs.partitions import partition_key
+from curation_dagster.defs.resources import CurationResource
+from curation_dagster.ops.instance import ensure_instance_config
+from curation_dagster.run.crawl_job import CRAWL_JOB_DEF
+from stages.catalog import PROGRAMS, partition_name, waves
+from stages.resolve import resolve_task
+from stages.store import MANIFEST, Store
+from tests.support.tiny_corpus import CRAWL, SOURCES, fast_tmp, read, run_all, spec
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[pipes.Worker]]:
+    """Every warm worker started while the test runs (the real ``Worker``, counted)."""
+    workers: list[pipes.Worker] = []
+    real = pipes.Worker.__init__
+
+    def counted(self: pipes.Worker, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        workers.append(self)
+
+    monkeypatch.setattr(pipes.Worker, "__init__", counted)
+    yield workers
+    for worker in workers:
+        worker.close()
+
+
+def _sorted(t: pa.Table) -> pa.Table:
+    return t.sort_by([("doc_id", "ascending"), ("source", "ascending")])
+
+
+def _run(work: Path, fan_out: int) -> tuple[DagsterInstance, str, CurationResource]:
+    crawl = spec(stages=["fuzzy"])
+    resource = CurationResource(workdir=str(work), mode="pipes", fan_out=fan_out)
+    resource.dataroot().register(crawl)
+    instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+    result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
+                                              resources={"curation": resource}, raise_on_error=False)
+    assert result.success
+    return instance, result.run_id, resource
+
+
+def _materialized(instance: DagsterInstance, run_id: str) -> list[tuple[str, str, float]]:
+    """(asset, partition, when recorded) of the run's materializations, in the order recorded."""
+    out = []
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
+        mat = entry.asset_materialization
+        assert mat is not None
+        out.append((mat.asset_key.to_user_string(), str(mat.partition), entry.timestamp))
+    return out
+
+
+def _expected() -> list[tuple[str, str]]:
+    crawl = spec(stages=["fuzzy"])
+    return sorted((p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in crawl.partitions(p))
+
+
+def test_one_warm_worker_serves_the_whole_run_and_each_partition_is_recorded_as_it_finishes(
+        tmp_path: Path, started: list[pipes.Worker], monkeypatch: pytest.MonkeyPatch) -> None:
+    last = ("raw_documents", SOURCES[-1])
+    real = pipes.Worker.run
+
+    def late(self: pipes.Worker, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
+        if (program, source) == last:  # handed over a second late: the others are recorded meanwhile
+            time.sleep(1.0)
+        return real(self, program, source, force, workers)
+
+    monkeypatch.setattr(pipes.Worker, "run", late)
+    with fast_tmp(tmp_path / "w") as work:
+        instance, run_id, resource = _run(work, fan_out=1)
+        # One process served every partition of every step (fan_out 1), and the run ended it.
+        assert len(started) == 1
+        assert started[0].served == len(_expected())
+        assert started[0].proc.poll() == 0
+        recorded = _materialized(instance, run_id)
+        assert sorted((a, p) for a, p, _ in recorded) == _expected()  # each once
+        # In the order the worker finished them (one after another), each recorded as it finished:
+        # raw_documents' first partitions before its last one was even committed.
+        store, crawl = resource.store(), spec(stages=["fuzzy"])
+        for program in [p for wave in waves() for p in wave]:
+            order = [str(partition_key(CRAWL, s)) for s in crawl.partitions(program)]
+            assert [p for a, p, _ in recorded if a == program] == order, program
+        committed = os.stat(Path(resolve_task(store, crawl, *last).output_dir) / MANIFEST).st_mtime
+        early = [t for a, p, t in recorded if a == "raw_documents" and p != str(partition_key(CRAWL, last[1]))]
+        assert len(early) == len(SOURCES) - 1 and all(t < committed - 0.5 for t in early), (early, committed)
+        # Each partition's closing progress line came over its step's Pipes session into the
+        # run's log, and every session (one per step) opened and closed.
+        messages = [e.user_message for e in instance.all_logs(run_id)]
+        for program in PROGRAMS:
+            for source in crawl.partitions(program):
+                name = partition_name(program, CRAWL, source)
+                assert any(m.startswith(f"{name}: done, ") for m in messages), name
+        assert sum("external process successfully opened dagster pipes" in m for m in messages) == len(PROGRAMS)
+        assert not [m for m in messages if "[pipes] did not receive" in m]
+
+
+def test_a_worker_killed_holding_a_partition_has_it_launched_again(
+        tmp_path: Path, started: list[pipes.Worker], monkeypatch: pytest.MonkeyPatch) -> None:
+    target = ("raw_documents", SOURCES[0])
+    killed: list[int] = []
+    real = pipes.Worker.run
+
+    def fault(self: pipes.Worker, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
+        if (program, source) == target and not killed:  # the first attempt: SIGKILLed 50 ms after it is handed over
+            killed.append(self.pid)
+            threading.Timer(0.05, os.kill, (self.pid, signal.SIGKILL)).start()
+        return real(self, program, source, force, workers)
+
+    monkeypatch.setattr(pipes.Worker, "run", fault)
+    with fast_tmp(tmp_path / "w") as work:
+        instance, run_id, resource = _run(work, fan_out=2)
+        assert len(killed) == 1
+        dead = next(w for w in started if w.pid == killed[0])
+        assert dead.proc.returncode == -signal.SIGKILL
+        assert 2 <= len(started) <= 3  # two slots, and a new worker where no other took what the killed one held
+        warnings = [e.user_message for e in instance.all_logs(run_id) if e.level >= 30]
+        label = f"raw_documents[{SOURCES[0]}]"
+        assert any(m.startswith(label) and "killed by signal 9" in m and "launching it again" in m
+                   for m in warnings), warnings
+        recorded = _materialized(instance, run_id)
+        assert sorted((a, p) for a, p, _ in recorded) == _expected()  # each once, the killed one too
+        crawl = spec(stages=["fuzzy"])
+        alone = Store(str(tmp_path / "alone"))
+        run_all(alone, crawl)
+        assert _sorted(read(resource.store(), crawl, "removal_ledger", "ledger")).equals(
+            _sorted(read(alone, crawl, "removal_ledger", "ledger")))
+        for source in crawl.partitions("raw_documents"):
+            assert read(resource.store(), crawl, "raw_documents", "documents", source).equals(
+                read(alone, crawl, "raw_documents", "documents", source)), source
