@@ -26,7 +26,7 @@ from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import ensure_instance_config
 from curation_dagster.run.crawl_job import CRAWL_JOB_DEF
 from stages.catalog import PROGRAMS, partition_name, waves
-from stages.resolve import resolve_task
+from stages.dataroot import DataRoot
 from stages.store import MANIFEST, Store
 from tests.support.tiny_corpus import CRAWL, SOURCES, fast_tmp, read, run_all, spec
 
@@ -102,7 +102,7 @@ def test_one_warm_worker_serves_the_whole_run_and_each_partition_is_recorded_as_
         for program in [p for wave in waves() for p in wave]:
             order = [str(partition_key(CRAWL, s)) for s in crawl.partitions(program)]
             assert [p for a, p, _ in recorded if a == program] == order, program
-        committed = os.stat(Path(resolve_task(store, crawl, *last).output_dir) / MANIFEST).st_mtime
+        committed = os.stat(Path(DataRoot(store).output_dir(crawl, *last)) / MANIFEST).st_mtime
         early = [t for a, p, t in recorded if a == "raw_documents" and p != str(partition_key(CRAWL, last[1]))]
         assert len(early) == len(SOURCES) - 1 and all(t < committed - 0.5 for t in early), (early, committed)
         # Each partition's closing progress line came over its step's Pipes session into the
@@ -136,7 +136,7 @@ def test_a_worker_killed_holding_a_partition_has_it_launched_again(
         assert dead.proc.returncode == -signal.SIGKILL
         assert 2 <= len(started) <= 3  # two slots, and a new worker where no other took what the killed one held
         warnings = [e.user_message for e in instance.all_logs(run_id) if e.level >= 30]
-        label = f"raw_documents[{SOURCES[0]}]"
+        label = partition_name("raw_documents", CRAWL, SOURCES[0])
         assert any(m.startswith(label) and "killed by signal 9" in m and "launching it again" in m
                    for m in warnings), warnings
         recorded = _materialized(instance, run_id)
