@@ -12,14 +12,16 @@ crawl launched again reruns only what is not current.
 
 The launchers differ only in where a partition's ``stages.execute.execute`` runs:
 
-- the warm pool (``PartitionPool``, ``mode="in_process"``: ``curate run``, ``dagster dev``):
-  worker processes forked from a fork server, each partition's kernels on its share of the cores;
+- the warm pool (``curation_dagster.run.pool.PartitionPool``, ``mode="in_process"``: ``curate
+  run``, ``dagster dev``): worker processes forked from a fork server, each partition's kernels on
+  its share of the cores;
 - warm ``python -m stages serve`` workers speaking Dagster Pipes (``mode="pipes"``: ``curate
   deploy``), the stage pod's entry point, each serving partitions one after another for the whole
   run, or a Kubernetes pod through ``PipesK8sClient`` per partition or pack (``mode="k8s"``): at
   most ``CurationResource.fan_out`` partitions of a step at once.
 
-A partition's checks are evaluated where it is described (the pool worker, else the run worker).
+A partition's checks are evaluated where it is described (``curation_dagster.run.partition``: the
+pool worker, else the run worker).
 A step fails after its other partitions finish and are recorded, with the first failed
 partition's error on one line; a blocking check that failed, on a partition the step ran or on a
 current one, fails the step too, and the later steps do not run. An asset launched on its own
@@ -27,19 +29,14 @@ from the UI (one partition, or a backfill's) runs through the same launchers and
 (``materialize_partition``).
 """
 
-import itertools
 import logging
-import multiprocessing
-import os
 import queue
 import threading
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
-from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Protocol
 
 from dagster import (
@@ -65,23 +62,20 @@ from dagster import (
 )
 from pydantic import Field
 
-from curation_dagster.defs.checks import Judge, evaluator
+from curation_dagster.defs.checks import evaluator
 from curation_dagster.defs.launchers.pipes import Workers
 from curation_dagster.defs.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import add_partitions
 from curation_dagster.run import recorder
-from curation_dagster.run.metadata import asset_metadata
+from curation_dagster.run.partition import describe, finish, one_line, told
 from curation_dagster.run.planner import Planner
+from curation_dagster.run.pool import PartitionPool
 from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS, partition_name, waves
-from stages.checks import CHECK_KINDS
 from stages.dataroot import DataRoot
-from stages.execute import Outcome, execute, metadata
-from stages.parallel import adopt_environment, die_with_parent, limit_threads
-from stages.params import ExecutionParams
+from stages.execute import Outcome
 from stages.spec import CrawlSpec
-from stages.store import Store
 
 CRAWL_JOB = "curate_run"
 CRAWL_TAG = "curate/crawl"  # on every run of a crawl (``curate run``, ``curate submit``)
@@ -93,209 +87,6 @@ class CrawlConfig(Config):
 
     crawl: str = Field(description="a crawl registered in the data root (curate run / curate submit register it)")
     force: bool = Field(default=False, description="recompute every partition, current or not")
-
-
-def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None, outcome: Outcome,
-             started: float, checks: bool = True, judge: Judge | None = None) -> Done:
-    """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
-    materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
-    evaluator of the crawl that a step's partitions share)."""
-    meta = asset_metadata(resource, program, spec, source, metadata(outcome))
-    verdicts = []
-    if checks:
-        judge = judge or evaluator(resource, spec.crawl)
-        verdicts = [(kind.name, kind.blocking, judge(kind, program, source))
-                    for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
-    wall = meta.get("wall_s")
-    busy = time.perf_counter() - started - (float(wall) if isinstance(wall, int | float) else outcome.seconds)
-    return Done(program, source, outcome, None, meta, verdicts, max(busy, 0.0))
-
-
-def finish(resource: CurationResource, store: Store, spec: CrawlSpec, program: str, source: str | None,
-           execution: ExecutionParams, force: bool, emit: Callable[[str], None] | None = None,
-           checks: bool = True, judge: Judge | None = None) -> Done:
-    """Run one partition in this process and describe it: what a pool worker does for each
-    (``judge``: the step's evaluator, else one of its own)."""
-    t0 = time.perf_counter()
-    try:
-        outcome = execute(store, spec, program, source, execution, force=force, emit=emit)
-        return describe(resource, spec, program, source, outcome, t0, checks, judge)
-    except Exception as exc:
-        return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
-
-
-def told(label: str, error: str) -> str:
-    """A partition's error as a step tells it: ``label: error`` (once, when the error names it)."""
-    return error if error.startswith(f"{label}: ") else f"{label}: {error}"
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as the one line ``curate run`` prints: its message's last line, else its class."""
-    lines = str(exc).strip().splitlines()
-    return lines[-1] if lines else type(exc).__name__
-
-
-DIED = "its worker process died (out of memory?)"
-# A worker's resource, store and crawl, set by the pool's initializer; its step's evaluator.
-_WORKER: dict[str, Any] = {}
-_STEPS = itertools.count()
-# What a worker has imported when the pool's fork server forks it: the executor and the programs.
-PRELOAD = ["curation_dagster.run.crawl_job", *(f"stages.programs.{name}" for name in PROGRAMS)]
-
-
-def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:
-    die_with_parent(os.getppid())  # the fork server: it exits when the process that started it does
-    try:
-        # The fork server's environment is that of the first pool of this process: take this one's.
-        adopt_environment(environ)
-        resource = CurationResource(**resource_fields)
-        _WORKER.update(resource=resource, store=resource.store(), spec=spec)
-    except Exception as exc:
-        _WORKER["error"] = f"the worker process could not start: {one_line(exc)}"
-
-
-def step_judge(resource: CurationResource, crawl: str) -> Judge | None:
-    """An evaluator for one step's partitions (the checks' bounds and the crawl's record, read
-    once, as ``Fanout``'s), else None where it cannot be made: each partition's ``describe`` then
-    makes its own and reports the error as that partition's."""
-    try:
-        return evaluator(resource, crawl)
-    except Exception:
-        return None
-
-
-def _work(program: str, source: str | None, execution: ExecutionParams, force: bool, step: int) -> Done:
-    if "error" in _WORKER:
-        return Done(program, source, error=_WORKER["error"])
-    cores = execution.resolved_workers()
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # libraries not loaded yet
-        os.environ[name] = str(cores)
-    limit_threads(cores)
-    # One evaluator per step in each worker, made at its first partition of the step: reading
-    # curate.yaml and the crawl's record for every partition was a third of a small one's time.
-    held = _WORKER.get("judge")
-    if held is None or held[0] != step:
-        held = _WORKER["judge"] = (step, step_judge(_WORKER["resource"], _WORKER["spec"].crawl))
-    return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force,
-                  judge=held[1])
-
-
-def _cores() -> int:
-    """The cores this process may run on (its affinity, e.g. a container's CPU set)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _memory_bytes() -> int | None:
-    """Memory available now: Linux's ``MemAvailable``, at most what this process's cgroup (v2: a
-    container's limit) has left; None where neither is known."""
-    found: list[int] = []
-    try:
-        with open("/proc/meminfo") as fh:
-            found += [int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:")]
-    except OSError:
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return max(min(found), 0) if found else None
-
-
-class PartitionPool:
-    """Worker processes that run partitions of one crawl side by side, started once per
-    ``curate run`` and reused by every step: ``workers`` processes at most (the execution
-    settings' workers, else the cores this process may use, at most one per source). A step of k
-    partitions runs at most as many at once as the memory available when the pool started holds
-    of its program's requested memory (``Program.resources.memory_gib``: one at a time, in this
-    process, where that is under two), and gives each ``cores // (partitions at once)`` cores:
-    its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads."""
-
-    def __init__(self, resource: CurationResource, spec: CrawlSpec, force: bool = False) -> None:
-        self.resource = resource
-        self.spec = spec
-        self.force = force
-        self.store: Store = resource.store()
-        self.execution = resource.execution()
-        self.cores = self.execution.workers or _cores()
-        self.workers = min(self.cores, len(spec.sources))
-        self.memory = _memory_bytes()
-        self._pool: ProcessPoolExecutor | None = None
-        if self.workers >= 2 and self.execution.executor == "local" and resource.mode == "in_process":
-            # Workers are forked from a fork server, a fresh process with the programs imported: not
-            # from this one, whose kernels may have started OpenMP threads (fork is unsafe then).
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(PRELOAD)
-            # The data root and its options as resolved here, whatever the workers' environment.
-            fields = {name: getattr(resource, name) for name in type(resource).model_fields}
-            fields.update(data_root=resource.root(), storage_options=resource.options())
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
-                                             initargs=(fields, spec, dict(os.environ)))
-            # Start the fork server (its imports take a second or two) and a first worker now, on
-            # another core while this process starts the run and plans its first step.
-            self._pool.submit(os.getpid)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-    def __enter__(self) -> "PartitionPool":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def side_by_side(self, program: str, partitions: int) -> int:
-        """How many partitions of ``program`` run at once on the pool (0: here, in turn)."""
-        wants_gpu = PROGRAMS[program].resources.gpu > 0 and self.execution.backend != "cpu"
-        if self._pool is None or partitions < 2 or wants_gpu:
-            return 0
-        fit = self.workers
-        if self.memory is not None:
-            fit = min(fit, int(self.memory // (max(PROGRAMS[program].resources.memory_gib, 0.25) * 2**30)))
-        return 0 if fit < 2 else min(fit, partitions)
-
-    def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
-            ) -> Iterator[Done]:
-        """Every partition of ``program`` in ``sources``, each yielded as it finishes. A worker
-        process that dies (the OOM killer) breaks the pool: every partition of the step not done
-        by then fails, and so do later steps' (a rerun resumes)."""
-        at_once = self.side_by_side(program, len(sources))
-        if not at_once:
-            judge = step_judge(self.resource, self.spec.crawl) if sources else None
-            for source in sources:
-                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit,
-                             judge=judge)
-            return
-        assert self._pool is not None
-        execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
-        # All at once when the pool's size is the bound (its queue keeps every worker busy while
-        # this process records), else ``at_once`` in flight.
-        in_flight = len(sources) if at_once >= self.workers else at_once
-        step = next(_STEPS)  # the workers' evaluators are per step
-        queue = list(sources)
-        pending: dict[Future[Done], str | None] = {}
-        while queue or pending:
-            while queue and len(pending) < in_flight:
-                source = queue.pop(0)
-                try:
-                    pending[self._pool.submit(_work, program, source, execution, self.force, step)] = source
-                except BrokenProcessPool as exc:  # a worker died in an earlier step
-                    yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
-            if not pending:
-                continue
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                source = pending.pop(future)
-                try:
-                    yield future.result()
-                except BrokenProcessPool as exc:
-                    yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
 
 
 class Launcher(Protocol):

@@ -1,5 +1,5 @@
 """Where a partition's ``python -m stages`` runs when it is not the warm pool's
-(``curation_dagster.run.crawl_job.PartitionPool``), chosen by ``CurationResource.mode``:
+(``curation_dagster.run.pool.PartitionPool``), chosen by ``CurationResource.mode``:
 
 - :mod:`~curation_dagster.defs.launchers.pipes`: a ``python -m stages`` subprocess with the stage pod's
   command line, speaking Dagster Pipes (``curate deploy``);
