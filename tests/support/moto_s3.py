@@ -8,6 +8,7 @@ defaults (``stages.store.use_storage_options`` sets them) are restored afterward
 from __future__ import annotations
 
 import logging
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,6 +37,10 @@ def moto_s3(bucket: str, key_id: str, secret: str) -> Iterator[tuple[dict[str, A
             host, port = server.get_host_and_port()
             assert host == "127.0.0.1"
             options = {"endpoint_url": f"http://{host}:{port}"}
+            # moto keeps its buckets in process-wide state that outlives a stopped server: a module
+            # after another of the same bucket in one (xdist worker) process would find it. Reset.
+            urllib.request.urlopen(urllib.request.Request(f"{options['endpoint_url']}/moto-api/reset",
+                                                          method="POST"), timeout=30).close()
             fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
             fs.mkdir(bucket)
             yield options, fs
