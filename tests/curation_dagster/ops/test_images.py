@@ -60,6 +60,7 @@ from tests.e2e.test_k8s_pods import (
     running,
 )
 from tests.support import image_contents
+from tests.support.metadata import md_table
 
 # A cold build (base, wheelhouse, two images) takes minutes on 2 cores: above make test's 900 s
 # per test only on a loaded machine, but then it is the build, not a hang.
@@ -272,7 +273,8 @@ def test_a_stage_partition_runs_in_the_stage_image_as_a_pod(
     # ... and what the stage reported over Pipes, from inside the container, is what Dagster recorded.
     record = instance.fetch_materializations(AssetKey("raw_documents"), limit=1).records[0]
     meta = record.asset_materialization.metadata  # type: ignore[union-attr]
-    assert (meta["documents"].value, meta["quarantined"].value) == (10, 1)
+    counts = md_table(meta["counts"])  # a source x crawl partition's counts: one table
+    assert (counts["documents"], counts["quarantined"]) == (10, 1)
     assert meta["data_version"].value == manifest.data_version and meta["params_key"].value == task.key
 
 
