@@ -193,11 +193,14 @@ class Fanout:
             yield from self._serve(program, sources)
             return
         packs = self.packs(program, sources)
-        with ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(packs))),
-                                thread_name_prefix=f"{program}-launch") as threads:
+        threads = ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(packs))),
+                                     thread_name_prefix=f"{program}-launch")
+        try:
             futures = [threads.submit(self._pack, program, pack) for pack in packs]
             for future in as_completed(futures):
                 yield from future.result()
+        finally:  # stopped early (the run was stopped): the packs not started yet are not launched
+            threads.shutdown(wait=True, cancel_futures=True)
 
     def _serve(self, program: str, sources: list[str | None]) -> Iterator[Done]:
         """``sources`` on warm workers, ``fan_out`` at once: each launching thread takes a worker
@@ -207,6 +210,7 @@ class Fanout:
         workers = self.workers or Workers(*self.resource.serve_command(self.spec.crawl))
         todo: deque[tuple[str | None, int]] = deque((s, 0) for s in sources)  # (source, launches before)
         lock = threading.Lock()
+        stopped = False  # the step stopped taking partitions (under ``lock``)
         finished: queue.Queue[Done | None] = queue.Queue()
         cores = self.resource.stage_workers(program)
 
@@ -246,7 +250,8 @@ class Fanout:
                                     # root is taken over once it expires (stages.lease): no two overlap.
                                     self._relaunch(program, source, str(reported["error"]))
                                     with lock:
-                                        todo.appendleft((source, launched + 1))
+                                        if not stopped:
+                                            todo.appendleft((source, launched + 1))
                                     item = None
                                     break
                                 finished.put(self._describe(program, source, reported, t0))
@@ -276,7 +281,10 @@ class Fanout:
                     ended += 1
                 else:
                     yield done
-        finally:
+        finally:  # stopped early (the run was stopped): no slot takes another partition
+            with lock:
+                stopped = True
+                todo.clear()
             for thread in threads:
                 thread.join()
             if owned:

@@ -8,11 +8,12 @@ started and, in the fault test, SIGKILLs one)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,52 @@ def test_a_worker_killed_holding_a_partition_has_it_launched_again(
         for source in crawl.partitions("raw_documents"):
             assert read(resource.store(), crawl, "raw_documents", "documents", source).equals(
                 read(alone, crawl, "raw_documents", "documents", source)), source
+
+
+class _SlowWorker:
+    """A stand-in warm worker: each partition takes 50 ms and fails (nothing to read back)."""
+
+    def __init__(self, ran: list[str | None]) -> None:
+        self.ran = ran
+
+    @contextlib.contextmanager
+    def session(self, context: Any) -> Iterator[object]:
+        yield object()
+
+    def run(self, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
+        time.sleep(0.05)
+        self.ran.append(source)
+        return {"error": "stand-in"}
+
+    def alive(self) -> bool:
+        return True
+
+
+class _OneWorker:
+    def __init__(self, worker: _SlowWorker) -> None:
+        self.worker = worker
+
+    def take(self) -> _SlowWorker:
+        return self.worker
+
+    def give(self, worker: _SlowWorker) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_step_stopped_early_runs_no_further_partition(tmp_path: Path) -> None:
+    from curation_dagster.run.crawl_job import Fanout
+
+    crawl = spec(stages=["fuzzy"])
+    sources = [f"s{i}" for i in range(20)]
+    ran: list[str | None] = []
+    resource = CurationResource(workdir=str(tmp_path), mode="pipes", fan_out=1)
+    fanout = Fanout(None, resource, crawl, checks=False, workers=_OneWorker(_SlowWorker(ran)))  # type: ignore[arg-type]
+    step = fanout.run("raw_documents", sources)  # type: ignore[arg-type]
+    assert isinstance(step, Generator)
+    first = next(step)
+    assert first.source == "s0" and first.error == "stand-in"
+    step.close()  # the run was stopped: the step's generator is closed
+    assert len(ran) <= 2, ran  # the one in flight at most, not the 18 others
