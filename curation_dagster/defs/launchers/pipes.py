@@ -119,7 +119,8 @@ class Worker:
         return self.proc.poll() is None
 
     def _ask(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Send one request; its reply, or None when the process ended before replying."""
+        """Send one request; its reply, or None when the process ended before replying (a line cut
+        short or garbled, as a killed process may leave, counts as no reply)."""
         stdin, stdout = self.proc.stdin, self.proc.stdout
         assert stdin is not None and stdout is not None
         try:
@@ -128,7 +129,14 @@ class Worker:
         except (BrokenPipeError, OSError):
             return None
         while line := stdout.readline():
-            message = json.loads(line)
+            if not line.endswith("\n"):  # cut short: the process ended while writing it
+                return None
+            try:
+                message = json.loads(line)
+            except ValueError:
+                return None
+            if not isinstance(message, dict):
+                return None
             if "__dagster_pipes_version" not in message:
                 return dict(message)
             if self._handler is not None:  # a Pipes message of the open session: a log line, opened, closed

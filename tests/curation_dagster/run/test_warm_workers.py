@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Generator, Iterator
@@ -199,3 +200,17 @@ def test_a_step_stopped_early_runs_no_further_partition(tmp_path: Path) -> None:
     assert first.source == "s0" and first.error == "stand-in"
     step.close()  # the run was stopped: the step's generator is closed
     assert len(ran) <= 2, ran  # the one in flight at most, not the 18 others
+
+
+@pytest.mark.parametrize(("reply", "end", "error", "killed"), [
+    ('{"skipped": fal', "os.kill(os.getpid(), 9)", "killed by signal 9", True),  # cut short, then killed
+    ("not json\\n", "sys.exit(3)", "exited with code 3", False),  # a whole line, garbled
+])
+def test_a_garbled_reply_is_a_worker_that_died(reply: str, end: str, error: str, killed: bool) -> None:
+    script = f"import os, sys; sys.stdin.readline(); sys.stdout.write('{reply}'); sys.stdout.flush(); {end}"
+    worker = pipes.Worker([sys.executable, "-c", script], {})
+    try:
+        got = worker.run("raw_documents", "s0", False, 1)
+    finally:
+        worker.close()
+    assert error in got["error"] and bool(got.get("killed")) == killed, got
