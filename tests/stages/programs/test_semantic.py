@@ -357,3 +357,11 @@ def test_take_rows_equals_take_on_the_combined_column() -> None:
     rows = np.array([19, 0, 7, 8, 6, 6, 12, 1])
     assert take_rows(chunked, rows).equals(chunked.combine_chunks().take(pa.array(rows)))
     assert len(take_rows(chunked, rows[:0])) == 0
+
+
+def test_embedding_matrix_zeroes_a_row_with_a_nan() -> None:
+    v = np.array([[np.nan, 1.0], [3.0, 4.0], [0.0, 0.0]], np.float16)
+    col = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), 2)
+    out = embedding_matrix(col)
+    assert np.array_equal(out[[0, 2]], np.zeros((2, 2), np.float32))
+    assert np.allclose(out[1], [0.6, 0.8], atol=1e-3)
