@@ -312,11 +312,13 @@ _WARM: dict[str, Workers] = {}
 def run_workers(run_id: str, curation: CurationResource, crawl: str) -> Workers:
     """The warm workers of run ``run_id``, which its steps share (the others' are ended)."""
     with _LOCK:
-        for other in [r for r in _WARM if r != run_id]:
-            _WARM.pop(other).close()
+        others = [_WARM.pop(r) for r in [r for r in _WARM if r != run_id]]
         if run_id not in _WARM:
             _WARM[run_id] = Workers(*curation.serve_command(crawl))
-        return _WARM[run_id]
+        workers = _WARM[run_id]
+    for other in others:  # outside the lock: ending them waits for their processes (up to 10 s each)
+        other.close()
+    return workers
 
 
 def retire_workers(run_id: str) -> None:
@@ -368,7 +370,18 @@ def _planned(context: OpExecutionContext, program: str, keys: list[str]) -> None
 
 def run_step(context: OpExecutionContext, curation: CurationResource, config: CrawlConfig, program: str
              ) -> Iterator[Any]:
-    """One step of the crawl job: plan ``program``'s partitions, run the stale ones, record each."""
+    """One step of the crawl job: plan ``program``'s partitions, run the stale ones, record each.
+    A step that fails or is stopped, wherever (planning included), ends the run's warm workers:
+    no later step of the run runs."""
+    try:
+        yield from _run_step(context, curation, config, program)
+    except BaseException:
+        retire_workers(context.run_id)
+        raise
+
+
+def _run_step(context: OpExecutionContext, curation: CurationResource, config: CrawlConfig, program: str
+              ) -> Iterator[Any]:
     spec = curation.spec(config.crawl)
     if program == STEPS[0]:
         _add_partitions(context.instance, spec)
@@ -410,9 +423,6 @@ def run_step(context: OpExecutionContext, curation: CurationResource, config: Cr
                     blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
             if listener is not None:
                 listener.finished(done)
-    except BaseException:
-        retire_workers(context.run_id)
-        raise
     finally:
         if owned is not None:
             owned.close()

@@ -214,3 +214,27 @@ def test_a_garbled_reply_is_a_worker_that_died(reply: str, end: str, error: str,
     finally:
         worker.close()
     assert error in got["error"] and bool(got.get("killed")) == killed, got
+
+
+def test_a_step_whose_planning_fails_ends_the_runs_warm_workers(
+        tmp_path: Path, started: list[pipes.Worker], monkeypatch: pytest.MonkeyPatch) -> None:
+    from curation_dagster.run import crawl_job, planner
+
+    real = planner.Planner.step
+
+    def broken(self: planner.Planner, program: str) -> Any:
+        if program == "minhash_signatures":
+            raise RuntimeError("planning broke")
+        return real(self, program)
+
+    monkeypatch.setattr(planner.Planner, "step", broken)
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=1)
+        resource.dataroot().register(crawl)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
+                                                  resources={"curation": resource}, raise_on_error=False)
+        assert not result.success
+        assert started and all(w.proc.poll() is not None for w in started)  # ended by the failed step
+        assert result.run_id not in crawl_job._WARM
