@@ -4,7 +4,7 @@ is recorded once, as it finishes (not when its worker's session ends), its progr
 run's log through its step's Pipes session; a worker killed while it
 holds a partition has that partition launched again on another, and the outputs are those of the
 executor alone. Real processes, a real Dagster instance: no mocks (a wrapper counts the workers
-started and, in the fault test, SIGKILLs one)."""
+started and, in the fault test, SIGKILLs one as it is handed a partition)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -125,9 +124,10 @@ def test_a_worker_killed_holding_a_partition_has_it_launched_again(
     real = pipes.Worker.run
 
     def fault(self: pipes.Worker, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
-        if (program, source) == target and not killed:  # the first attempt: SIGKILLed 50 ms after it is handed over
-            killed.append(self.pid)
-            threading.Timer(0.05, os.kill, (self.pid, signal.SIGKILL)).start()
+        if (program, source) == target and not killed:  # the first attempt: its worker SIGKILLed as it is
+            killed.append(self.pid)                      # handed over, so it never finishes it first
+            os.kill(self.pid, signal.SIGKILL)
+            self.proc.wait()
         return real(self, program, source, force, workers)
 
     monkeypatch.setattr(pipes.Worker, "run", fault)
