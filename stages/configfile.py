@@ -42,8 +42,9 @@ def load_mapping(path: str | os.PathLike[str], what: str = "config") -> dict[str
             data = yaml.safe_load(text)
             data = {} if data is None else data
             if _expanded_values(data, MAX_VALUES) > MAX_VALUES:
-                raise DamagedFile(name, what, f"its aliases expand to more than {MAX_VALUES:,} values (an alias "
-                                  "bomb, or one that refers to itself); configs are plain data")
+                raise DamagedFile(name, what, f"it holds more than {MAX_VALUES:,} values, its aliases expanded (a "
+                                  "config that large, an alias bomb, or an alias that refers to itself); "
+                                  "configs are small plain data")
         elif suffix == ".toml":
             data = tomllib.loads(text)
         else:

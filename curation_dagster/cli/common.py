@@ -18,13 +18,23 @@ class CliError(Exception):
     """An error reported as one line, with exit code 1."""
 
 
+# The top-level keys of a ``--config`` file: what ``tools.crawls.spec_from_options`` and
+# ``stages.sizing.setting_from_config`` read.
+CONFIG_KEYS = ("sources", "stages", "params", "keep", "allow_damaged_files")
+
+
 def read_config(path: str | None) -> dict[str, Any]:
-    """The ``--config`` file (YAML, TOML or JSON by its suffix); a damaged one is one line naming it."""
+    """The ``--config`` file (YAML, TOML or JSON by its suffix); a damaged one, or one with a
+    top-level key nothing reads (a typo: ``stage:``, ``param:``), is one line naming it."""
     if not path:
         return {}
     if not Path(path).exists():
         raise CliError(f"config file {path} does not exist")
-    return load_mapping(path)
+    config = load_mapping(path)
+    unknown = [str(k) for k in config if k not in CONFIG_KEYS]
+    if unknown:
+        raise CliError(f"config file {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
+    return config
 
 
 def dataroot(args: argparse.Namespace) -> DataRoot:

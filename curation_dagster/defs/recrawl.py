@@ -42,7 +42,7 @@ from curation_dagster.defs.partitions import CRAWL, SOURCE, crawl_partitions, so
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.config import RecrawlConfig, load_config
 from curation_dagster.ops.instance import add_partitions
-from curation_dagster.tools.crawls import crawl_spec
+from curation_dagster.tools.crawls import crawl_spec, spec_from_options
 from stages.catalog import waves
 from stages.dataroot import DataRoot
 from stages.spec import CrawlSpec
@@ -252,16 +252,22 @@ class RegisterConfig(Config):
                                         "root and adds its crawl and source partitions, as `curate register` does.")
 def register_op(context: OpExecutionContext, config: RegisterConfig, curation: CurationResource) -> None:
     root = curation.dataroot()
-    crawl = check_name("crawl", config.crawl)
-    if root.record(crawl) is not None:
-        raise Failure(f"crawl {crawl!r} is registered already: launch curate_run with crawl: {crawl}")
-    base = root.spec(config.template) if config.template else None
-    sources: dict[str, dict[str, Any]] = {n: dict(f) for n, f in config.sources.items()}
-    if not sources and base is not None:
-        sources = {n: p.model_dump() for n, p in base.sources.items()}
-    if not sources:
-        raise Failure("no source: give sources ({name: {url: ...}}) or a template crawl")
-    spec = crawl_spec(root, crawl, sources, base=base)
+    try:  # what the form gets wrong (a name, the template, a source's fields) on one line, no traceback
+        crawl = check_name("crawl", config.crawl)
+        if root.record(crawl) is not None:
+            raise Failure(f"crawl {crawl!r} is registered already: launch curate_run with crawl: {crawl}")
+        base = root.spec(config.template) if config.template else None
+        sources: dict[str, dict[str, Any]] = {n: dict(f) for n, f in config.sources.items()}
+        if not sources and base is not None:
+            sources = {n: p.model_dump() for n, p in base.sources.items()}
+        if not sources:
+            raise Failure("no source: give sources ({name: {url: ...}}) or a template crawl")
+        template = {} if base is None else {"params": base.params, "stages": base.stages,
+                                            "keep": base.keep.model_dump()}
+        # As `curate register` builds it: its config file's mapping, here the template's and the form's.
+        spec = spec_from_options(root, crawl, [], None, {**template, "sources": sources})
+    except (ValueError, LookupError) as exc:  # UnsafeNameError, SpecError, UnknownCrawl, a pydantic error
+        raise Failure(f"curate_register: {' '.join(str(exc).split())}") from None
     record = root.register(spec)
     add_partitions(context.instance, {CRAWL: [crawl], SOURCE: sorted(spec.sources)})
     context.log.info(f"crawl {crawl} registered (#{record.sequence}, sources {', '.join(sorted(spec.sources))}): "

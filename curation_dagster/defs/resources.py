@@ -18,8 +18,7 @@ from typing import Any, Literal
 from dagster import AssetExecutionContext, ConfigurableResource, Failure, OpExecutionContext
 from pydantic import Field
 
-from curation_dagster.defs.launchers import pipes
-from curation_dagster.ops.k8s_spec import K8sSettings, pod_arguments, threads
+from curation_dagster.ops.k8s_spec import threads
 from curation_dagster.ops.location import workdir_from
 from stages.catalog import PROGRAMS
 from stages.cli import PARENT_PID_ENV, SERVE
@@ -45,11 +44,6 @@ def save_spec(workdir: str | Path, spec: CrawlSpec) -> str:
     return root.record_path(spec.crawl)
 
 
-# What a stage pod's environment sets that a subprocess on the same machine should also have: its
-# thread pools sized to the pod's CPU request (the pod's paths, /tmp and /cache, are not this machine's).
-POD_THREAD_ENV = ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "PYTHONUNBUFFERED")
-
-
 class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     """Workdir (operating config), data root (crawl specs, outputs) and execution settings of stage tasks.
 
@@ -65,7 +59,7 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     data_root: str | None = None  # default <workdir>/data; any fsspec URL (s3://bucket/prefix)
     storage_options: dict[str, Any] = Field(default_factory=dict)
     mode: Literal["in_process", "pipes", "k8s"] = "in_process"  # where a partition runs: the warm pool, a
-    # Pipes subprocess, a pod (curation_dagster.run.crawl_job)
+    # warm Pipes worker (python -m stages serve), a pod (curation_dagster.run.crawl_job)
     fan_out: int = 8  # pipes, k8s: at most this many partitions of one step at once (warm workers, pods)
     partition_retries: int = 1  # pipes: launches again of a partition whose process was killed by a signal
     # k8s: small partitions packed into one pod, in turn, up to this many input documents (their
@@ -120,32 +114,17 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
             cmd += ["--backend", self.backend]
         return cmd + (["--source", source] if source is not None else [])
 
-    def pod_command(self, program: str, crawl: str, source: str | None) -> tuple[list[str], dict[str, str]]:
-        """The stage pod's command line (``curation_dagster.ops.k8s_spec.pod_arguments``) with this
-        environment's python, and the pod's thread settings: what a Pipes subprocess runs, so
-        that ``curate deploy`` runs each partition as Kubernetes would, minus the pod."""
-        args = pod_arguments(K8sSettings(), self, program, crawl, source)
-        env = {e["name"]: e["value"] for e in args["base_pod_spec"]["containers"][0]["env"]
-               if e["name"] in POD_THREAD_ENV}
-        return [sys.executable, *args["command"][1:]], env
-
     def launch(self, context: OpExecutionContext | AssetExecutionContext, program: str, crawl: str,
                sources: list[str | None], force: bool = False) -> dict[str | None, dict[str, Any]]:
-        """Run ``python -m stages`` for the partitions of ``sources`` (one, or a pack of small ones,
-        in turn) where this resource's ``mode`` says (a Pipes subprocess, a pod) and return what it
-        reported over Pipes of each: ``skipped``, ``seconds``, ``data_version``, or ``error`` (one line)."""
-        if self.mode == "k8s":
-            from curation_dagster.defs.launchers import k8s  # imports kubernetes only here
+        """Launch a pod through ``PipesK8sClient`` for the partitions of ``sources`` (one, or a pack
+        of small ones, in turn; ``mode="k8s"``) and return what it reported over Pipes of each:
+        ``skipped``, ``seconds``, ``data_version``, or ``error`` (one line). ``mode="pipes"`` runs
+        partitions on warm workers (``serve_command``), ``in_process`` in this process's pool."""
+        if self.mode != "k8s":
+            raise ValueError(f"mode {self.mode!r} does not launch a pod per partition: only k8s does")
+        from curation_dagster.defs.launchers import k8s  # imports kubernetes only here
 
-            return k8s.launch(context, self, program, crawl, sources, force=force)
-        if self.mode != "pipes":
-            raise ValueError(f"mode {self.mode!r} runs partitions in this process, not by launching them")
-        command, env = self.pod_command(program, crawl, sources[0])
-        for source in sources[1:]:
-            command += ["--source", str(source)]
-        if force:
-            command.append("--force")
-        return pipes.launch(context, command, self._subprocess_env(env), sources)
+        return k8s.launch(context, self, program, crawl, sources, force=force)
 
     def stage_workers(self, program: str) -> int:
         """The cores a partition of ``program`` runs on outside this process: ``workers``, else
@@ -174,7 +153,7 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
 # e.g. CURATE_EXECUTOR=ray, CURATE_RAY_ADDRESS=ray://curation-ray-head-svc.curation.svc:10001).
 EXECUTOR_ENV = "CURATE_EXECUTOR"
 RAY_ADDRESS_ENV = "CURATE_RAY_ADDRESS"
-# A crawl step's launching (Pipes subprocesses, pods): partitions at once, documents a pack.
+# A crawl step's launching (warm Pipes workers, pods): partitions at once, documents a pack.
 FAN_OUT_ENV = "CURATE_FAN_OUT"
 PACK_DOCUMENTS_ENV = "CURATE_PACK_DOCUMENTS"
 

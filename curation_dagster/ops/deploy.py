@@ -105,8 +105,8 @@ class DeployError(RuntimeError):
 
 def definitions() -> Definitions:
     """The code location of ``curate deploy`` (``dagster api grpc -m curation_dagster.ops.deploy -a
-    definitions``): every asset partition runs as ``python -m stages ...`` in a Pipes subprocess,
-    the stage pod's command line; outputs under ``$CURATE_DATA_ROOT``. A run's steps run in its
+    definitions``): every asset partition runs on a warm ``python -m stages serve`` worker
+    speaking Pipes, the stage pod's command line; outputs under ``$CURATE_DATA_ROOT``. A run's steps run in its
     worker process (the in-process executor): the work is in the stage subprocess already, and
     Dagster's default, a process per step and per check, would start two Pythons per step."""
     from dagster import in_process_executor

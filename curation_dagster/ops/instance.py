@@ -111,16 +111,20 @@ def ensure_instance_config(home: Path) -> Path:
 
 # The SQLite databases of the embedded instance, relative to its home: what a template holds.
 STORAGES = ("history/runs.db", "history/event_log.db", "schedules/schedules.db")
+# The schema of our own storages (``curation_dagster.ops.event_log``'s tables and indexes): part of
+# the template's cache key, raised with any change to them, so no template built before is used.
+STORAGE_SCHEMA = 1
 
 
 def template_home() -> Path:
     """Where this Dagster version's template instance lives: ``$XDG_CACHE_HOME`` (else
-    ``~/.cache``) ``/curation-dagster/instance-<dagster version>-<digest of dagster.yaml>``, so
-    another Dagster or another storage configuration never gets a template built for this one."""
+    ``~/.cache``) ``/curation-dagster/instance-<dagster version>-<digest of dagster.yaml and
+    STORAGE_SCHEMA>``, so another Dagster, another storage configuration or another schema of our
+    own storage never gets a template built for this one."""
     from dagster.version import __version__
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    digest = hashlib.sha256(DAGSTER_YAML.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(f"{DAGSTER_YAML}\nschema {STORAGE_SCHEMA}".encode()).hexdigest()[:12]
     return cache / "curation-dagster" / f"instance-{__version__}-{digest}"
 
 
@@ -129,7 +133,9 @@ def _template() -> Path | None:
     read-only cache folder): the caller then lets Dagster create its storages as usual.
 
     Built in a folder of its own and renamed into place whole, so a process that finds the
-    folder finds every database in it, checkpointed (no write-ahead log beside it)."""
+    folder finds every database in it, checkpointed (no write-ahead log beside it). A folder found
+    incomplete (an older version's, a hand-edited one) is moved aside for the new build, not
+    rebuilt beside by every new workdir."""
     folder = template_home()
     if all((folder / name).is_file() for name in STORAGES):
         return folder
@@ -148,6 +154,13 @@ def _template() -> Path | None:
                 con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             con.close()
         (build / "dagster.yaml").unlink()  # it names the build folder; only the databases are copied
+        if folder.exists() and not all((folder / name).is_file() for name in STORAGES):
+            aside = Path(tempfile.mkdtemp(prefix=".incomplete-", dir=folder.parent))
+            try:
+                os.rename(folder, aside / "instance")
+            except OSError:  # another process moved it first
+                pass
+            shutil.rmtree(aside, ignore_errors=True)
         try:
             os.rename(build, folder)
         except OSError:  # another process renamed its own first: use that one

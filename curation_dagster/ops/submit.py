@@ -7,7 +7,7 @@ Submitting a crawl: its spec is registered in the deployment's data root (read f
 partitions are added (``addDynamicPartition``), and **one run** of the code location's crawl job
 (``curate_run``, ``curation_dagster.run.crawl_job``) is launched (``launchRun``, config
 ``{crawl, force}``, tagged ``curate/crawl``): a step per program, each fanning its stale
-partitions out to Pipes subprocesses or pods and recording each as it finishes. The run is
+partitions out to warm Pipes workers or pods and recording each as it finishes. The run is
 queued and run by the deployment, so it survives the submitter; a run whose worker dies is
 retried by the daemon (``run_retries``: from the failed step, which plans again and reruns only
 what is not current), and a failed run re-executes from failure in the UI. ``--wait`` follows the

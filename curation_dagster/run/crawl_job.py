@@ -193,11 +193,14 @@ class Fanout:
             yield from self._serve(program, sources)
             return
         packs = self.packs(program, sources)
-        with ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(packs))),
-                                thread_name_prefix=f"{program}-launch") as threads:
+        threads = ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(packs))),
+                                     thread_name_prefix=f"{program}-launch")
+        try:
             futures = [threads.submit(self._pack, program, pack) for pack in packs]
             for future in as_completed(futures):
                 yield from future.result()
+        finally:  # stopped early (the run was stopped): the packs not started yet are not launched
+            threads.shutdown(wait=True, cancel_futures=True)
 
     def _serve(self, program: str, sources: list[str | None]) -> Iterator[Done]:
         """``sources`` on warm workers, ``fan_out`` at once: each launching thread takes a worker
@@ -207,6 +210,7 @@ class Fanout:
         workers = self.workers or Workers(*self.resource.serve_command(self.spec.crawl))
         todo: deque[tuple[str | None, int]] = deque((s, 0) for s in sources)  # (source, launches before)
         lock = threading.Lock()
+        stopped = False  # the step stopped taking partitions (under ``lock``)
         finished: queue.Queue[Done | None] = queue.Queue()
         cores = self.resource.stage_workers(program)
 
@@ -246,7 +250,8 @@ class Fanout:
                                     # root is taken over once it expires (stages.lease): no two overlap.
                                     self._relaunch(program, source, str(reported["error"]))
                                     with lock:
-                                        todo.appendleft((source, launched + 1))
+                                        if not stopped:
+                                            todo.appendleft((source, launched + 1))
                                     item = None
                                     break
                                 finished.put(self._describe(program, source, reported, t0))
@@ -276,7 +281,10 @@ class Fanout:
                     ended += 1
                 else:
                     yield done
-        finally:
+        finally:  # stopped early (the run was stopped): no slot takes another partition
+            with lock:
+                stopped = True
+                todo.clear()
             for thread in threads:
                 thread.join()
             if owned:
@@ -304,11 +312,13 @@ _WARM: dict[str, Workers] = {}
 def run_workers(run_id: str, curation: CurationResource, crawl: str) -> Workers:
     """The warm workers of run ``run_id``, which its steps share (the others' are ended)."""
     with _LOCK:
-        for other in [r for r in _WARM if r != run_id]:
-            _WARM.pop(other).close()
+        others = [_WARM.pop(r) for r in [r for r in _WARM if r != run_id]]
         if run_id not in _WARM:
             _WARM[run_id] = Workers(*curation.serve_command(crawl))
-        return _WARM[run_id]
+        workers = _WARM[run_id]
+    for other in others:  # outside the lock: ending them waits for their processes (up to 10 s each)
+        other.close()
+    return workers
 
 
 def retire_workers(run_id: str) -> None:
@@ -360,7 +370,18 @@ def _planned(context: OpExecutionContext, program: str, keys: list[str]) -> None
 
 def run_step(context: OpExecutionContext, curation: CurationResource, config: CrawlConfig, program: str
              ) -> Iterator[Any]:
-    """One step of the crawl job: plan ``program``'s partitions, run the stale ones, record each."""
+    """One step of the crawl job: plan ``program``'s partitions, run the stale ones, record each.
+    A step that fails or is stopped, wherever (planning included), ends the run's warm workers:
+    no later step of the run runs."""
+    try:
+        yield from _run_step(context, curation, config, program)
+    except BaseException:
+        retire_workers(context.run_id)
+        raise
+
+
+def _run_step(context: OpExecutionContext, curation: CurationResource, config: CrawlConfig, program: str
+              ) -> Iterator[Any]:
     spec = curation.spec(config.crawl)
     if program == STEPS[0]:
         _add_partitions(context.instance, spec)
@@ -402,9 +423,6 @@ def run_step(context: OpExecutionContext, curation: CurationResource, config: Cr
                     blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
             if listener is not None:
                 listener.finished(done)
-    except BaseException:
-        retire_workers(context.run_id)
-        raise
     finally:
         if owned is not None:
             owned.close()

@@ -118,7 +118,7 @@ class _Display:
 def _crawl_run(instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, force: bool,
                display: _Display) -> None:
     """The crawl's one Dagster run: the code location's crawl job, in this process, on one warm pool."""
-    with PartitionPool(resource, spec, force) as pool, attached(spec.crawl, display, pool), \
+    with PartitionPool(resource, spec, force, warm=True) as pool, attached(spec.crawl, display, pool), \
             _from_code_location(instance, CRAWL_JOB_DEF.name):
         result = CRAWL_JOB_DEF.execute_in_process(
             run_config={"crawl": spec.crawl, "force": force}, instance=instance, raise_on_error=False,

@@ -90,9 +90,11 @@ class PartitionPool:
     partitions runs at most as many at once as the memory available when the pool started holds
     of its program's requested memory (``Program.resources.memory_gib``: one at a time, in this
     process, where that is under two), and gives each ``cores // (partitions at once)`` cores:
-    its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads."""
+    its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads.
+    ``warm``: start the fork server and a first worker at once (``curate run``'s pool, for the
+    whole run), not when the first partitions are handed over."""
 
-    def __init__(self, resource: CurationResource, spec: CrawlSpec, force: bool = False) -> None:
+    def __init__(self, resource: CurationResource, spec: CrawlSpec, force: bool = False, warm: bool = False) -> None:
         self.resource = resource
         self.spec = spec
         self.force = force
@@ -112,9 +114,10 @@ class PartitionPool:
             fields.update(data_root=resource.root(), storage_options=resource.options())
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
                                              initargs=(fields, spec, dict(os.environ)))
-            # Start the fork server (its imports take a second or two) and a first worker now, on
-            # another core while this process starts the run and plans its first step.
-            self._pool.submit(os.getpid)
+            if warm:  # ``curate run``'s pool, for the whole run: start the fork server (its imports
+                # take a second or two) and a first worker now, on another core while this process
+                # starts the run and plans its first step (a step's own pool may never be used)
+                self._pool.submit(os.getpid)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -87,7 +87,9 @@ def _table(values: dict[str, Any], left: str) -> MetadataValue:
 def present(meta: dict[str, Any]) -> dict[str, Any]:
     """A partition's metadata as the UI shows it: counts first, then the parameters (a table of
     their values, or the plain fact that the program takes none) and the rows of each table
-    (numbers, ``rows/<table>``, each one series in the Plots tab), the timings last."""
+    (``rows/<table>``: numbers, each one series in the Plots tab, for a crawl partition; a source
+    partition's are in its ``counts`` table, ``curation_dagster.run.metadata.per_source_counts``),
+    the timings last."""
     # A mapping of counts (quarantine_reasons, removed_per_reason, ...) is a table, not JSON; the
     # report stays whole, as JSON, for tools that read it back.
     out = {k: _table(v, k) if isinstance(v, dict) and k != "report" else v

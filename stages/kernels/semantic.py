@@ -100,7 +100,7 @@ NORM_ROWS = 1 << 14  # rows normalised at once by embedding_matrix
 def embedding_matrix(column: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.float32]:
     """float32 (n, d) from a fixed-size-list column (float16 or float32 leaves), each row
     re-normalised to unit length: float16 storage rounds the norm to about 1e-3, and cosines
-    are dot products of unit rows. A zero row stays zero."""
+    are dot products of unit rows. A zero row, or one with a NaN, is zeros."""
     # Filled chunk by chunk and normalised in place: one float32 matrix (4 * d bytes a row) and
     # one chunk's leaves beside it, never a combined copy of the column or a second matrix.
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -114,7 +114,8 @@ def embedding_matrix(column: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.float
     for a in range(0, len(x), NORM_ROWS):  # a block at a time: norm's squares are a temporary matrix
         block = x[a:a + NORM_ROWS]
         norm = np.linalg.norm(block, axis=1, keepdims=True)
-        np.divide(block, norm, out=block, where=norm > 0)  # a zero row (norm 0) is left as it is: zero
+        np.divide(block, norm, out=block, where=norm > 0)
+        block[~(norm[:, 0] > 0)] = 0.0  # a zero row, or one with a NaN: zeros
     return x
 
 

@@ -64,6 +64,27 @@ def surviving_embeddings(inputs: Inputs) -> tuple[pa.Table, int]:
     return pa.concat_tables(tables).select(["doc_id", "source", "embedding"]), dropped
 
 
+def take_rows(column: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+    """``column``'s ``rows`` (positions in the whole column), in order: taken from each chunk
+    they fall in, so no call combines the column's chunks (``ChunkedArray.take`` joins them all
+    on every call: a full copy each time)."""
+    chunks = column.chunks
+    starts = np.cumsum([0] + [len(c) for c in chunks])
+    which = np.searchsorted(starts, rows, side="right") - 1  # an empty chunk shares its start
+    local = rows - starts[which]
+    order = np.argsort(which, kind="stable")  # the rows grouped by chunk, in order within each
+    pieces = []
+    for c in np.unique(which):
+        mine = order[which[order] == c]
+        pieces.append(chunks[c].take(pa.array(local[mine])))
+    if not pieces:
+        return pa.array([], column.type)
+    grouped = pa.concat_arrays(pieces)
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    return grouped.take(pa.array(back))
+
+
 def run(
     params: SemanticClustersParams,
     inputs: Inputs,
@@ -109,13 +130,13 @@ def run(
     # A part at a time: the rows taken for one part, never a reordered copy of the whole table.
     for a in range(0, len(row), execution.batch_rows):
         b = a + execution.batch_rows
-        part = table.take(pa.array(row[a:b]))
+        rows = row[a:b]
         output.write("clusters", pa.table({
-            "doc_id": part["doc_id"], "source": part["source"],
+            "doc_id": take_rows(table["doc_id"], rows), "source": take_rows(table["source"], rows),
             "cluster": pa.array(cluster[a:b].astype(np.int32)),
             "primary": pa.array(primary[a:b]),
             "distance": pa.array(dist[a:b]),
-            "embedding": part["embedding"],
+            "embedding": take_rows(table["embedding"], rows),
         }, schema=schema))
     sizes = np.bincount(labels)
     return SemanticClustersReport(

@@ -1,13 +1,11 @@
-"""Run stage partitions in ``python -m stages`` subprocesses speaking Dagster Pipes, the stage
-pod's entry point and thread settings on this machine (``CurationResource.pod_command``), so that
-``curate deploy`` runs each partition as Kubernetes would, minus the pod:
-
-- :func:`launch`: one process for one partition (or a pack), its own Pipes session;
-- :class:`Worker`: a warm ``python -m stages serve`` process that serves many partitions one
-  after another (``stages.cli.serve``) in a Pipes session per step (their progress lines in the
-  run's log), each partition's outcome replied as it finishes; its start and imports (~0.6 s)
-  are paid once per worker, not per partition. ``curation_dagster.run.crawl_job.Fanout`` keeps up to
-  ``fan_out`` of them for a run.
+"""Run stage partitions on warm ``python -m stages serve`` subprocesses speaking Dagster Pipes:
+the stage pod's entry point and thread settings on this machine
+(``CurationResource.serve_command``), so that ``curate deploy`` runs each partition as Kubernetes
+would, minus the pod. A :class:`Worker` serves many partitions one after another
+(``stages.cli.serve``) in a Pipes session per step (their progress lines in the run's log), each
+partition's outcome replied as it finishes; its start and imports (~0.6 s) are paid once per
+worker, not per partition. ``curation_dagster.run.crawl_job.Fanout`` keeps up to ``fan_out`` of
+them for a run (:class:`Workers`).
 
 Many run at once in one step (threads of ``Fanout``), each with its own Pipes session."""
 
@@ -29,7 +27,6 @@ from dagster import (
     PipesMessageReader,
     PipesSession,
     PipesTempFileContextInjector,
-    PipesTempFileMessageReader,
     PreviewWarning,
     open_pipes_session,
 )
@@ -58,18 +55,6 @@ def reported(messages: Sequence[Any], sources: Sequence[str | None], code: int |
             why = f"exited with code {code}" if code else "ended"
             out[source] = {"error": f"its process {why} without reporting an outcome"}
     return out
-
-
-def launch(context: OpExecutionContext | AssetExecutionContext, command: Sequence[str], env: Mapping[str, str],
-           sources: Sequence[str | None]) -> dict[str | None, dict[str, Any]]:
-    """Run ``command`` (the partitions of ``sources``) with ``env`` added to this process's
-    environment; what it reported of each."""
-    with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
-                            message_reader=PipesTempFileMessageReader()) as session:
-        proc = subprocess.Popen(list(command), env={**os.environ, **env, **session.get_bootstrap_env_vars()},
-                                stdin=subprocess.DEVNULL)
-        code = proc.wait()
-    return reported(session.get_custom_messages(), sources, code)
 
 
 # Warm workers are started from this one thread, which lives as long as the process: a worker arms
@@ -119,7 +104,8 @@ class Worker:
         return self.proc.poll() is None
 
     def _ask(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Send one request; its reply, or None when the process ended before replying."""
+        """Send one request; its reply, or None when the process ended before replying (a line cut
+        short or garbled, as a killed process may leave, counts as no reply)."""
         stdin, stdout = self.proc.stdin, self.proc.stdout
         assert stdin is not None and stdout is not None
         try:
@@ -128,7 +114,14 @@ class Worker:
         except (BrokenPipeError, OSError):
             return None
         while line := stdout.readline():
-            message = json.loads(line)
+            if not line.endswith("\n"):  # cut short: the process ended while writing it
+                return None
+            try:
+                message = json.loads(line)
+            except ValueError:
+                return None
+            if not isinstance(message, dict):
+                return None
             if "__dagster_pipes_version" not in message:
                 return dict(message)
             if self._handler is not None:  # a Pipes message of the open session: a log line, opened, closed

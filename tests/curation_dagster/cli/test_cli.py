@@ -85,6 +85,24 @@ def test_read_config_names_a_missing_file(tmp_path: Path) -> None:
     assert common.read_config(None) == {}
 
 
+def test_a_config_with_an_unknown_key_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "crawl.yaml"
+    config.write_text("sources:\n  web: {url: /nowhere}\nstage: [fuzzy]\nparam: {}\n")
+    known = "known: sources, stages, params, keep, allow_damaged_files"
+    with pytest.raises(common.CliError, match=rf"config file .*crawl\.yaml: unknown key\(s\) stage, param; {known}"):
+        common.read_config(str(config))
+    for args in (["register", "--data-root", str(tmp_path / "data"), "--crawl", "c9"],
+                 ["size", "--docs", "1000", "--mean-chars", "2000"]):
+        assert cli.main([*args, "--config", str(config)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("curate: error: config file ") and "unknown key(s) stage, param" in err, err
+        assert err.count("\n") == 1
+    config.write_text("sources:\n  web: {url: /nowhere}\nstages: [fuzzy]\nparams: {}\nkeep: {}\n"
+                      "allow_damaged_files: false\n")
+    assert set(common.read_config(str(config))) == set(common.CONFIG_KEYS)
+
+
 def test_python_m_curation_dagster_cli_is_the_curate_command() -> None:
     done = subprocess.run([sys.executable, "-m", "curation_dagster.cli", "lsh-curve", "--preset", "seed",
                            "--points", "2"], capture_output=True, text=True, cwd=ROOT,

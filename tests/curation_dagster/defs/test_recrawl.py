@@ -272,3 +272,20 @@ def test_recrawl_storage_options_are_never_written(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="recrawl prefix carries credentials") as exc:
         load_config(workdir)
     assert planted not in str(exc.value)
+
+
+@pytest.mark.parametrize(("form", "says"), [
+    ({"crawl": "../c9", "sources": {"a": {"url": "x"}}}, "invalid crawl name '../c9'"),
+    ({"crawl": "c9", "template": "nope"}, "crawl 'nope' is not registered"),
+    ({"crawl": "c9", "sources": {"a": {"text_field": "text"}}}, "source(s) a have no url"),
+])
+def test_curate_register_job_refuses_a_bad_form_in_one_line(tmp_path: Path, form: dict[str, Any], says: str) -> None:
+    job = build_definitions(str(tmp_path)).get_job_def("curate_register")
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(run_config={"ops": {"register_crawl": {"config": form}}},
+                                        instance=instance, raise_on_error=False)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    data = failure.step_failure_data
+    assert data.user_failure_data is not None, data.error  # a Failure, not a traceback
+    assert data.error is not None and says in data.error.message and "\n" not in data.error.message.strip()

@@ -83,28 +83,28 @@ def curate(*args: str) -> tuple[int, str, str]:
 # --- without a deployment -------------------------------------------------------------------------
 
 
-def test_a_pipes_partition_runs_the_stage_pods_command_line() -> None:
-    """What a Pipes subprocess of the deployment runs is what the stage pod runs (this machine's
-    python for the image's), with the pod's thread settings."""
+def test_a_warm_worker_runs_the_stage_pods_command_line() -> None:
+    """What a warm worker of the deployment (python -m stages serve) runs is what the stage pod
+    runs (this machine's python for the image's), its options but the program and source (each
+    request names them) and workers (each request's: the pod's CPU request), with the pod's thread
+    settings for the widest program."""
     resource = CurationResource(workdir="/w", data_root="s3://bucket/root", mode="pipes")
-    for program, source in (("minhash_signatures", "web"), ("lsh_buckets", None)):
-        command, env = resource.pod_command(program, "c1", source)
-        container = k8s.pod_manifest(k8s_spec.K8sSettings(), resource, program, "c1", source)["spec"]["containers"][0]
-        assert container["command"][0] == "python" and command == [sys.executable, *container["command"][1:]]
-        assert env == {e["name"]: e["value"] for e in container["env"]
-                       if e["name"] in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "PYTHONUNBUFFERED")}
-        assert command[command.index("--workers") + 1] == env["OMP_NUM_THREADS"] == str(
-            k8s_spec.threads(PROGRAMS[program].resources))
-        assert resource.stage_workers(program) == int(env["OMP_NUM_THREADS"])
-    # A warm worker (python -m stages serve): the same entry point and options, no program or
-    # source (each request names them), threads for the widest program.
     served, env = resource.serve_command("c1")
-    command, _ = resource.pod_command("lsh_buckets", "c1", None)
-    assert served[:3] == [sys.executable, "-m", "stages"] and served[3] == "serve" and command[3] == "lsh_buckets"
-    assert served[4:] == [*command[4:command.index("--workers") + 1], "0", *command[command.index("--workers") + 2:]]
+    for program, source in (("minhash_signatures", "web"), ("lsh_buckets", None)):
+        container = k8s.pod_manifest(k8s_spec.K8sSettings(), resource, program, "c1", source)["spec"]["containers"][0]
+        pod = container["command"]
+        assert pod[0] == "python" and pod[1:4] == ["-m", "stages", program]
+        threads = {e["name"]: e["value"] for e in container["env"]
+                   if e["name"] in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
+        assert pod[pod.index("--workers") + 1] == threads["OMP_NUM_THREADS"] == threads["NUMBA_NUM_THREADS"] == str(
+            k8s_spec.threads(PROGRAMS[program].resources)) == str(resource.stage_workers(program))
+        if source is None:
+            assert served[:3] == [sys.executable, "-m", "stages"] and served[3] == "serve"
+            at = pod.index("--workers")
+            assert served[4:] == [*pod[4:at + 1], "0", *pod[at + 2:]]
     widest = max(k8s_spec.threads(p.resources) for p in PROGRAMS.values())
-    assert env["OMP_NUM_THREADS"] == env["NUMBA_NUM_THREADS"] == str(widest) and env["CURATE_PARENT_PID"] == str(
-        os.getpid())
+    assert env["OMP_NUM_THREADS"] == env["NUMBA_NUM_THREADS"] == str(widest) and env["PYTHONUNBUFFERED"] == "1"
+    assert env["CURATE_PARENT_PID"] == str(os.getpid())
 
 
 def test_the_deployments_instance_config(tmp_path: Path) -> None:

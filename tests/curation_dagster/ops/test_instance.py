@@ -145,6 +145,24 @@ def test_a_new_home_gets_the_templates_databases(tmp_path: Path, monkeypatch: py
     assert second.get_runs(limit=1) == []
 
 
+def test_an_incomplete_template_is_replaced_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template folder found without all its databases is moved aside and the new build put in
+    its place: the next new home copies it, and its key holds our storages' schema."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    template = template_home()
+    (template / "history").mkdir(parents=True)
+    (template / "history" / "runs.db").write_bytes(b"")  # the others missing
+    open_instance(tmp_path / "a" / "dagster")
+    assert all((template / name).is_file() for name in STORAGES)
+    assert [p.name for p in template.parent.iterdir()] == [template.name]  # nothing left aside
+    assert all((tmp_path / "a" / "dagster" / name).is_file() for name in STORAGES)
+    built = {name: (template / name).stat().st_mtime_ns for name in STORAGES}
+    open_instance(tmp_path / "b" / "dagster")
+    assert {name: (template / name).stat().st_mtime_ns for name in STORAGES} == built  # copied, not rebuilt
+    monkeypatch.setattr("curation_dagster.ops.instance.STORAGE_SCHEMA", 2)
+    assert template_home() != template
+
+
 def test_without_a_template_dagster_creates_the_databases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cache folder that cannot be written (here: a file where the folder should be) costs the
     template, not the instance."""

@@ -225,3 +225,16 @@ def test_the_crawl_job_on_pipes_subprocesses_records_what_the_pool_does(tmp_path
         run_all(alone, crawl)
         assert _sorted(read(resource.store(), crawl, "removal_ledger", "ledger")).equals(
             _sorted(read(alone, crawl, "removal_ledger", "ledger")))
+
+
+def test_only_a_warm_pool_starts_a_worker_before_it_is_used(tmp_path: Path) -> None:
+    """``curate run``'s pool (the whole run's) starts its fork server and a first worker at once;
+    a step's own pool (a crawl run launched from the UI) starts nothing it may never use."""
+    from curation_dagster.run.pool import PartitionPool
+
+    crawl = spec(stages=["fuzzy"])
+    resource = CurationResource(workdir=str(tmp_path), workers=2)
+    with PartitionPool(resource, crawl) as cold:
+        assert cold._pool is not None and not cold._pool._processes
+    with PartitionPool(resource, crawl, warm=True) as warm:
+        assert warm._pool is not None and warm._pool._processes

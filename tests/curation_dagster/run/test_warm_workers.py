@@ -4,15 +4,16 @@ is recorded once, as it finishes (not when its worker's session ends), its progr
 run's log through its step's Pipes session; a worker killed while it
 holds a partition has that partition launched again on another, and the outputs are those of the
 executor alone. Real processes, a real Dagster instance: no mocks (a wrapper counts the workers
-started and, in the fault test, SIGKILLs one)."""
+started and, in the fault test, SIGKILLs one as it is handed a partition)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import threading
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +124,10 @@ def test_a_worker_killed_holding_a_partition_has_it_launched_again(
     real = pipes.Worker.run
 
     def fault(self: pipes.Worker, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
-        if (program, source) == target and not killed:  # the first attempt: SIGKILLed 50 ms after it is handed over
-            killed.append(self.pid)
-            threading.Timer(0.05, os.kill, (self.pid, signal.SIGKILL)).start()
+        if (program, source) == target and not killed:  # the first attempt: its worker SIGKILLed as it is
+            killed.append(self.pid)                      # handed over, so it never finishes it first
+            os.kill(self.pid, signal.SIGKILL)
+            self.proc.wait()
         return real(self, program, source, force, workers)
 
     monkeypatch.setattr(pipes.Worker, "run", fault)
@@ -149,3 +151,90 @@ def test_a_worker_killed_holding_a_partition_has_it_launched_again(
         for source in crawl.partitions("raw_documents"):
             assert read(resource.store(), crawl, "raw_documents", "documents", source).equals(
                 read(alone, crawl, "raw_documents", "documents", source)), source
+
+
+class _SlowWorker:
+    """A stand-in warm worker: each partition takes 50 ms and fails (nothing to read back)."""
+
+    def __init__(self, ran: list[str | None]) -> None:
+        self.ran = ran
+
+    @contextlib.contextmanager
+    def session(self, context: Any) -> Iterator[object]:
+        yield object()
+
+    def run(self, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
+        time.sleep(0.05)
+        self.ran.append(source)
+        return {"error": "stand-in"}
+
+    def alive(self) -> bool:
+        return True
+
+
+class _OneWorker:
+    def __init__(self, worker: _SlowWorker) -> None:
+        self.worker = worker
+
+    def take(self) -> _SlowWorker:
+        return self.worker
+
+    def give(self, worker: _SlowWorker) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_step_stopped_early_runs_no_further_partition(tmp_path: Path) -> None:
+    from curation_dagster.run.crawl_job import Fanout
+
+    crawl = spec(stages=["fuzzy"])
+    sources = [f"s{i}" for i in range(20)]
+    ran: list[str | None] = []
+    resource = CurationResource(workdir=str(tmp_path), mode="pipes", fan_out=1)
+    fanout = Fanout(None, resource, crawl, checks=False, workers=_OneWorker(_SlowWorker(ran)))  # type: ignore[arg-type]
+    step = fanout.run("raw_documents", sources)  # type: ignore[arg-type]
+    assert isinstance(step, Generator)
+    first = next(step)
+    assert first.source == "s0" and first.error == "stand-in"
+    step.close()  # the run was stopped: the step's generator is closed
+    assert len(ran) <= 2, ran  # the one in flight at most, not the 18 others
+
+
+@pytest.mark.parametrize(("reply", "end", "error", "killed"), [
+    ('{"skipped": fal', "os.kill(os.getpid(), 9)", "killed by signal 9", True),  # cut short, then killed
+    ("not json\\n", "sys.exit(3)", "exited with code 3", False),  # a whole line, garbled
+])
+def test_a_garbled_reply_is_a_worker_that_died(reply: str, end: str, error: str, killed: bool) -> None:
+    script = f"import os, sys; sys.stdin.readline(); sys.stdout.write('{reply}'); sys.stdout.flush(); {end}"
+    worker = pipes.Worker([sys.executable, "-c", script], {})
+    try:
+        got = worker.run("raw_documents", "s0", False, 1)
+    finally:
+        worker.close()
+    assert error in got["error"] and bool(got.get("killed")) == killed, got
+
+
+def test_a_step_whose_planning_fails_ends_the_runs_warm_workers(
+        tmp_path: Path, started: list[pipes.Worker], monkeypatch: pytest.MonkeyPatch) -> None:
+    from curation_dagster.run import crawl_job, planner
+
+    real = planner.Planner.step
+
+    def broken(self: planner.Planner, program: str) -> Any:
+        if program == "minhash_signatures":
+            raise RuntimeError("planning broke")
+        return real(self, program)
+
+    monkeypatch.setattr(planner.Planner, "step", broken)
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=1)
+        resource.dataroot().register(crawl)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
+                                                  resources={"curation": resource}, raise_on_error=False)
+        assert not result.success
+        assert started and all(w.proc.poll() is not None for w in started)  # ended by the failed step
+        assert result.run_id not in crawl_job._WARM

@@ -346,3 +346,22 @@ def test_every_similarity_has_a_band(sim: float) -> None:
     assert lo in BANDS and (sim >= lo or lo == BANDS[-1])
     assert all(sim < b for b in BANDS if b > lo)
     assert band(-0.25) == ">=-1.00" and band(0.96) == ">=0.95"
+
+
+def test_take_rows_equals_take_on_the_combined_column() -> None:
+    from stages.programs.semantic_clusters import take_rows
+
+    v = np.arange(40, dtype=np.float16).reshape(20, 2)
+    col = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), 2)
+    chunked = pa.chunked_array([col.slice(0, 7), col.slice(7, 0), col.slice(7, 1), col.slice(8)])
+    rows = np.array([19, 0, 7, 8, 6, 6, 12, 1])
+    assert take_rows(chunked, rows).equals(chunked.combine_chunks().take(pa.array(rows)))
+    assert len(take_rows(chunked, rows[:0])) == 0
+
+
+def test_embedding_matrix_zeroes_a_row_with_a_nan() -> None:
+    v = np.array([[np.nan, 1.0], [3.0, 4.0], [0.0, 0.0]], np.float16)
+    col = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), 2)
+    out = embedding_matrix(col)
+    assert np.array_equal(out[[0, 2]], np.zeros((2, 2), np.float32))
+    assert np.allclose(out[1], [0.6, 0.8], atol=1e-3)
