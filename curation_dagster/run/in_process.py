@@ -171,9 +171,12 @@ def _label(spec: CrawlSpec, program: str, source: str | None) -> str:
 
 
 def _manifest(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None) -> Manifest:
-    store = resource.store()
-    manifest = DataRoot(store).manifest(spec, program, source)
-    assert manifest is not None
+    """The partition's committed manifest, which the run just made or found current; one line if it
+    is gone (deleted from outside meanwhile), not an assertion that ``python -O`` would drop."""
+    manifest = DataRoot(resource.store()).manifest(spec, program, source)
+    if manifest is None:
+        raise RunFailed(f"{partition_name(program, spec.crawl, source)}: its committed output is gone "
+                        "(deleted while the run finished?); run again to recompute it")
     return manifest
 
 
