@@ -93,6 +93,7 @@ class Worker:
         self.proc: subprocess.Popen[str] = _STARTER.submit(
             subprocess.Popen, list(command), env={**os.environ, **env}, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, bufsize=1).result()
+        self.served = 0  # partitions
         self._handler: Any = None  # the open session's Pipes message handler
 
     @property
@@ -147,6 +148,7 @@ class Worker:
         """Run one partition in the worker (in its open session); what it replied (``skipped``,
         ``seconds``, ``data_version``, or ``error``; ``killed`` where the process died of a signal
         before it replied)."""
+        self.served += 1
         reply = self._ask({"program": program, "source": source, "force": force, "workers": workers})
         if reply is None:
             self.close()
