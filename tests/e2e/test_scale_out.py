@@ -34,7 +34,7 @@ from stages.parallel import map_ordered, ray_init
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.programs.lsh_buckets import BANDS_PER_TASK
 from stages.spec import CrawlSpec
-from stages.store import MANIFEST, Manifest, Store, is_transient, retry
+from stages.store import MANIFEST, Manifest, Store, is_transient, retry, use_storage_options
 from tests.support.moto_s3 import moto_s3
 from tests.support.tiny_corpus import TINY, config, counts, fast_tmp
 
@@ -227,7 +227,6 @@ def test_s3_data_root_and_sources_identical_to_local(
     ref_store, ref_spec, want = reference
     spec = tiny_spec(s3.url("corpus"))
     store = Store(s3.url("local-exec"), s3.options)
-    from stages.store import use_storage_options
 
     use_storage_options(s3.url("local-exec"), s3.options)  # source URLs: the same endpoint
     execute_crawl(store, spec, LOCAL)
@@ -247,6 +246,9 @@ def test_s3_data_root_and_sources_identical_to_local(
 def test_raw_documents_fingerprint_follows_s3_etags(s3: S3) -> None:
     from stages.programs.raw_documents import fingerprint
 
+    # The source URL opens with the process's fsspec defaults, as in a pod: set here, not left to
+    # whichever test of the module ran before (in a full run one did not, and it asked AWS).
+    use_storage_options(s3.url(""), s3.options)
     s3.fs.put_file(str(TINY / "news" / "news-2024-05.jsonl"), f"{BUCKET}/fp/news/a.jsonl")
     params = RawDocumentsParams.model_validate({"url": s3.url("fp/news")})
     first = fingerprint(params)
