@@ -66,7 +66,8 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--workdir", required=True)
     spec_arguments(r)
     r.add_argument("--force", action="store_true", help="recompute every partition")
-    r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.add_argument("--quiet", action="store_true",
+                   help="no progress display and no line per partition; failures are still printed")
     r.add_argument("--data-root", metavar="URL",
                    help="where crawl specs and outputs go: a folder or fsspec URL (s3://bucket/prefix); remembered "
                         "by the workdir (default: $CURATE_DATA_ROOT, the last one given, or WORKDIR/data). Storage "

@@ -80,12 +80,12 @@ def run_crawl(
         bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(spec.partitions(p)) for p in PROGRAMS))
         plans, blocked = Planner(instance, resource, spec, force).crawl()
         if any(plan.stale for plan in plans.values()):
-            _crawl_run(instance, resource, spec, force, _Display(progress, bar, spec))
+            _crawl_run(instance, resource, spec, force, _Display(progress, bar, spec, quiet))
         else:  # current: no run, but a failed blocking check still holds the crawl back
+            display = _Display(progress, bar, spec, quiet)
             for plan in plans.values():
                 for source in plan.current:
-                    progress.console.print(f"  = {_label(spec, plan.program, source)} up to date")
-                    progress.advance(bar)
+                    display.current(plan.program, source)
             if blocked:
                 raise RunFailed(blocked)
     # Later crawls deduplicated against this crawl's old outputs: their check fails in the UI now.
@@ -94,13 +94,15 @@ def run_crawl(
 
 
 class _Display:
-    """What ``curate run`` prints of its run's partitions, as the steps tell it."""
+    """What ``curate run`` prints of its run's partitions, as the steps tell it. ``quiet``: only
+    what went wrong (a failed partition, a failed check), no line per partition."""
 
-    def __init__(self, progress: Any, bar: Any, spec: CrawlSpec) -> None:
-        self.progress, self.bar, self.spec = progress, bar, spec
+    def __init__(self, progress: Any, bar: Any, spec: CrawlSpec, quiet: bool = False) -> None:
+        self.progress, self.bar, self.spec, self.quiet = progress, bar, spec, quiet
 
     def current(self, program: str, source: str | None) -> None:
-        self.progress.console.print(f"  = {_label(self.spec, program, source)} up to date")
+        if not self.quiet:
+            self.progress.console.print(f"  = {_label(self.spec, program, source)} up to date")
         self.progress.advance(self.bar)
 
     def finished(self, done: Done) -> None:
@@ -111,7 +113,8 @@ class _Display:
             for check, _, verdict in done.verdicts:
                 if not verdict.passed:
                     _print_check(self.progress, self.spec, done.program, done.source, check, verdict)
-            _print(self.progress, self.spec, done)
+            if not self.quiet:
+                _print(self.progress, self.spec, done)
         self.progress.advance(self.bar)
 
 

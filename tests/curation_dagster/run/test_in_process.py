@@ -29,7 +29,7 @@ def _sorted(t: pa.Table) -> pa.Table:
     return t.sort_by([("doc_id", "ascending"), ("source", "ascending")])
 
 
-def test_one_run_materializes_and_checks_every_partition(tmp_path: Path) -> None:
+def test_one_run_materializes_and_checks_every_partition(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     crawl = spec(stages=["fuzzy"])
     off = {p for p in PROGRAMS if not getattr(crawl.program_params(p, crawl.partitions(p)[0]), "enabled", True)}
     assert {"document_languages", "filtered_documents", "exact_duplicates", "document_embeddings",
@@ -37,6 +37,8 @@ def test_one_run_materializes_and_checks_every_partition(tmp_path: Path) -> None
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work))
         run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
+        # quiet: no line per partition (the tiny crawl has no failure or failed check to tell)
+        assert "fuzzy_duplicates[" not in capsys.readouterr().out
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         runs = instance.get_runs()
         # One run for the crawl, with a step per program in dependency order and a
