@@ -34,12 +34,11 @@ from dagster import (
     MetadataValue,
 )
 
-# Dagster's own names for what an evaluation targets and the status it stored (no public ones in
-# 1.13, pinned); tests/curation_dagster/defs/test_checks.py reads the check state they make.
+# What an evaluation judged, as Dagster's check state reads it (no public name in 1.13, pinned;
+# tests/curation_dagster/defs/test_checks.py reads the check state it makes).
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from curation_dagster.defs.partitions import partition_key
 from stages.checks import Verdict
@@ -195,7 +194,7 @@ def rejudged(instance: DagsterInstance, program: str, judged: list[tuple[str, st
         infos = {info.partition_key: info for info in instance.event_log_storage.get_asset_check_partition_info(
             [AssetCheckKey(asset, check)], partition_keys=[key for key, _, _ in items])}
         failed = [i.latest_check_event_storage_id for i in infos.values()
-                  if i.latest_execution_status == AssetCheckExecutionRecordStatus.FAILED]
+                  if i.latest_execution_status.value == "FAILED"]
         failures = _failures(instance, failed) if failed else {}
         unrecorded = {key for key, _, _ in items if key not in infos}
         materialized = instance.event_log_storage.get_latest_storage_id_by_partition(
@@ -205,9 +204,9 @@ def rejudged(instance: DagsterInstance, program: str, judged: list[tuple[str, st
             recorded, target = None, materialized.get(key)  # never recorded, or planned but never evaluated
             if info is not None:
                 target = info.latest_materialization_storage_id
-                if info.latest_execution_status == AssetCheckExecutionRecordStatus.SUCCEEDED:
+                if info.latest_execution_status.value == "SUCCEEDED":
                     recorded = "passed"
-                elif info.latest_execution_status == AssetCheckExecutionRecordStatus.FAILED:
+                elif info.latest_execution_status.value == "FAILED":
                     recorded = failures.get(info.latest_check_event_storage_id)
             # what the UI shows: passed, or failed with its severity
             if target is not None and recorded != ("passed" if verdict.passed else severity(verdict).value):
