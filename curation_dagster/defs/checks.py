@@ -3,8 +3,9 @@ check kind that applies to it (``CHECK_KINDS``), partitioned like the asset. The
 come from ``<workdir>/curate.yaml`` (``checks:``), read at every evaluation; specs from the data
 root's crawl registry (``stages.dataroot``). A check step refuses a pair ``(crawl, source)`` whose
 source is not part of the crawl, as the asset does (``assets.refuse_outside``), recording nothing;
-judged directly (``evaluate``), such a pair passes with ``in_crawl: false``. A failed ``over_deletion`` carries what the
-stopped stage would remove (``curation_dagster.tools.pending``), as metadata.
+judged directly (``evaluate``), such a pair passes with ``in_crawl: false``. A failed
+``over_deletion`` carries what the stopped stage would remove (``curation_dagster.tools.pending``),
+as metadata.
 """
 
 import warnings
