@@ -364,6 +364,9 @@ class CheckKind:
     applies: Callable[[Program], bool]
     blocking: bool
     description: str
+    # The verdict reads only the partition's own committed output (no bound, no other crawl), so
+    # it cannot change while the partition is current: ``curate run`` never judges it again.
+    output_only: bool = False
 
 
 CHECK_KINDS: tuple[CheckKind, ...] = (
@@ -378,9 +381,9 @@ CHECK_KINDS: tuple[CheckKind, ...] = (
               "Every byte of the source's files was read (no truncated or corrupt file), unless the crawl "
               "allows damaged files (blocks downstream)."),
     CheckKind("doc_id_unique", evaluate_doc_id_unique, lambda p: p.name in UNIQUE_TABLES, False,
-              "Every doc_id occurs once."),
+              "Every doc_id occurs once.", output_only=True),
     CheckKind("ledger_consistency", evaluate_ledger_consistency, lambda p: p.name in LEDGER_PROGRAMS, False,
-              "input = kept + quarantined + removed for every source, and the ledger rows match."),
+              "input = kept + quarantined + removed for every source, and the ledger rows match.", output_only=True),
     # On the remover that reads earlier crawls (it holds the crawl's output back) and the ledger.
     CheckKind("prior_crawls_current", evaluate_prior_crawls_current,
               lambda p: p.reads_prior and (p.stage is not None or p.name == "removal_ledger"), True,

@@ -6,15 +6,26 @@ description, group, kinds (``cpu``/``gpu``), owners, tags, code version (the par
 bumped whenever a program's output changes) and the resources one partition needs. Every asset
 is materialized eagerly by declarative automation once its parents are and their blocking
 checks passed, so a crawl registered by the recrawl sensor flows through the whole graph.
+
+The source dimension is shared by every crawl, so source x crawl holds pairs that are no partition
+of their crawl (a source only later crawls have). Dagster 1.13 cannot leave them out of a
+``MultiPartitionsDefinition``, so the UI offers them; launched, such a pair fails at once, naming
+the crawl's sources, and records nothing, and the automation (``automation``) neither requests
+one nor waits on one.
 """
 
 import inspect
+from datetime import datetime
 
 from dagster import (
     AssetDep,
     AssetExecutionContext,
+    AssetKey,
     AssetsDefinition,
     AutomationCondition,
+    AutomationContext,
+    AutomationResult,
+    Failure,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -23,6 +34,7 @@ from dagster import (
 from curation_dagster.defs.partitions import by_crawl, partitions_for, split_key
 from curation_dagster.defs.resources import CurationResource
 from stages.catalog import PROGRAMS, Program, partition_name
+from stages.spec import CrawlSpec
 
 OWNERS = ["team:curation"]
 
@@ -36,6 +48,75 @@ PARENT_BLOCKING_CHECK_FAILED = AutomationCondition.any_deps_match(
     AutomationCondition.any_checks_match(AutomationCondition.check_failed(), blocking_only=True)
 ).with_label("any_parent_blocking_check_failed")
 AUTOMATION = AutomationCondition.eager() & ~PARENT_BLOCKING_CHECK_FAILED
+
+
+class InCrawl(AutomationCondition[AssetKey]):
+    """True for the partitions that are partitions of their crawl: a crawl partition of a crawl
+    registered in the data root, a source x crawl pair whose source that crawl has. The registry is
+    read once a tick (every asset's evaluation in a tick shares it)."""
+
+    def __init__(self, curation: CurationResource) -> None:
+        self.curation = curation
+        self._read: tuple[datetime, dict[str, frozenset[str]]] | None = None
+
+    @property
+    def name(self) -> str:
+        return "in_crawl"
+
+    @property
+    def description(self) -> str:
+        return "a partition of its crawl (source x crawl: a source the crawl has)"
+
+    @property
+    def requires_cursor(self) -> bool:
+        return False
+
+    def _sources(self, tick: datetime) -> dict[str, frozenset[str]]:
+        """Each registered crawl's sources, as of this tick."""
+        if self._read is None or self._read[0] != tick:
+            self._read = (tick, {r.spec.crawl: frozenset(r.spec.sources) for r in self.curation.dataroot().records()})
+        return self._read[1]
+
+    def evaluate(self, context: AutomationContext[AssetKey]) -> AutomationResult[AssetKey]:
+        subset = context.candidate_subset
+        level = PROGRAMS[subset.key.to_user_string()].level
+        sources = self._sources(context.evaluation_time)
+        members = set()
+        for key in subset.expensively_compute_partition_keys():
+            crawl, source = split_key(key, level)
+            if crawl in sources and (source is None or source in sources[crawl]):
+                members.add(key)
+        return AutomationResult(context, true_subset=subset.compute_intersection_with_partition_keys(members))
+
+
+def automation(curation: CurationResource) -> AutomationCondition:
+    """``AUTOMATION`` that knows the crawls' sources (``InCrawl``): it requests only partitions of
+    their crawl, and a dependency that is no partition of its crawl is never waited on as missing
+    (a crawl's fan-in would otherwise wait forever on the sources only other crawls have). Custom,
+    so the automation sensor evaluates it in the code server (``use_user_code_server``)."""
+    in_crawl = InCrawl(curation)
+    deps_missing = AutomationCondition.any_deps_match(
+        AutomationCondition.missing() & ~AutomationCondition.will_be_requested() & in_crawl
+    ).with_label("any_deps_missing")
+    return in_crawl & AutomationCondition.eager().replace("any_deps_missing", deps_missing) \
+        & ~PARENT_BLOCKING_CHECK_FAILED
+
+
+def automated(assets: list[AssetsDefinition], curation: CurationResource) -> list[AssetsDefinition]:
+    """The assets with ``automation(curation)`` as their automation condition."""
+    condition = automation(curation)
+    return [a.map_asset_specs(lambda spec: spec.replace_attributes(automation_condition=condition)) for a in assets]
+
+
+def refuse_outside(crawl: str, source: str | None, spec: CrawlSpec, program: str) -> None:
+    """Fail, naming the crawl's sources, when ``source`` is no source of the crawl: the pair is
+    in source x crawl (the source dimension is shared by every crawl) but is no partition."""
+    if source is not None and source not in spec.sources:
+        raise Failure(
+            description=f"{partition_name(program, crawl, source)}: source {source!r} is not part of crawl "
+                        f"{crawl!r}, whose sources are {', '.join(sorted(spec.sources))}; nothing materialized "
+                        "(the UI offers every source x crawl pair: the source dimension is shared by every crawl)",
+            metadata={"crawl_sources": sorted(spec.sources)}, allow_retries=False)
 
 
 def _deps(program: Program) -> list[AssetDep]:
@@ -100,14 +181,7 @@ def build_asset(program: Program) -> AssetsDefinition:
         from curation_dagster.run.crawl_job import materialize_partition  # the crawl job's launchers and recorder
 
         crawl, source = split_key(context.partition_key, program.level)
-        spec = curation.spec(crawl)
-        if source is not None and source not in spec.sources:
-            # The source dimension is shared by every crawl, so source x crawl holds pairs that
-            # are no partition of the crawl. Recording them as empty keeps backfills of any
-            # source x crawl range and the eager automation of fan-in assets from waiting on them.
-            context.log.info(f"{partition_name(program.name, crawl, source)}: source {source!r} is not part of "
-                             f"crawl {crawl!r}")
-            return MaterializeResult(metadata={"in_crawl": False, "crawl_sources": sorted(spec.sources)})
+        refuse_outside(crawl, source, curation.spec(crawl), program.name)
         return materialize_partition(context, curation, program.name, crawl, source)
 
     return _asset

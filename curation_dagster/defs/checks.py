@@ -1,9 +1,11 @@
 """The asset checks: ``stages.checks``' verdicts as Dagster asset checks, one per program and
 check kind that applies to it (``CHECK_KINDS``), partitioned like the asset. The checks' bounds
 come from ``<workdir>/curate.yaml`` (``checks:``), read at every evaluation; specs from the data
-root's crawl registry (``stages.dataroot``). A partition ``(crawl, source)`` whose source is not
-part of the crawl passes with ``in_crawl: false``. A failed ``over_deletion`` carries what the
-stopped stage would remove (``curation_dagster.tools.pending``), as metadata.
+root's crawl registry (``stages.dataroot``). A check step refuses a pair ``(crawl, source)`` whose
+source is not part of the crawl, as the asset does (``assets.refuse_outside``), recording nothing;
+judged directly (``evaluate``), such a pair passes with ``in_crawl: false``. A failed
+``over_deletion`` carries what the stopped stage would remove (``curation_dagster.tools.pending``),
+as metadata.
 """
 
 import warnings
@@ -22,6 +24,7 @@ from dagster import (
     asset_check,
 )
 
+from curation_dagster.defs.assets import refuse_outside
 from curation_dagster.defs.partitions import CRAWL, partitions_for, split_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.config import load_config
@@ -81,6 +84,7 @@ def evaluate(curation: CurationResource, kind: CheckKind, program: str, crawl: s
 def build_check(program: Program, kind: CheckKind) -> AssetChecksDefinition:
     def _check(context: AssetCheckExecutionContext, curation: CurationResource) -> AssetCheckResult:
         crawl, source = split_key(context.partition_key, program.level)
+        refuse_outside(crawl, source, curation.spec(crawl), program.name)
         return check_result(evaluate(curation, kind, program.name, crawl, source))
 
     with warnings.catch_warnings():  # partitioned checks are "preview" in dagster 1.13 (pinned)

@@ -15,17 +15,19 @@ location says so in the log.
 from __future__ import annotations
 
 import os
+import warnings
 
 from dagster import (
     AssetSelection,
     AutomationConditionSensorDefinition,
+    BetaWarning,
     DefaultSensorStatus,
     Definitions,
     ExecutorDefinition,
     get_dagster_logger,
 )
 
-from curation_dagster.defs.assets import ASSETS
+from curation_dagster.defs.assets import ASSETS, automated
 from curation_dagster.defs.checks import CHECKS
 from curation_dagster.defs.recrawl import REGISTER_JOB_DEF, build_recrawl_schedule, build_recrawl_sensor
 from curation_dagster.defs.resources import resource_for
@@ -58,17 +60,22 @@ def build_definitions(workdir: str | None = None, run_executor: ExecutorDefiniti
     (``resource_for``); ``workdir``: default ``default_workdir()``."""
     curation = resource_for(os.environ, **({"workdir": workdir} if workdir else {}), **resource_config)
     cfg = load_config(curation.workdir)
-    automation = AutomationConditionSensorDefinition(
-        "curation_automation",
-        target=AssetSelection.all(),
-        minimum_interval_seconds=cfg.automation.interval_seconds,
-        default_status=DefaultSensorStatus.RUNNING if cfg.automation.enabled else DefaultSensorStatus.STOPPED,
-        description="Eagerly materializes what a new crawl, a new source or an updated parent leaves "
-                    "missing or outdated (automation.enabled in curate.yaml).",
-    )
+    with warnings.catch_warnings():  # use_user_code_server is beta in dagster 1.13 (pinned)
+        warnings.simplefilter("ignore", BetaWarning)
+        automation = AutomationConditionSensorDefinition(
+            "curation_automation",
+            target=AssetSelection.all(),
+            minimum_interval_seconds=cfg.automation.interval_seconds,
+            default_status=DefaultSensorStatus.RUNNING if cfg.automation.enabled else DefaultSensorStatus.STOPPED,
+            description="Eagerly materializes what a new crawl, a new source or an updated parent leaves "
+                        "missing or outdated (automation.enabled in curate.yaml), only partitions of their crawl.",
+            # The assets' condition reads the crawls' sources from the data root (assets.InCrawl), so
+            # the code server evaluates it, not the daemon.
+            use_user_code_server=True,
+        )
     schedule = build_recrawl_schedule(cfg.recrawl)  # None until curate.yaml sets recrawl.cron
     return Definitions(
-        assets=ASSETS,
+        assets=automated(ASSETS, curation),
         asset_checks=CHECKS,
         schedules=[schedule] if schedule else [],
         sensors=[build_recrawl_sensor(cfg.recrawl), automation],

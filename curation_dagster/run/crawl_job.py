@@ -7,7 +7,8 @@ programs in dependency order (``stages.catalog.waves`` flattened). A step plans 
 partitions when it starts (``curation_dagster.run.planner``: the steps before it have committed their
 outputs), logs a planned materialization for each stale one (the UI shows it in progress), fans
 the stale ones out to a launcher and records each as it finishes (``curation_dagster.run.recorder``):
-its own materialization and check evaluations. "Re-execute from failure", a run retry, or the same
+its own materialization and check evaluations; a current partition's check evaluation only where
+its verdict changed (``recorder.rejudged``). "Re-execute from failure", a run retry, or the same
 crawl launched again reruns only what is not current.
 
 The launchers differ only in where a partition's ``stages.execute.execute`` runs:
@@ -397,6 +398,11 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
         if listener is not None:
             listener.current(program, source)
     held = planner.held_back(program, plan.current)
+    # Not rerun, but judged with the bounds as they are now: a verdict that changed (a bound was
+    # raised) is recorded, so the UI stops showing the old one.
+    yield from recorder.rejudged(context.instance, program, [
+        (str(partition_key(spec.crawl, s)), kind.name, kind.blocking, v) for s, kind, v in
+        planner.rejudge(program, plan.current)])
     _planned(context, program, [str(partition_key(spec.crawl, s)) for s in plan.stale])
     errors: dict[str | None, str] = {}
     blocked: dict[str | None, str] = {}

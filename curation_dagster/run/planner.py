@@ -10,7 +10,8 @@ before it decides to make a run at all: nothing has run yet then, so a partition
 when one it reads is (its step may find it current after all, if the new input is the same).
 
 A current partition is not rerun, but its blocking checks still hold the crawl back until their
-bound is raised or the stage fixed (``held_back``).
+bound is raised or the stage fixed (``held_back``), and its checks are judged again with the bounds
+as they are now (``rejudge``; the recorder records a verdict that changed).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from dagster import AssetKey, DagsterInstance
 from curation_dagster.defs.checks import Judge, blocking_failures, evaluator
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
-from stages.catalog import partition_name, waves
+from stages.catalog import PROGRAMS, partition_name, waves
+from stages.checks import CHECK_KINDS, CheckKind, Verdict
 from stages.resolve import data_version, resolve_task
 from stages.spec import CrawlSpec
 
@@ -50,6 +52,7 @@ class Planner:
         self.store = resource.store()
         self._recorded: dict[str, set[str]] = {}
         self._judge: Judge | None = None
+        self._verdicts: dict[tuple[str, str, str | None], Verdict] = {}
 
     def current(self, program: str, source: str | None) -> bool:
         """The partition's committed output is current and the instance recorded it."""
@@ -98,10 +101,24 @@ class Planner:
     def held_back(self, program: str, sources: list[str | None]) -> str | None:
         """The first failed blocking check of these current partitions, as ``curate run`` tells it;
         None when every one passes."""
-        if self._judge is None:
-            self._judge = evaluator(self.resource, self.spec.crawl)
         for source in sources:
-            for check, verdict in blocking_failures(self.resource, program, self.spec.crawl, source, self._judge):
+            for check, verdict in blocking_failures(self.resource, program, self.spec.crawl, source, self.judge):
                 name = partition_name(program, self.spec.crawl, source)
                 return f"{name}: check {check} failed: {verdict.description}"
         return None
+
+    def rejudge(self, program: str, sources: list[str | None]) -> list[tuple[str | None, CheckKind, Verdict]]:
+        """The verdicts of these current partitions' checks with the bounds as they are now, each
+        check that can change while its partition is current (not ``CheckKind.output_only``)."""
+        kinds = [k for k in CHECK_KINDS if k.applies(PROGRAMS[program]) and not k.output_only]
+        return [(source, kind, self.judge(kind, program, source)) for source in sources for kind in kinds]
+
+    def judge(self, kind: CheckKind, program: str, source: str | None) -> Verdict:
+        """One check's verdict on one partition, judged once per planner (``held_back`` and
+        ``rejudge`` share it)."""
+        key = (kind.name, program, source)
+        if key not in self._verdicts:
+            if self._judge is None:
+                self._judge = evaluator(self.resource, self.spec.crawl)
+            self._verdicts[key] = self._judge(kind, program, source)
+        return self._verdicts[key]

@@ -7,7 +7,8 @@ partition launched from the UI, or a backfill's) gets the same metadata and data
 ``MaterializeResult``, and an asset check step its verdict as an ``AssetCheckResult``. Whichever
 launcher ran the partition (the warm pool, a Pipes subprocess, a pod) and whichever step records
 it, the events are built here, ``overhead_s`` included; ``recorded_overhead`` reads that figure
-back from an instance (``curate profile``).
+back from an instance (``curate profile``). A current partition, not rerun, gets a new evaluation
+only where its check's verdict now differs from the one the instance last recorded (``rejudged``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckKey,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetKey,
@@ -27,8 +29,15 @@ from dagster import (
     DagsterEventType,
     DagsterInstance,
     DataVersion,
+    EventRecordsFilter,
     MaterializeResult,
     MetadataValue,
+)
+
+# What an evaluation judged, as Dagster's check state reads it (no public name in 1.13, pinned;
+# tests/curation_dagster/defs/test_checks.py reads the check state it makes).
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
 )
 
 from curation_dagster.defs.partitions import partition_key
@@ -144,17 +153,73 @@ def check_metadata(verdict: Verdict) -> dict[str, Any]:
     return meta
 
 
-def evaluation(program: str, check: str, blocking: bool, verdict: Verdict, partition: str) -> AssetCheckEvaluation:
-    """One check's evaluation of a partition, as a crawl step (or a runless report) records it."""
+def evaluation(program: str, check: str, blocking: bool, verdict: Verdict, partition: str,
+               target: AssetCheckEvaluationTargetMaterializationData | None = None) -> AssetCheckEvaluation:
+    """One check's evaluation of a partition, as a crawl step (or a runless report) records it;
+    ``target``: the materialization it judged, where that is not the one just recorded."""
     return AssetCheckEvaluation(
         asset_key=AssetKey(program), check_name=check, passed=verdict.passed, severity=severity(verdict),
         description=verdict.description, metadata=check_metadata(verdict), blocking=blocking, partition=partition,
+        target_materialization_data=target,
     )
 
 
 def evaluations(done: Done, partition: str) -> list[AssetCheckEvaluation]:
     """Every check evaluation of a finished partition."""
     return [evaluation(done.program, name, blocking, v, partition) for name, blocking, v in done.verdicts]
+
+
+def _failures(instance: DagsterInstance, storage_ids: list[int]) -> dict[int, str]:
+    """What the UI shows of each of these stored failed evaluations (its severity), by storage id."""
+    records = instance.get_event_records(
+        EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION, storage_ids=storage_ids), limit=len(storage_ids))
+    return {r.storage_id: r.event_log_entry.dagster_event.event_specific_data.severity.value  # type: ignore[union-attr]
+            for r in records}
+
+
+def rejudged(instance: DagsterInstance, program: str, judged: list[tuple[str, str, bool, Verdict]]
+             ) -> list[AssetCheckEvaluation]:
+    """The evaluations to record of current partitions judged again (``judged``: partition key,
+    check, blocking, verdict): where the verdict (passed; else its severity) differs from the one
+    the instance last recorded, or none was recorded; an unchanged verdict is not stored again.
+    Each targets the partition's latest materialization, which it judged: the check state the UI
+    and the automation read counts a verdict only for the materialization it targets. A few
+    queries per check, however many partitions."""
+    asset = AssetKey(program)
+    by_check: dict[str, list[tuple[str, bool, Verdict]]] = {}
+    for key, check, blocking, verdict in judged:
+        by_check.setdefault(check, []).append((key, blocking, verdict))
+    changed: list[tuple[str, str, bool, Verdict, int]] = []  # ..., the partition's materialization
+    for check, items in by_check.items():
+        infos = {info.partition_key: info for info in instance.event_log_storage.get_asset_check_partition_info(
+            [AssetCheckKey(asset, check)], partition_keys=[key for key, _, _ in items])}
+        failed = [i.latest_check_event_storage_id for i in infos.values()
+                  if i.latest_execution_status.value == "FAILED"]
+        failures = _failures(instance, failed) if failed else {}
+        unrecorded = {key for key, _, _ in items if key not in infos}
+        materialized = instance.event_log_storage.get_latest_storage_id_by_partition(
+            asset, DagsterEventType.ASSET_MATERIALIZATION, unrecorded) if unrecorded else {}
+        for key, blocking, verdict in items:
+            info = infos.get(key)
+            recorded, target = None, materialized.get(key)  # never recorded, or planned but never evaluated
+            if info is not None:
+                target = info.latest_materialization_storage_id
+                if info.latest_execution_status.value == "SUCCEEDED":
+                    recorded = "passed"
+                elif info.latest_execution_status.value == "FAILED":
+                    recorded = failures.get(info.latest_check_event_storage_id)
+            # what the UI shows: passed, or failed with its severity
+            if target is not None and recorded != ("passed" if verdict.passed else severity(verdict).value):
+                changed.append((key, check, blocking, verdict, target))
+    if not changed:
+        return []
+    ids = sorted({storage_id for *_, storage_id in changed})
+    targets = {r.storage_id: AssetCheckEvaluationTargetMaterializationData(
+                   storage_id=r.storage_id, run_id=r.run_id, timestamp=r.timestamp)
+               for r in instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, storage_ids=ids),
+                                                        limit=len(ids)).records}
+    return [evaluation(program, check, blocking, verdict, key, targets.get(storage_id))
+            for key, check, blocking, verdict, storage_id in changed]
 
 
 def check_result(verdict: Verdict) -> AssetCheckResult:

@@ -315,3 +315,74 @@ def ledger_materializations(workdir: Path, crawl: str) -> int:
         return len(instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("removal_ledger"), asset_partitions=[crawl]),
             limit=100).records)
+
+
+# The run page's split button: its primary "Re-execute …" and, right after it, the arrow that
+# opens its menu. Clicks the menu's item LABEL once it is there and enabled, else opens the menu
+# (again, until the page is ready for it: a click before it is hydrated does nothing).
+RE_EXECUTE = """(() => {
+  const item = [...document.querySelectorAll('[role=menuitem]')].find(e => e.innerText.trim() === LABEL);
+  if (item && item.getAttribute('aria-disabled') !== 'true') { item.click(); return true; }
+  if (item || document.querySelector('[role=menuitem]')) return false;
+  const buttons = [...document.querySelectorAll('button')];
+  const i = buttons.findIndex(b => b.innerText.trim().startsWith('Re-execute'));
+  if (i >= 0 && buttons[i + 1]) buttons[i + 1].click();
+  return false;
+})()"""
+RUN = """query($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } stepKeysToExecute
+  stepStats { stepKey status } } } }"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
+def test_re_execute_from_failure_clicked_in_the_browser(ui: int, recrawl: R.Recrawl, tmp_path: Path) -> None:
+    """A curate run stopped by a blocking check (crawl c3, heuristic bound 0.1 %), the bound set
+    back, then the run page's Re-execute → From failure clicked: the new run re-executes the
+    failed one from its failed step, records the check's new verdict and completes the crawl."""
+    import dagster as dg
+
+    from stages.catalog import waves
+    from tests.e2e.test_ui import gql
+
+    config = recrawl.workdir / "curate.yaml"
+    fixed = config.read_text()
+    config.write_text(fixed + "checks:\n  over_deletion:\n    per_stage: {heuristic: 0.001}\n    min_documents: 0\n")
+    sources = recrawl.workdir.parent / "c2"
+    code, _, err = curate("run", "--workdir", str(recrawl.workdir), "--crawl", "c3", "--stages", R.STAGES,
+                          "--id-field", "id", "--quiet", "--source", f"docstrings={sources / 'docstrings'}",
+                          "--source", f"licenses={sources / 'licenses'}")
+    assert code == 1 and "filtered_documents[c3|docstrings]: check over_deletion failed" in err, err
+    config.write_text(fixed)  # the default bounds: the sources are too small to judge
+    (failed,) = gql(ui, RUNS, {"f": {"tags": [{"key": "curate/crawl", "value": "c3"}]}})["runsOrError"]["results"]
+    assert failed["status"] == "FAILURE"
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser = Browser(tmp_path / "chrome", WIDTH, 1000)
+    try:
+        browser.open(f"http://127.0.0.1:{ui}/runs/{failed['runId']}")
+        browser.wait_for(RE_EXECUTE.replace("LABEL", json.dumps("From failure")), timeout=90)
+        # the UI opens the new run's page
+        path = browser.wait_for(f"location.pathname.startsWith('/runs/') && !location.pathname.includes("
+                                f"{json.dumps(failed['runId'])}) && location.pathname", timeout=60)
+        print(f"screenshot: {browser.screenshot(ARTIFACTS / 'reexecuted_from_failure.png')}")
+    finally:
+        browser.close()
+    child, deadline, run = str(path).split("/")[2], time.monotonic() + 240, None
+    while time.monotonic() < deadline:
+        run = gql(ui, RUN, {"id": child})["runOrError"]
+        if run["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            break
+        time.sleep(2)
+    assert run is not None and run["status"] == "SUCCESS", run
+    tags = {t["key"]: t["value"] for t in run["tags"]}
+    assert tags["dagster/parent_run_id"] == failed["runId"] and tags["dagster/is_resume_retry"] == "true"
+    steps = [program for wave in waves() for program in wave]
+    after = steps[steps.index("filtered_documents"):]  # the failed step and every one after it
+    assert run["stepKeysToExecute"] == after
+    assert [s["stepKey"] for s in run["stepStats"]] == after and {s["status"] for s in run["stepStats"]} == {"SUCCESS"}
+    with dg.DagsterInstance.from_config(str(recrawl.workdir / "dagster")) as instance:
+        assert "c3" in instance.get_materialized_partitions(dg.AssetKey("removal_ledger"))
+        assert instance.get_materialized_partitions(dg.AssetKey("curated_documents")) >= {"c3|docstrings",
+                                                                                          "c3|licenses"}
+        verdicts = {(e.partition, e.passed) for e in (r.dagster_event.event_specific_data for r in instance.all_logs(
+            child, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)) if e.check_name == "over_deletion"
+            and e.asset_key == dg.AssetKey("filtered_documents")}
+    assert verdicts == {("c3|docstrings", True), ("c3|licenses", True)}  # the new verdicts of current partitions

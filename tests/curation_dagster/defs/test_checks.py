@@ -258,6 +258,59 @@ def test_curate_run_stops_at_a_failed_blocking_check(tmp_path: Path) -> None:
     assert record["spec"]["stages"] == ["heuristic", "exact"]
 
 
+def _over_deletion(home: Path, source: str) -> list[Any]:
+    """The over_deletion evaluations of filtered_documents[tiny|source] on the instance, oldest first."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        records = instance.get_event_records(dg.EventRecordsFilter(dg.DagsterEventType.ASSET_CHECK_EVALUATION),
+                                             ascending=True)
+    evs = [r.event_log_entry.dagster_event.event_specific_data for r in records]
+    return [ev for ev in evs if ev.check_name == "over_deletion" and ev.asset_key.to_user_string() ==
+            "filtered_documents" and str(ev.partition) == f"{T.CRAWL}|{source}"]
+
+
+def test_a_raised_bound_records_the_new_verdict_of_a_current_partition(tmp_path: Path) -> None:
+    """A crawl stopped by a blocking over_deletion, the bound raised in curate.yaml, curate run
+    again: the current partition is not rerun, but its check's new verdict (passed) is recorded,
+    targeting its materialization, so the UI and the automation no longer show it failed; the
+    crawl completes. An unchanged verdict is not recorded again."""
+    import dagster as dg
+
+    from curation_dagster.ops.location import workdir_paths
+    from curation_dagster.run.in_process import RunFailed, run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    bounds = {"over_deletion": {"per_stage": {"heuristic": 0.2}, "min_documents": 0}}
+    (workdir / "curate.yaml").write_text(yaml.safe_dump({"checks": bounds}))
+    spec = T.spec(stages=("heuristic", "exact"))
+    resource = CurationResource(workdir=str(workdir), workers=1)
+    with pytest.raises(RunFailed):
+        run_crawl(workdir, home, spec, quiet=True, resource=resource)
+    (failed,) = _over_deletion(home, "forum")
+    assert (failed.passed, failed.severity) == (False, dg.AssetCheckSeverity.ERROR)
+    (wiki,) = _over_deletion(home, "wiki")
+    assert wiki.passed
+
+    bounds["over_deletion"]["per_stage"]["heuristic"] = 0.5
+    (workdir / "curate.yaml").write_text(yaml.safe_dump({"checks": bounds}))
+    report = run_crawl(workdir, home, spec, quiet=True, resource=resource)
+    assert report.crawl == T.CRAWL  # the crawl completes: its ledger is built
+    before, after = _over_deletion(home, "forum")
+    assert before == failed and after.passed and after.severity == dg.AssetCheckSeverity.ERROR
+    assert after.description == "stage heuristic removed at most 25.0% of a judged source (bound 50.0%)"
+    assert len(_over_deletion(home, "wiki")) == 1  # passed before, passes now: not recorded again
+    key = dg.AssetCheckKey(dg.AssetKey("filtered_documents"), "over_deletion")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        (mat,) = instance.fetch_materializations(dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey("filtered_documents"), asset_partitions=[f"{T.CRAWL}|forum"]), limit=5).records
+        assert after.target_materialization_data.storage_id == mat.storage_id  # the output it judged
+        # what the UI's check status and the automation's check_failed read: passed, and current
+        # (it targets the partition's latest materialization, or they would not count it)
+        (info,) = instance.event_log_storage.get_asset_check_partition_info([key], partition_keys=[f"{T.CRAWL}|forum"])
+        assert (info.latest_execution_status.value, info.is_current) == ("SUCCEEDED", True)
+
+
 def test_a_stopped_crawl_still_shows_what_its_stage_would_remove(tmp_path: Path, capsys: Any) -> None:
     """No ledger after a blocking check stopped the crawl: report, ledger and explain show the
     stopped stage's removal list, marked not applied, and so does the failed check's metadata."""

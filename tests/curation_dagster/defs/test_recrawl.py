@@ -5,7 +5,6 @@ holds it back, the schedule registers a dated crawl; and a rerun resumes from co
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -191,16 +190,44 @@ def test_failed_blocking_check_holds_the_crawl_back(tmp_path: Path) -> None:
         assert tick.total_requested == 0
 
 
-def test_a_source_outside_the_crawl_materializes_empty(prepared: ops_workdir.Prepared, tmp_path: Path) -> None:
+def test_a_pair_outside_its_crawl_is_refused_and_neither_requested_nor_waited_on(tmp_path: Path) -> None:
+    """The source dimension is shared by every crawl: crawl tiny of forum and news, on an instance
+    that knows source blog (another crawl's). The automation carries tiny to its ledger without
+    requesting tiny|blog or waiting on it; launched by hand, tiny|blog fails naming the crawl's
+    sources and records nothing."""
+    workdir, prefix = tmp_path / "w", tmp_path / "snapshots"
+    workdir.mkdir()
+    prefix.mkdir()
+    ops_workdir.write_curate_yaml(workdir, prefix)
+    defs = build_definitions(str(workdir), workers=1)
+    curation = CurationResource(workdir=str(workdir), workers=1)
+    prepared = ops_workdir.Prepared(workdir, prefix, tmp_path, None)
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("crawl", ["tiny"])
         instance.add_dynamic_partitions("source", ["blog"])
-        curation = CurationResource(workdir=str(prepared.workdir))
-        result = dg.materialize(ASSETS, selection=["raw_documents"], partition_key=partition_key("tiny", "blog"),
-                                instance=instance, resources={"curation": curation})
-        (mat,) = result.asset_materializations_for_node("raw_documents")
-    assert mat.metadata["in_crawl"].value is False
-    assert json.loads(json.dumps(mat.metadata["crawl_sources"].value)) == ["forum", "news", "wiki"]
+        with ops_workdir.cached_partitions(instance):
+            cursor = dg.evaluate_automation_conditions(defs=defs, instance=instance).cursor
+        shutil.rmtree(ops_workdir.snapshot(prefix, "tiny") / "wiki")
+        result = defs.get_repository_def().get_sensor_def("recrawl_sensor")(
+            dg.build_sensor_context(instance=instance, resources={"curation": curation}))
+        for req in result.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        for run in result.run_requests:
+            ops_workdir.materialize(instance, curation, [k.to_user_string() for k in run.asset_selection],
+                                    run.partition_key)
+        ops_workdir.automate(instance, defs, curation, cursor, prepared)
+        requested = {key for tick in prepared.ticks for keys in tick.values() for key in keys}
+        assert requested and not {key for key in requested if key.endswith("|blog")}
+        assert instance.get_materialized_partitions(dg.AssetKey("removal_ledger")) == {"tiny"}  # not waited on
+        assert instance.get_materialized_partitions(dg.AssetKey("curated_documents")) == {"tiny|forum", "tiny|news"}
+
+        refused = dg.materialize([*ASSETS, *CHECKS], selection=["raw_documents"],
+                                 partition_key=partition_key("tiny", "blog"), instance=instance,
+                                 resources={"curation": curation}, raise_on_error=False, run_config=ops_workdir.QUIET)
+        assert not refused.success
+        (failure,) = [e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+        assert "raw_documents[tiny|blog]: source 'blog' is not part of crawl 'tiny', whose sources are forum, " \
+               "news; nothing materialized" in str(failure.event_specific_data)
+        assert "tiny|blog" not in instance.get_materialized_partitions(dg.AssetKey("raw_documents"))
 
 
 def test_rerunning_a_failed_partition_resumes_from_committed_work(
