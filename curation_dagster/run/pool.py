@@ -17,7 +17,6 @@ from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run.partition import finish, one_line, step_judge
 from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS
-from stages.parallel import PRELOAD as FORK_PRELOAD
 from stages.parallel import adopt_environment, die_with_parent, limit_threads
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec
@@ -27,10 +26,8 @@ DIED = "its worker process died (out of memory?)"
 # A worker's resource, store and crawl, set by the pool's initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
 _STEPS = itertools.count()
-# What a worker has imported when the pool's fork server forks it: the executor, the programs (and
-# with them numba and the CPU kernels), and what pyarrow imports at its first conversion (pandas).
-# A module that is not installed is skipped.
-PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS), *FORK_PRELOAD]
+# What a worker has imported when the pool's fork server forks it: the executor and the programs.
+PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS)]
 
 
 def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:

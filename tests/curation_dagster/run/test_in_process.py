@@ -238,16 +238,3 @@ def test_only_a_warm_pool_starts_a_worker_before_it_is_used(tmp_path: Path) -> N
         assert cold._pool is not None and not cold._pool._processes
     with PartitionPool(resource, crawl, warm=True) as warm:
         assert warm._pool is not None and warm._pool._processes
-
-
-def test_a_pool_worker_starts_with_pandas_imported(tmp_path: Path) -> None:
-    """The fork server imports what each worker would import at its first partition: pandas, at
-    pyarrow's first conversion of Python objects (0.2-0.3 s of CPU a worker)."""
-    from curation_dagster.run.pool import PartitionPool
-
-    crawl = spec(stages=["fuzzy"])
-    resource = CurationResource(workdir=str(tmp_path), workers=2)
-    loaded = "[m in __import__('sys').modules for m in ('pandas', 'numba', 'stages.kernels.minhash')]"
-    with PartitionPool(resource, crawl) as pool:
-        assert pool._pool is not None
-        assert pool._pool.submit(eval, loaded).result(timeout=120) == [True, True, True]
