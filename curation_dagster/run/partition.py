@@ -14,7 +14,7 @@ from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run.metadata import asset_metadata
 from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS
-from stages.checks import CHECK_KINDS
+from stages.checks import CHECK_KINDS, manifests_read_once
 from stages.execute import Outcome, execute, metadata
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec
@@ -30,8 +30,9 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
     verdicts = []
     if checks:
         judge = judge or evaluator(resource, spec.crawl)
-        verdicts = [(kind.name, kind.blocking, judge(kind, program, source))
-                    for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
+        with manifests_read_once():
+            verdicts = [(kind.name, kind.blocking, judge(kind, program, source))
+                        for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
     wall = meta.get("wall_s")
     busy = time.perf_counter() - started - (float(wall) if isinstance(wall, int | float) else outcome.seconds)
     return Done(program, source, outcome, None, meta, verdicts, max(busy, 0.0))

@@ -15,7 +15,7 @@ from stages.catalog import PROGRAMS
 from stages.checks import CHECK_KINDS, ChecksConfig, NotMaterialized, evaluate_over_deletion
 from stages.params import RawDocumentsParams
 from stages.spec import CrawlSpec
-from stages.store import Store
+from stages.store import Manifest, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = 400  # per source, every text twice: exact dedup removes half of each
@@ -50,7 +50,7 @@ from stages.catalog import PROGRAMS, partition_name
 from stages.checks import CHECK_KINDS, ChecksConfig
 from stages.execute import execute_crawl
 from stages.params import ExecutionParams
-from stages.store import Store
+from stages.store import Manifest, Store
 
 spec = _crawl(Path({str(tmp_path)!r}))
 store = Store({str(tmp_path / 'data')!r})
@@ -83,3 +83,46 @@ print(json.dumps({{"dagster": sorted(m for m in sys.modules if m.split(".")[0] =
         f"b 50.0% ({DOCS // 2:,} of {DOCS:,}); not applied")
     assert verdicts["default doc_id_unique raw_documents[c1|a]"] == [True, f"{DOCS:,} rows, every doc_id distinct"]
     assert verdicts["default ledger_consistency removal_ledger[c1]"][0] is True
+
+
+def test_a_partitions_checks_read_each_manifest_once_within_manifests_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``over_deletion`` and ``empty_result`` of the crawl-wide remover read every source's
+    ingestion and earlier removals: within ``manifests_read_once`` once for both (the same
+    verdicts), outside it and after it as often as before (a manifest may change between evaluations)."""
+    from stages.checks import manifests_read_once
+    from stages.dataroot import DataRoot
+    from stages.execute import execute_crawl
+    from stages.params import ExecutionParams
+
+    spec = _crawl(tmp_path)
+    store = Store(str(tmp_path / "data"))
+    execute_crawl(store, spec, ExecutionParams(workers=1))
+    reads: list[tuple[str, str | None]] = []
+    real = DataRoot.manifest
+
+    def counted(self: DataRoot, spec: CrawlSpec, program: str, source: str | None = None) -> Manifest | None:
+        reads.append((program, source))
+        return real(self, spec, program, source)
+
+    monkeypatch.setattr(DataRoot, "manifest", counted)
+    kinds = [k for k in CHECK_KINDS if k.name in ("over_deletion", "empty_result")]
+
+    def judged() -> list[object]:
+        return [k.evaluate(store, spec, "exact_duplicates", None, ChecksConfig()) for k in kinds]
+
+    alone = judged()
+    repeated = len(reads) - len(set(reads))
+    assert repeated > 0
+    reads.clear()
+    with manifests_read_once():
+        held = judged()
+        assert len(reads) == len(set(reads))
+        first = len(reads)
+        judged()
+        assert len(reads) == first  # a second evaluation in the block reads nothing again
+    assert held == alone
+    reads.clear()
+    judged()
+    assert len(reads) - len(set(reads)) == repeated  # nothing is held beyond the block
