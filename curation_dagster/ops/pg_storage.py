@@ -17,17 +17,28 @@ Imported only by the deployment's Dagster processes: dagster-postgres is the ``d
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import contextmanager
 from typing import Any
 
+from dagster import EventLogEntry
 from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
+from sqlalchemy.engine import Connection
+
+from curation_dagster.ops.event_log import EventBatches
 
 
-class _EventLogStorage(PostgresEventLogStorage):
-    """dagster-postgres's event log, its tables remembered once found."""
+class _EventLogStorage(EventBatches, PostgresEventLogStorage):
+    """dagster-postgres's event log, its tables remembered once found, a batch of events stored in
+    one transaction (``EventBatches``)."""
 
     def __init__(self, postgres_url: str, should_autocreate_tables: bool = True, token_provider: Any = None) -> None:
-        super().__init__(postgres_url, should_autocreate_tables, token_provider=token_provider)
         self._found: set[str] = set()
+        self._held = threading.local()  # this thread's connection while it stores a batch
+        self._batches = threading.local()
+        super().__init__(postgres_url, should_autocreate_tables, token_provider=token_provider)
 
     def has_table(self, table_name: str) -> bool:
         if table_name in self._found:
@@ -36,6 +47,42 @@ class _EventLogStorage(PostgresEventLogStorage):
         if found:
             self._found.add(table_name)
         return found
+
+    def store_event(self, event: EventLogEntry) -> None:
+        if not self._held_back(event):
+            super().store_event(event)
+
+    def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
+        """The events in one transaction, each stored as ``store_event`` stores it: one commit,
+        where each event is otherwise 3-4 (the engine autocommits each statement: the event's row,
+        its NOTIFY, its asset's row and tags, its check's row), each a WAL flush. (dagster-postgres
+        batches only materializations or only observations, and commits those in two.)"""
+        if getattr(self._held, "conn", None) is not None:  # a batch while storing one
+            for event in events:
+                super().store_event(event)
+            return
+        with super()._connect() as conn:
+            conn = conn.execution_options(isolation_level="READ COMMITTED")
+            with conn.begin():
+                self._held.conn = conn
+                try:
+                    for event in events:
+                        super().store_event(event)
+                finally:
+                    self._held.conn = None
+
+    @contextmanager
+    def _held_or_new(self) -> Iterator[Connection]:
+        held = getattr(self._held, "conn", None)
+        if held is not None:
+            yield held
+            return
+        with super()._connect() as conn:
+            yield conn
+
+    def _connect(self) -> ContextManager[Connection]:
+        """The batch's connection, in its transaction, while this thread stores one."""
+        return self._held_or_new()
 
 
 class PooledPostgresStorage(DagsterPostgresStorage):
