@@ -10,8 +10,9 @@ default, whose data root is also the default). When launched by Dagster through 
 (``DAGSTER_PIPES_CONTEXT`` set), it reports its outcome (or its error, on one line) over Pipes to
 the step that launched it, which records the materialization; either way it prints one JSON line
 with the output directory and whether it was cached. A long partition says
-how far it is every ``progress_interval_s`` (``stages.progress``): over Pipes into the run's log,
-else on stderr.
+how far it is every ``progress_interval_s`` (``stages.progress``): a one-shot Pipes process (a
+pod) over Pipes into the run's log, a warm worker and a process alone on stderr (a warm worker's
+is the run worker's: the run's compute log).
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
       launcher tells them from replies by their ``__dagster_pipes_version``; replied ``{"opened": true}``;
     - ``{"program": P, "source": S, "force": bool, "workers": n}``: run that partition with
       ``stages.execute.execute`` (its kernels on ``n`` cores, 0: the command line's; its progress
-      lines, and a bug's traceback, to the open session's log) and reply its outcome, what a
+      lines to stderr, a bug's traceback to the open session's log) and reply its outcome, what a
       one-partition process reports over Pipes: ``{"done": S, "skipped", "seconds",
       "data_version"}``, or ``{"done": S, "error": one line}``. On the reply, not over Pipes:
       the launcher has it at once, not when Pipes' reader next polls its file;
@@ -213,10 +214,12 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
             workers = int(request.get("workers") or 0)
             ran = execution.model_copy(update={"workers": workers}) if workers else execution
             limit_threads(ran.resolved_workers())
-            emit = pipes.log.info if pipes is not None else _stderr
             _name(program)
             try:
-                outcome = execute(store, spec, program, source, ran, bool(request.get("force")), emit=emit)
+                # Progress lines to stderr (the run's compute log: the UI's stdout/stderr tab), not
+                # the session's log: stored as run events they cost the run worker a commit each,
+                # one a partition at least, and its materialization tells as much.
+                outcome = execute(store, spec, program, source, ran, bool(request.get("force")), emit=_stderr)
                 message: dict[str, Any] = {"source": source, "skipped": outcome.skipped,
                                            "seconds": outcome.seconds, "data_version": outcome.manifest.data_version}
             except Exception as exc:

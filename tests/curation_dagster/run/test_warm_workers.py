@@ -1,7 +1,7 @@
 """The deployment's launcher (``mode="pipes"``): warm ``python -m stages serve`` workers, each
 serving many partitions of the run one after another in a Pipes session per step. Every partition
 is recorded once, as it finishes (not when its worker's session ends), its progress lines in the
-run's log through its step's Pipes session; a worker killed while it
+run's compute log (not its events); a worker killed while it
 holds a partition has that partition launched again on another, and the outputs are those of the
 executor alone. Real processes, a real Dagster instance: no mocks (a wrapper counts the workers
 started and, in the fault test, SIGKILLs one as it is handed a partition)."""
@@ -89,6 +89,9 @@ def test_one_warm_worker_serves_the_whole_run_and_each_partition_is_recorded_as_
         return real(self, program, source, force, workers)
 
     monkeypatch.setattr(pipes.Worker, "run", late)
+    # Dagster captures the run's output by redirecting the descriptor of ``sys.stderr``, pytest's
+    # capture file here: fd 2, as in a run worker, so that the workers inherit the capture.
+    monkeypatch.setattr(sys, "stderr", sys.__stderr__)
     with fast_tmp(tmp_path / "w") as work:
         instance, run_id, resource = _run(work, fan_out=1)
         # One process served every partition of every step (fan_out 1), and the run ended it.
@@ -106,13 +109,16 @@ def test_one_warm_worker_serves_the_whole_run_and_each_partition_is_recorded_as_
         committed = os.stat(Path(DataRoot(store).output_dir(crawl, *last)) / MANIFEST).st_mtime
         early = [t for a, p, t in recorded if a == "raw_documents" and p != str(partition_key(CRAWL, last[1]))]
         assert len(early) == len(SOURCES) - 1 and all(t < committed - 0.5 for t in early), (early, committed)
-        # Each partition's closing progress line came over its step's Pipes session into the
-        # run's log, and every session (one per step) opened and closed.
+        # Each partition's closing progress line is in the run's compute log (the worker's
+        # stderr: the UI's stdout/stderr tab), not among its events (a commit each); every
+        # session (one per step) opened and closed.
         messages = [e.user_message for e in instance.all_logs(run_id)]
+        captured = "".join(p.read_text() for p in (work / "dagster").rglob("*.err"))
         for program in PROGRAMS:
             for source in crawl.partitions(program):
                 name = partition_name(program, CRAWL, source)
-                assert any(m.startswith(f"{name}: done, ") for m in messages), name
+                assert f"{name}: done, " in captured, name
+                assert not any(m.startswith(f"{name}: ") for m in messages), name
         assert sum("external process successfully opened dagster pipes" in m for m in messages) == len(PROGRAMS)
         assert not [m for m in messages if "[pipes] did not receive" in m]
 
