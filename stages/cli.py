@@ -128,6 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _step_spec(spec: CrawlSpec, sent: str) -> CrawlSpec:
+    """The spec a step sent with its session (JSON), which must be of the worker's crawl."""
+    step = CrawlSpec.model_validate_json(sent)
+    if step.crawl != spec.crawl:
+        raise ValueError(f"a session of crawl {step.crawl!r} sent to a worker of crawl {spec.crawl!r}")
+    return step
+
+
 def _replies() -> TextIO:
     """This process's stdout, kept for the replies of :func:`serve`; fd 1 itself becomes stderr,
     so that what a library prints can never pass for a reply."""
@@ -168,8 +176,10 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
     launcher (``curation_dagster.defs.launchers.pipes.Worker``) pays this process's start and imports
     once for every partition it serves. Requests:
 
-    - ``{"open": {DAGSTER_PIPES_CONTEXT: ..., DAGSTER_PIPES_MESSAGES: ...}}``: a Dagster Pipes
-      session (a step's), the bootstrap values a Pipes subprocess finds in its environment; its
+    - ``{"open": {DAGSTER_PIPES_CONTEXT: ..., DAGSTER_PIPES_MESSAGES: ...}, "spec": JSON}``: a
+      Dagster Pipes session (a step's), the bootstrap values a Pipes subprocess finds in its
+      environment, and the crawl's spec as the step read it, which the session's partitions run
+      under (else the spec the worker started with); its
       messages (``opened``, log lines, ``closed``) go on ``replies`` too, one a line, where the
       launcher tells them from replies by their ``__dagster_pipes_version``; replied ``{"opened": true}``;
     - ``{"program": P, "source": S, "force": bool, "workers": n}``: run that partition with
@@ -203,6 +213,8 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
             # messages go on the reply stream, where the launcher reads them as they come.
             pipes = PipesContext(PipesMappingParamsLoader(request["open"]), PipesDefaultContextLoader(),
                                  _reply_writer(replies))
+            if "spec" in request:  # the step's: the crawl may have been registered again since
+                spec = _step_spec(spec, request["spec"])
             reply({"opened": True})
         elif "close" in request:
             if pipes is not None:

@@ -232,7 +232,7 @@ class Fanout:
                 while todo:
                     worker = workers.take()
                     try:
-                        with worker.session(self.context) as session:
+                        with worker.session(self.context, self.spec) as session:
                             if session is None:  # ended before it opened: a broken command line or setup
                                 starts_failed += 1
                                 if starts_failed >= 2:

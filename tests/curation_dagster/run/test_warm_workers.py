@@ -19,13 +19,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterEventType, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from curation_dagster.defs.launchers import pipes
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import ensure_instance_config
 from curation_dagster.run.crawl_job import CRAWL_JOB_DEF
+from curation_dagster.run.recorder import DATA_VERSION_TAG
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.dataroot import DataRoot
 from stages.store import MANIFEST, Store
@@ -159,6 +160,44 @@ def test_a_worker_killed_holding_a_partition_has_it_launched_again(
                 read(alone, crawl, "raw_documents", "documents", source)), source
 
 
+def test_a_crawl_registered_again_mid_run_is_run_by_later_steps_under_its_new_spec(
+        tmp_path: Path, started: list[pipes.Worker], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm worker runs each step under the spec the step read (sent with the step's session),
+    not the one the worker read when it started: a new LSH setting registered after the MinHash
+    step is what the LSH step plans, runs and records."""
+    crawl = spec(stages=["fuzzy"])
+    changed = crawl.model_copy(update={"params": {"lsh_buckets": {"bands": 13, "rows": 20}}})
+    last = ("minhash_signatures", crawl.partitions("minhash_signatures")[-1])
+    real = pipes.Worker.run
+
+    def then_register(self: pipes.Worker, program: str, source: str | None, force: bool, workers: int
+                      ) -> dict[str, Any]:
+        reply = real(self, program, source, force, workers)
+        if (program, source) == last:  # the MinHash step's last partition done: the crawl changes
+            resource.dataroot().register(changed)
+        return reply
+
+    monkeypatch.setattr(pipes.Worker, "run", then_register)
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=1)
+        resource.dataroot().register(crawl)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
+                                                  resources={"curation": resource}, raise_on_error=False)
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+        assert len(started) == 1  # one worker, started under the first spec, ran every step
+        root = DataRoot(resource.store())
+        for program, source in [("lsh_buckets", None), ("removal_ledger", None), ("minhash_signatures", last[1])]:
+            manifest = root.manifest(changed, program, source)
+            assert manifest is not None, program
+            assert manifest.params_key == changed.keys()[(program, source)], program
+            (record,) = instance.fetch_materializations(AssetRecordsFilter(
+                asset_key=AssetKey(program), asset_partitions=[str(partition_key(CRAWL, source))]), limit=5).records
+            assert record.asset_materialization is not None
+            assert record.asset_materialization.tags[DATA_VERSION_TAG] == manifest.data_version, program
+        assert changed.keys()[("lsh_buckets", None)] != crawl.keys()[("lsh_buckets", None)]
+
+
 class _SlowWorker:
     """A stand-in warm worker: each partition takes 50 ms and fails (nothing to read back)."""
 
@@ -166,7 +205,7 @@ class _SlowWorker:
         self.ran = ran
 
     @contextlib.contextmanager
-    def session(self, context: Any) -> Iterator[object]:
+    def session(self, context: Any, spec: Any) -> Iterator[object]:
         yield object()
 
     def run(self, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:
