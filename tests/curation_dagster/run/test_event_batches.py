@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dagster import AssetKey, DagsterEventType, DagsterInstance
+from dagster import AssetKey, AssetMaterialization, DagsterInstance
 
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
@@ -91,22 +91,18 @@ def test_a_partitions_events_are_one_transaction_and_a_steps_planned_ones_one(tm
 def test_events_stored_together_are_all_or_none(tmp_path: Path) -> None:
     """A step stopped between a partition's events (its run worker killed, an error): none of them
     is in the event log, so the retry records the partition once."""
-    from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
-
     instance = DagsterInstance.from_config(str(ensure_instance_config(tmp_path / "dagster")))
 
     def report(partition: str) -> None:
-        instance.report_dagster_event(DagsterEvent.build_asset_materialization_planned_event(
-            "job", "raw_documents", AssetMaterializationPlannedData(AssetKey("raw_documents"), partition=partition)),
-            "run-1")
+        instance.report_runless_asset_event(AssetMaterialization(asset_key="raw_documents", partition=partition))
 
     with pytest.raises(KeyboardInterrupt), together(instance):
         report("a")
         report("b")
         raise KeyboardInterrupt  # stopped before the rest
-    assert instance.all_logs("run-1") == []
+    assert instance.fetch_materializations(AssetKey("raw_documents"), limit=10).records == []
     with together(instance):
         report("a")
         report("b")
-    logs = instance.all_logs("run-1", of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED)
-    assert [e.dagster_event.partition for e in logs if e.dagster_event] == ["a", "b"]
+    records = instance.fetch_materializations(AssetKey("raw_documents"), limit=10).records
+    assert [r.partition_key for r in records] == ["b", "a"]  # newest first
