@@ -24,7 +24,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from dagster import EventLogEntry
-from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
+from dagster_postgres import (
+    DagsterPostgresStorage,
+    PostgresEventLogStorage,
+    PostgresRunStorage,
+    PostgresScheduleStorage,
+)
 from sqlalchemy.engine import Connection
 
 from curation_dagster.ops.event_log import EventBatches
@@ -92,8 +97,16 @@ class PooledPostgresStorage(DagsterPostgresStorage):
 
     def __init__(self, postgres_url: str, should_autocreate_tables: bool = True, inst_data: Any = None,
                  token_provider: Any = None) -> None:
-        super().__init__(postgres_url, should_autocreate_tables, inst_data, token_provider)
+        # DagsterPostgresStorage's __init__ with our event log in place of its own, which it would
+        # build first (an engine, the database's tables listed) only for it to be dropped.
+        self.postgres_url = postgres_url
+        self.should_autocreate_tables = should_autocreate_tables
+        self._inst_data = inst_data
+        self._run_storage = PostgresRunStorage(postgres_url, should_autocreate_tables, token_provider=token_provider)
         self._event_log_storage = _EventLogStorage(postgres_url, should_autocreate_tables, token_provider)
+        self._schedule_storage = PostgresScheduleStorage(postgres_url, should_autocreate_tables,
+                                                         token_provider=token_provider)
+        super(DagsterPostgresStorage, self).__init__()  # what DagsterPostgresStorage's ends with
         for storage in (self.run_storage, self.event_log_storage):
             storage.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=20)
 
