@@ -12,6 +12,11 @@ spent most of its time on two things per recorded event (a materialization, a ch
   the time left once connections were held. A table, once there, stays: a found one is
   remembered (a missing one is asked again, so a migration is seen).
 
+Then, per recorded partition, a commit per statement (the engine autocommits: an event's row, its
+NOTIFY, its asset's row, its check's row), each a WAL flush: a batch of events
+(``curation_dagster.ops.event_log.EventBatches``: a partition's materialization and check
+evaluations, a step's planned materializations) is stored in one transaction.
+
 Imported only by the deployment's Dagster processes: dagster-postgres is the ``deploy`` extra's.
 """
 
@@ -43,6 +48,11 @@ class _EventLogStorage(EventBatches, PostgresEventLogStorage):
         self._found: set[str] = set()
         self._held = threading.local()  # this thread's connection while it stores a batch
         self._batches = threading.local()
+        # This process's writes one at a time, so that its events commit in the order of their
+        # ids: a run's live log (the UI's, SqlPollingEventWatcher) reads on from the last id it
+        # saw, and would never see a batch's events committed after a later id of another thread.
+        # (Dagster's log handler serializes its writes the same way; a batch is stored outside it.)
+        self._writing = threading.RLock()
         super().__init__(postgres_url, should_autocreate_tables, token_provider=token_provider)
 
     def has_table(self, table_name: str) -> bool:
@@ -55,7 +65,8 @@ class _EventLogStorage(EventBatches, PostgresEventLogStorage):
 
     def store_event(self, event: EventLogEntry) -> None:
         if not self._held_back(event):
-            super().store_event(event)
+            with self._writing:
+                super().store_event(event)
 
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
         """The events in one transaction, each stored as ``store_event`` stores it: one commit,
@@ -66,7 +77,7 @@ class _EventLogStorage(EventBatches, PostgresEventLogStorage):
             for event in events:
                 super().store_event(event)
             return
-        with super()._connect() as conn:
+        with self._writing, super()._connect() as conn:
             conn = conn.execution_options(isolation_level="READ COMMITTED")
             with conn.begin():
                 self._held.conn = conn
