@@ -10,8 +10,9 @@ default, whose data root is also the default). When launched by Dagster through 
 (``DAGSTER_PIPES_CONTEXT`` set), it reports its outcome (or its error, on one line) over Pipes to
 the step that launched it, which records the materialization; either way it prints one JSON line
 with the output directory and whether it was cached. A long partition says
-how far it is every ``progress_interval_s`` (``stages.progress``): over Pipes into the run's log,
-else on stderr.
+how far it is every ``progress_interval_s`` (``stages.progress``): a one-shot Pipes process (a
+pod) over Pipes into the run's log, a warm worker and a process alone on stderr (a warm worker's
+is the run worker's: the run's compute log).
 """
 
 from __future__ import annotations
@@ -127,6 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _step_spec(spec: CrawlSpec, sent: str) -> CrawlSpec:
+    """The spec a step sent with its session (JSON), which must be of the worker's crawl."""
+    step = CrawlSpec.model_validate_json(sent)
+    if step.crawl != spec.crawl:
+        raise ValueError(f"a session of crawl {step.crawl!r} sent to a worker of crawl {spec.crawl!r}")
+    return step
+
+
 def _replies() -> TextIO:
     """This process's stdout, kept for the replies of :func:`serve`; fd 1 itself becomes stderr,
     so that what a library prints can never pass for a reply."""
@@ -167,13 +176,15 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
     launcher (``curation_dagster.defs.launchers.pipes.Worker``) pays this process's start and imports
     once for every partition it serves. Requests:
 
-    - ``{"open": {DAGSTER_PIPES_CONTEXT: ..., DAGSTER_PIPES_MESSAGES: ...}}``: a Dagster Pipes
-      session (a step's), the bootstrap values a Pipes subprocess finds in its environment; its
+    - ``{"open": {DAGSTER_PIPES_CONTEXT: ..., DAGSTER_PIPES_MESSAGES: ...}, "spec": JSON}``: a
+      Dagster Pipes session (a step's), the bootstrap values a Pipes subprocess finds in its
+      environment, and the crawl's spec as the step read it, which the session's partitions run
+      under (else the spec the worker started with); its
       messages (``opened``, log lines, ``closed``) go on ``replies`` too, one a line, where the
       launcher tells them from replies by their ``__dagster_pipes_version``; replied ``{"opened": true}``;
     - ``{"program": P, "source": S, "force": bool, "workers": n}``: run that partition with
       ``stages.execute.execute`` (its kernels on ``n`` cores, 0: the command line's; its progress
-      lines, and a bug's traceback, to the open session's log) and reply its outcome, what a
+      lines to stderr, a bug's traceback to the open session's log) and reply its outcome, what a
       one-partition process reports over Pipes: ``{"done": S, "skipped", "seconds",
       "data_version"}``, or ``{"done": S, "error": one line}``. On the reply, not over Pipes:
       the launcher has it at once, not when Pipes' reader next polls its file;
@@ -202,6 +213,8 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
             # messages go on the reply stream, where the launcher reads them as they come.
             pipes = PipesContext(PipesMappingParamsLoader(request["open"]), PipesDefaultContextLoader(),
                                  _reply_writer(replies))
+            if "spec" in request:  # the step's: the crawl may have been registered again since
+                spec = _step_spec(spec, request["spec"])
             reply({"opened": True})
         elif "close" in request:
             if pipes is not None:
@@ -213,10 +226,12 @@ def serve(store: Store, spec: CrawlSpec, execution: ExecutionParams, requests: I
             workers = int(request.get("workers") or 0)
             ran = execution.model_copy(update={"workers": workers}) if workers else execution
             limit_threads(ran.resolved_workers())
-            emit = pipes.log.info if pipes is not None else _stderr
             _name(program)
             try:
-                outcome = execute(store, spec, program, source, ran, bool(request.get("force")), emit=emit)
+                # Progress lines to stderr (the run's compute log: the UI's stdout/stderr tab), not
+                # the session's log: stored as run events they cost the run worker a commit each,
+                # one a partition at least, and its materialization tells as much.
+                outcome = execute(store, spec, program, source, ran, bool(request.get("force")), emit=_stderr)
                 message: dict[str, Any] = {"source": source, "skipped": outcome.skipped,
                                            "seconds": outcome.seconds, "data_version": outcome.manifest.data_version}
             except Exception as exc:

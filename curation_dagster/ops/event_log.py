@@ -12,7 +12,7 @@ process being killed; only the last commits before an OS crash or power loss can
 event. A forked child builds its own engine, never its parent's connections. The UI's live run
 logs wake on the write-ahead log as well as the database (``watch``). Each stored event is one
 transaction (``store_event``): Dagster's writes its row, its asset's row and its check's row in a
-transaction each.
+transaction each; a batch of events (``store_event_batch``, ``EventBatches.batch``) is one.
 
 Named by its private module path, ``dagster._core.storage.event_log``: Dagster exports no public
 name for the base class; dagster is pinned (pyproject.toml), and
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,7 +34,45 @@ from watchdog.events import PatternMatchingEventHandler
 BUSY_TIMEOUT_S = 30  # as Dagster's SQLite storages wait on a locked database
 
 
-class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
+class EventBatches:
+    """Events stored together: within ``batch()``, what this thread stores is held, and at its
+    end handed to ``store_event_batch`` (one transaction: one commit) at once; a batch left by an
+    exception is dropped whole. Held, not a transaction left open between the events: Dagster
+    stores a step's events one at a time under its log handler's lock, and another thread of
+    the run (a launching thread logging a line) may be waiting on the database under that lock."""
+
+    _batches: threading.local
+
+    def store_event_batch(self, events: Sequence[Any]) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """The events this thread stores meanwhile, stored as one batch at the end (a partition's
+        materialization and check evaluations, a step's planned materializations:
+        ``curation_dagster.run.recorder.together``). Nested: the outer one's."""
+        if getattr(self._batches, "events", None) is not None:
+            yield
+            return
+        events: list[Any] = []
+        self._batches.events = events
+        try:
+            yield
+        finally:
+            self._batches.events = None
+        if events:
+            self.store_event_batch(events)
+
+    def _held_back(self, event: Any) -> bool:
+        """Whether ``event`` joined this thread's open batch (else it is to be stored now)."""
+        events = getattr(self._batches, "events", None)
+        if events is None:
+            return False
+        events.append(event)
+        return True
+
+
+class PooledSqliteEventLogStorage(EventBatches, ConsolidatedSqliteEventLogStorage):
     """``ConsolidatedSqliteEventLogStorage`` on one engine per process with pooled connections."""
 
     _engine: sa.engine.Engine | None = None
@@ -44,20 +82,28 @@ class PooledSqliteEventLogStorage(ConsolidatedSqliteEventLogStorage):
     def __init__(self, base_dir: str, inst_data: Any = None) -> None:
         self._tables: set[str] = set()  # tables seen (before the base class creates any)
         self._asset_key_columns: set[str] = set()  # columns of the asset keys table seen
-        self._held = threading.local()  # this thread's connection while it stores one event
+        self._held = threading.local()  # this thread's connection while it stores events
+        self._batches = threading.local()
         super().__init__(base_dir, inst_data)
 
     def store_event(self, event: Any) -> None:
         """Dagster's, with every write of the event in one transaction on one connection (its
         row, its asset's row and tags, its check's row): atomic, and one commit instead of 3-4,
         a third of what recording a small partition cost ``curate run``'s process."""
+        if not self._held_back(event):
+            self.store_event_batch([event])
+
+    def store_event_batch(self, events: Sequence[Any]) -> None:
+        """The events in one transaction: all stored, or none (Dagster's stores them one by one)."""
         if getattr(self._held, "conn", None) is not None:  # storing an event while storing one
-            super().store_event(event)
+            for event in events:
+                super().store_event(event)
             return
         with self._connect() as conn:
             self._held.conn = conn
             try:
-                super().store_event(event)
+                for event in events:
+                    super().store_event(event)
             finally:
                 self._held.conn = None
 

@@ -233,7 +233,7 @@ class Fanout:
                 while todo:
                     worker = workers.take()
                     try:
-                        with worker.session(self.context) as session:
+                        with worker.session(self.context, self.spec) as session:
                             if session is None:  # ended before it opened: a broken command line or setup
                                 starts_failed += 1
                                 if starts_failed >= 2:
@@ -363,10 +363,11 @@ def _planned(context: OpExecutionContext, program: str, keys: list[str]) -> None
         from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
     except ImportError:
         return
-    for key in keys:
-        event = DagsterEvent.build_asset_materialization_planned_event(
-            context.job_name, program, AssetMaterializationPlannedData(AssetKey(program), partition=key))
-        context.instance.report_dagster_event(event, context.run_id)
+    with recorder.together(context.instance):  # one commit for the step's, not one per partition
+        for key in keys:
+            event = DagsterEvent.build_asset_materialization_planned_event(
+                context.job_name, program, AssetMaterializationPlannedData(AssetKey(program), partition=key))
+            context.instance.report_dagster_event(event, context.run_id)
 
 
 def run_step(context: OpExecutionContext, curation: CurationResource, config: CrawlConfig, program: str
@@ -423,8 +424,9 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
                 context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
             else:
                 key = str(partition_key(spec.crawl, done.source))
-                yield recorder.materialization(done, key, received)
-                yield from recorder.evaluations(done, key)
+                with recorder.together(context.instance):  # the partition's events: one commit
+                    yield recorder.materialization(done, key, received)
+                    yield from recorder.evaluations(done, key)
                 for check, verdict in done.blocking_failures():
                     blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
             if listener is not None:

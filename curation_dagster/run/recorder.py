@@ -14,7 +14,8 @@ only where its check's verdict now differs from the one the instance last record
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +139,22 @@ def materialize_result(done: Done, received: float) -> MaterializeResult:
     assert done.outcome is not None
     return MaterializeResult(metadata=_metadata(done, received),
                              data_version=DataVersion(done.outcome.manifest.data_version))
+
+
+@contextmanager
+def together(instance: DagsterInstance) -> Iterator[None]:
+    """The events this thread has the instance store meanwhile (a partition's materialization and
+    check evaluations, yielded by its step: Dagster hands each to the storage before the step
+    resumes; a step's planned materializations) stored as one batch at the end, in one
+    transaction: one commit, and a partition recorded whole or not at all (a run worker killed
+    between its events leaves none, and the retry records it once). Where the instance's event
+    log is not one of ours (``curation_dagster.ops.event_log.EventBatches``), each as it comes."""
+    batch = getattr(instance.event_log_storage, "batch", None)
+    if batch is None:
+        yield
+        return
+    with batch():
+        yield
 
 
 def severity(verdict: Verdict) -> AssetCheckSeverity:

@@ -31,6 +31,8 @@ from dagster import (
     open_pipes_session,
 )
 
+from stages.spec import CrawlSpec
+
 # Every session reads the message reader's writer count, "preview" in dagster 1.13 (pinned): quiet
 # once here (a catch_warnings per session would race between the step's launching threads).
 warnings.filterwarnings("ignore", message=".*expected_writer_count.*", category=PreviewWarning)
@@ -129,14 +131,18 @@ class Worker:
         return None
 
     @contextmanager
-    def session(self, context: OpExecutionContext | AssetExecutionContext) -> Iterator[PipesSession | None]:
-        """A Pipes session of ``context``'s step, opened in the worker; None when the worker ended
-        before it opened. Closed in the worker before here, so no message of it is lost."""
+    def session(self, context: OpExecutionContext | AssetExecutionContext, spec: CrawlSpec
+                ) -> Iterator[PipesSession | None]:
+        """A Pipes session of ``context``'s step, opened in the worker, whose partitions it runs
+        under ``spec`` (the step's: the crawl may have been registered again since the worker
+        started); None when the worker ended before it opened. Closed in the worker before here,
+        so no message of it is lost."""
         reader = ReplyStreamReader()
         with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
                                 message_reader=reader) as session:
             self._handler = reader.handler
-            opened = self._ask({"open": session.get_bootstrap_env_vars()}) is not None
+            opened = self._ask({"open": session.get_bootstrap_env_vars(),
+                                "spec": spec.model_dump_json()}) is not None
             try:
                 yield session if opened else None
             finally:

@@ -189,3 +189,22 @@ def _entry(message: str) -> Any:
 
     return dg.EventLogEntry(error_info=None, level=20, user_message=message, run_id="r1", timestamp=time.time(),
                          step_key=None, job_name=None, dagster_event=None)
+
+
+def test_the_deployments_storage_sets_what_dagster_postgres_sets() -> None:
+    """``PooledPostgresStorage`` does ``DagsterPostgresStorage.__init__``'s work itself (so as to build
+    one event log, not two): a dagster-postgres upgrade that sets another attribute fails here."""
+    import inspect
+
+    pytest.importorskip("dagster_postgres")
+    from dagster_postgres import DagsterPostgresStorage
+
+    from curation_dagster.ops.pg_storage import PooledPostgresStorage
+
+    def assigned(init: Any) -> set[str]:
+        return set(re.findall(r"^\s+self\.(\w+)\s*=", inspect.getsource(init), re.M))
+
+    theirs = assigned(DagsterPostgresStorage.__init__)
+    assert theirs == {"postgres_url", "should_autocreate_tables", "_inst_data", "_run_storage",
+                      "_event_log_storage", "_schedule_storage"}
+    assert assigned(PooledPostgresStorage.__init__) == theirs

@@ -1,5 +1,5 @@
-"""Long partitions say how far they are: ``stages.progress`` lines in the run's log, in-process
-and from a stage subprocess over Dagster Pipes (what a Kubernetes pod sends too)."""
+"""Long partitions say how far they are: ``stages.progress`` lines in the run's log in-process,
+and on a warm stage worker's stderr (the run's compute log, not its events)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def workdir(tmp_path: Path) -> tuple[Path, CrawlSpec, int, int]:
 
 
 @pytest.mark.parametrize("mode", ["in_process", "pipes"])
-def test_a_partition_reports_progress_into_the_runs_log(workdir: tuple[Path, CrawlSpec, int, int], mode: str) -> None:
+def test_a_partition_reports_progress(workdir: tuple[Path, CrawlSpec, int, int], mode: str,
+                                      capfd: pytest.CaptureFixture[str]) -> None:
     work, spec, records, nbytes = workdir
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(CRAWL, ["c1"])
@@ -91,7 +92,11 @@ def test_a_partition_reports_progress_into_the_runs_log(workdir: tuple[Path, Cra
         result = materialize(ASSETS, selection=[program], partition_key=partition_key(spec.crawl, source),
                              instance=instance, resources={"curation": resource}, raise_on_error=False)
         assert result.success, [str(e) for e in result.all_events if e.is_failure]
-        logs[program] = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+        events = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+        if mode == "pipes":  # the worker's stderr (this process's: the workers inherit it), not events
+            assert not [m for m in events if re.match(rf"{program}\[.*\]: ", m)], events
+            events = capfd.readouterr().err.splitlines()
+        logs[program] = events
 
     raw = [m for m in logs["raw_documents"] if m.startswith("raw_documents[c1|web]: ")]
     # By files, in input order: the share done grows to the whole input, and the closing line

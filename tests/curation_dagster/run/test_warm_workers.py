@@ -1,7 +1,7 @@
 """The deployment's launcher (``mode="pipes"``): warm ``python -m stages serve`` workers, each
 serving many partitions of the run one after another in a Pipes session per step. Every partition
 is recorded once, as it finishes (not when its worker's session ends), its progress lines in the
-run's log through its step's Pipes session; a worker killed while it
+run's compute log (not its events); a worker killed while it
 holds a partition has that partition launched again on another, and the outputs are those of the
 executor alone. Real processes, a real Dagster instance: no mocks (a wrapper counts the workers
 started and, in the fault test, SIGKILLs one as it is handed a partition)."""
@@ -19,13 +19,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterEventType, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from curation_dagster.defs.launchers import pipes
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import ensure_instance_config
 from curation_dagster.run.crawl_job import CRAWL_JOB_DEF
+from curation_dagster.run.recorder import DATA_VERSION_TAG
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.dataroot import DataRoot
 from stages.store import MANIFEST, Store
@@ -89,6 +90,9 @@ def test_one_warm_worker_serves_the_whole_run_and_each_partition_is_recorded_as_
         return real(self, program, source, force, workers)
 
     monkeypatch.setattr(pipes.Worker, "run", late)
+    # Dagster captures the run's output by redirecting the descriptor of ``sys.stderr``, pytest's
+    # capture file here: fd 2, as in a run worker, so that the workers inherit the capture.
+    monkeypatch.setattr(sys, "stderr", sys.__stderr__)
     with fast_tmp(tmp_path / "w") as work:
         instance, run_id, resource = _run(work, fan_out=1)
         # One process served every partition of every step (fan_out 1), and the run ended it.
@@ -106,13 +110,16 @@ def test_one_warm_worker_serves_the_whole_run_and_each_partition_is_recorded_as_
         committed = os.stat(Path(DataRoot(store).output_dir(crawl, *last)) / MANIFEST).st_mtime
         early = [t for a, p, t in recorded if a == "raw_documents" and p != str(partition_key(CRAWL, last[1]))]
         assert len(early) == len(SOURCES) - 1 and all(t < committed - 0.5 for t in early), (early, committed)
-        # Each partition's closing progress line came over its step's Pipes session into the
-        # run's log, and every session (one per step) opened and closed.
+        # Each partition's closing progress line is in the run's compute log (the worker's
+        # stderr: the UI's stdout/stderr tab), not among its events (a commit each); every
+        # session (one per step) opened and closed.
         messages = [e.user_message for e in instance.all_logs(run_id)]
+        captured = "".join(p.read_text() for p in (work / "dagster").rglob("*.err"))
         for program in PROGRAMS:
             for source in crawl.partitions(program):
                 name = partition_name(program, CRAWL, source)
-                assert any(m.startswith(f"{name}: done, ") for m in messages), name
+                assert f"{name}: done, " in captured, name
+                assert not any(m.startswith(f"{name}: ") for m in messages), name
         assert sum("external process successfully opened dagster pipes" in m for m in messages) == len(PROGRAMS)
         assert not [m for m in messages if "[pipes] did not receive" in m]
 
@@ -153,6 +160,44 @@ def test_a_worker_killed_holding_a_partition_has_it_launched_again(
                 read(alone, crawl, "raw_documents", "documents", source)), source
 
 
+def test_a_crawl_registered_again_mid_run_is_run_by_later_steps_under_its_new_spec(
+        tmp_path: Path, started: list[pipes.Worker], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm worker runs each step under the spec the step read (sent with the step's session),
+    not the one the worker read when it started: a new LSH setting registered after the MinHash
+    step is what the LSH step plans, runs and records."""
+    crawl = spec(stages=["fuzzy"])
+    changed = crawl.model_copy(update={"params": {"lsh_buckets": {"bands": 13, "rows": 20}}})
+    last = ("minhash_signatures", crawl.partitions("minhash_signatures")[-1])
+    real = pipes.Worker.run
+
+    def then_register(self: pipes.Worker, program: str, source: str | None, force: bool, workers: int
+                      ) -> dict[str, Any]:
+        reply = real(self, program, source, force, workers)
+        if (program, source) == last:  # the MinHash step's last partition done: the crawl changes
+            resource.dataroot().register(changed)
+        return reply
+
+    monkeypatch.setattr(pipes.Worker, "run", then_register)
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=1)
+        resource.dataroot().register(crawl)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
+                                                  resources={"curation": resource}, raise_on_error=False)
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+        assert len(started) == 1  # one worker, started under the first spec, ran every step
+        root = DataRoot(resource.store())
+        for program, source in [("lsh_buckets", None), ("removal_ledger", None), ("minhash_signatures", last[1])]:
+            manifest = root.manifest(changed, program, source)
+            assert manifest is not None, program
+            assert manifest.params_key == changed.keys()[(program, source)], program
+            (record,) = instance.fetch_materializations(AssetRecordsFilter(
+                asset_key=AssetKey(program), asset_partitions=[str(partition_key(CRAWL, source))]), limit=5).records
+            assert record.asset_materialization is not None
+            assert record.asset_materialization.tags[DATA_VERSION_TAG] == manifest.data_version, program
+        assert changed.keys()[("lsh_buckets", None)] != crawl.keys()[("lsh_buckets", None)]
+
+
 class _SlowWorker:
     """A stand-in warm worker: each partition takes 50 ms and fails (nothing to read back)."""
 
@@ -160,7 +205,7 @@ class _SlowWorker:
         self.ran = ran
 
     @contextlib.contextmanager
-    def session(self, context: Any) -> Iterator[object]:
+    def session(self, context: Any, spec: Any) -> Iterator[object]:
         yield object()
 
     def run(self, program: str, source: str | None, force: bool, workers: int) -> dict[str, Any]:

@@ -1,0 +1,108 @@
+"""A crawl step commits a partition's events together: its materialization and its check
+evaluations in one transaction of the event log (recorded whole or not at all, one commit instead
+of one per event), and a step's planned materializations in one. Watched on the SQL the event log
+runs (``curate run``'s SQLite storage, ``curation_dagster.ops.event_log``), a real run of the
+crawl job on the tiny corpus."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from dagster import AssetKey, AssetMaterialization, DagsterInstance
+
+from curation_dagster.defs.partitions import partition_key
+from curation_dagster.defs.resources import CurationResource
+from curation_dagster.ops.instance import ensure_instance_config
+from curation_dagster.run.in_process import run_crawl
+from curation_dagster.run.recorder import together
+from stages.catalog import PROGRAMS
+from stages.checks import CHECK_KINDS
+from tests.support.tiny_corpus import CRAWL, fast_tmp, spec
+
+Row = tuple[str, str | None, str | None]  # (event type, asset key, partition) of an inserted event
+
+
+@contextmanager
+def transactions() -> Iterator[list[list[Row]]]:
+    """The events inserted into any event log in this process, by committed transaction."""
+    open_: dict[int, list[Row]] = defaultdict(list)
+    committed: list[list[Row]] = []
+
+    def executed(conn: Any, _cursor: Any, statement: str, params: Any, _context: Any, _many: bool) -> None:
+        found = re.match(r"\s*INSERT INTO event_logs \(([^)]*)\)", statement)
+        if found is None:
+            return
+        columns = [c.strip() for c in found.group(1).split(",")]
+        values = dict(zip(columns, params, strict=True)) if not isinstance(params, dict) else params
+        open_[id(conn.connection)].append((values["dagster_event_type"], values.get("asset_key"),
+                                           values.get("partition")))
+
+    def commit(conn: Any) -> None:
+        rows = open_.pop(id(conn.connection), [])
+        if rows:
+            committed.append(rows)
+
+    def rollback(conn: Any) -> None:
+        open_.pop(id(conn.connection), None)
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", executed)
+    sa.event.listen(sa.engine.Engine, "commit", commit)
+    sa.event.listen(sa.engine.Engine, "rollback", rollback)
+    try:
+        yield committed
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", executed)
+        sa.event.remove(sa.engine.Engine, "commit", commit)
+        sa.event.remove(sa.engine.Engine, "rollback", rollback)
+
+
+def test_a_partitions_events_are_one_transaction_and_a_steps_planned_ones_one(tmp_path: Path) -> None:
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work, transactions() as committed:
+        run_crawl(work, work / "dagster", crawl, quiet=True, resource=CurationResource(workdir=str(work)))
+    materialized = [t for t in committed if any(e == "ASSET_MATERIALIZATION" for e, _, _ in t)]
+    expected = {(p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in crawl.partitions(p)}
+    assert len(materialized) == len(expected)
+    checked = 0
+    for rows in materialized:
+        # One partition's materialization and every check evaluation of it, nothing else.
+        (program,) = [str(a).strip('["]') for e, a, _ in rows if e == "ASSET_MATERIALIZATION"]
+        checks = [r for r in rows if r[0] == "ASSET_CHECK_EVALUATION"]
+        assert len(rows) == 1 + len(checks), rows
+        assert len(checks) == sum(k.applies(PROGRAMS[program]) for k in CHECK_KINDS), (program, rows)
+        checked += len(checks)
+    # No check evaluation committed apart from its partition's materialization.
+    assert sum(e == "ASSET_CHECK_EVALUATION" for t in committed for e, _, _ in t) == checked > 0
+    # A step's planned materializations: one transaction each step, all its partitions.
+    planned = [t for t in committed if any(e == "ASSET_MATERIALIZATION_PLANNED" for e, _, _ in t)]
+    per_step = Counter(a for t in planned for _, a, _ in t)
+    assert len(planned) == len(PROGRAMS) == len(per_step)
+    assert all(len({a for _, a, _ in t}) == 1 for t in planned)
+    assert {a.strip('["]'): n for a, n in per_step.items()} == {p: len(crawl.partitions(p)) for p in PROGRAMS}
+
+
+def test_events_stored_together_are_all_or_none(tmp_path: Path) -> None:
+    """A step stopped between a partition's events (its run worker killed, an error): none of them
+    is in the event log, so the retry records the partition once."""
+    instance = DagsterInstance.from_config(str(ensure_instance_config(tmp_path / "dagster")))
+
+    def report(partition: str) -> None:
+        instance.report_runless_asset_event(AssetMaterialization(asset_key="raw_documents", partition=partition))
+
+    with pytest.raises(KeyboardInterrupt), together(instance):
+        report("a")
+        report("b")
+        raise KeyboardInterrupt  # stopped before the rest
+    assert instance.fetch_materializations(AssetKey("raw_documents"), limit=10).records == []
+    with together(instance):
+        report("a")
+        report("b")
+    records = instance.fetch_materializations(AssetKey("raw_documents"), limit=10).records
+    assert [r.partition_key for r in records] == ["b", "a"]  # newest first
