@@ -156,7 +156,7 @@ def check_metadata(verdict: Verdict) -> dict[str, Any]:
 def evaluation(program: str, check: str, blocking: bool, verdict: Verdict, partition: str,
                target: AssetCheckEvaluationTargetMaterializationData | None = None) -> AssetCheckEvaluation:
     """One check's evaluation of a partition, as a crawl step (or a runless report) records it;
-    ``target``: the materialization it judged, where that is not the one just recorded."""
+    ``target``: the materialization it judged."""
     return AssetCheckEvaluation(
         asset_key=AssetKey(program), check_name=check, passed=verdict.passed, severity=severity(verdict),
         description=verdict.description, metadata=check_metadata(verdict), blocking=blocking, partition=partition,
@@ -164,9 +164,25 @@ def evaluation(program: str, check: str, blocking: bool, verdict: Verdict, parti
     )
 
 
-def evaluations(done: Done, partition: str) -> list[AssetCheckEvaluation]:
-    """Every check evaluation of a finished partition."""
-    return [evaluation(done.program, name, blocking, v, partition) for name, blocking, v in done.verdicts]
+def evaluations(done: Done, partition: str, target: AssetCheckEvaluationTargetMaterializationData | None
+                ) -> list[AssetCheckEvaluation]:
+    """Every check evaluation of a finished partition; ``target``: its materialization, which they
+    judged (``recorded``)."""
+    return [evaluation(done.program, name, blocking, v, partition, target) for name, blocking, v in done.verdicts]
+
+
+def recorded(instance: DagsterInstance, program: str, partition: str, run_id: str
+             ) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The partition's materialization that run ``run_id`` just stored, as its evaluations target
+    it (as Dagster's own check steps do): the check state the UI's partition statuses and the
+    automation's ``check_failed`` read counts an evaluation only for the materialization whose
+    storage id it names. None where the instance's latest is not this run's (not stored yet)."""
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[partition]), limit=1).records
+    if not records or records[0].run_id != run_id:
+        return None
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=records[0].storage_id, run_id=run_id, timestamp=records[0].timestamp)
 
 
 def _failures(instance: DagsterInstance, storage_ids: list[int]) -> dict[int, str]:

@@ -270,6 +270,47 @@ def _over_deletion(home: Path, source: str) -> list[Any]:
             "filtered_documents" and str(ev.partition) == f"{T.CRAWL}|{source}"]
 
 
+def _check_state(home: Path, program: str = "filtered_documents", check: str = "over_deletion") -> dict[str, list[str]]:
+    """The partitions of a check by status, as the UI's partition statuses and the automation's
+    ``check_failed`` / ``check_passed`` read them (Dagster's check state: an evaluation counts only
+    for the materialization it targets, and only while that is the partition's latest)."""
+    import dagster as dg
+    from dagster._core.definitions.partitions.context import partition_loading_context
+
+    from curation_dagster.defs.partitions import source_crawl_partitions
+
+    key = dg.AssetCheckKey(dg.AssetKey(program), check)
+    with dg.DagsterInstance.from_config(str(home)) as instance, \
+            partition_loading_context(dynamic_partitions_store=instance):
+        state = instance.event_log_storage.get_asset_check_state([(key, source_crawl_partitions)])[key]
+        return {status.value: sorted(str(k) for k in subset.subset_value.get_partition_keys())
+                for status, subset in state.subsets.items() if not subset.is_empty}
+
+
+def test_a_crawl_runs_evaluations_count_for_the_materialization_they_judged(tmp_path: Path) -> None:
+    """The crawl run's own evaluations target the materialization the run just stored: the check
+    state shows the blocked partitions failed and the others passed (without a target, Dagster's
+    check state drops them: neither failed nor passed)."""
+    import dagster as dg
+
+    from curation_dagster.ops.location import workdir_paths
+    from curation_dagster.run.in_process import RunFailed, run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    (workdir / "curate.yaml").write_text(yaml.safe_dump(
+        {"checks": {"over_deletion": {"per_stage": {"heuristic": 0.2}, "min_documents": 0}}}))
+    with pytest.raises(RunFailed):
+        run_crawl(workdir, home, T.spec(stages=("heuristic", "exact")), quiet=True,
+                  resource=CurationResource(workdir=str(workdir), workers=1))
+    assert _check_state(home) == {"FAILED": [f"{T.CRAWL}|forum", f"{T.CRAWL}|news"], "SUCCEEDED": [f"{T.CRAWL}|wiki"]}
+    (failed,) = _over_deletion(home, "forum")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        (mat,) = instance.fetch_materializations(dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey("filtered_documents"), asset_partitions=[f"{T.CRAWL}|forum"]), limit=5).records
+    assert (failed.target_materialization_data.storage_id, failed.target_materialization_data.run_id) == \
+        (mat.storage_id, mat.run_id)
+
+
 def test_a_raised_bound_records_the_new_verdict_of_a_current_partition(tmp_path: Path) -> None:
     """A crawl stopped by a blocking over_deletion, the bound raised in curate.yaml, curate run
     again: the current partition is not rerun, but its check's new verdict (passed) is recorded,
