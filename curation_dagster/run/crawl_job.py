@@ -400,9 +400,7 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     held = planner.held_back(program, plan.current)
     # Not rerun, but judged with the bounds as they are now: a verdict that changed (a bound was
     # raised) is recorded, so the UI stops showing the old one.
-    yield from recorder.rejudged(context.instance, program, [
-        (str(partition_key(spec.crawl, s)), kind.name, kind.blocking, v) for s, kind, v in
-        planner.rejudge(program, plan.current)])
+    yield from planner.rejudged(program, plan.current)
     _planned(context, program, [str(partition_key(spec.crawl, s)) for s in plan.stale])
     errors: dict[str | None, str] = {}
     blocked: dict[str | None, str] = {}

@@ -78,10 +78,16 @@ def run_crawl(
         TimeElapsedColumn(), disable=quiet, transient=False,
     ) as progress:
         bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(spec.partitions(p)) for p in PROGRAMS))
-        plans, blocked = Planner(instance, resource, spec, force).crawl()
-        if any(plan.stale for plan in plans.values()):
+        planner = Planner(instance, resource, spec, force)
+        plans, blocked = planner.crawl()
+        # A current partition whose check's verdict changed since the instance recorded it (a bound
+        # moved) makes a run too, whose step records the new verdict (``Planner.rejudged``): the UI
+        # shows what curate run acts on. Not a runless evaluation: Dagster 1.13 keeps one runless
+        # evaluation per check and partition (a unique index), so a bound moved back would fail to
+        # record and leave the old verdict shown.
+        if any(plan.stale or planner.rejudged(plan.program, plan.current) for plan in plans.values()):
             _crawl_run(instance, resource, spec, force, _Display(progress, bar, spec, quiet))
-        else:  # current: no run, but a failed blocking check still holds the crawl back
+        else:  # current, every verdict as recorded: no run, but a failed blocking check still holds the crawl back
             display = _Display(progress, bar, spec, quiet)
             for plan in plans.values():
                 for source in plan.current:

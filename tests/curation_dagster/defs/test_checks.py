@@ -352,6 +352,46 @@ def test_a_raised_bound_records_the_new_verdict_of_a_current_partition(tmp_path:
         assert (info.latest_execution_status.value, info.is_current) == ("SUCCEEDED", True)
 
 
+def test_a_bound_moved_after_an_up_to_date_crawl_shows_its_new_verdict(tmp_path: Path) -> None:
+    """A crawl complete and current; the bound lowered, raised, lowered, raised: each curate run
+    records the verdicts that changed, in a run (Dagster keeps one runless evaluation per
+    partition), so the check state (the UI's, the automation's) follows what curate run acts on:
+    failed and stopped, passed and complete. Run again unchanged, it makes no run."""
+    from curation_dagster.ops.location import workdir_paths
+    from curation_dagster.run.in_process import RunFailed, run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    spec = T.spec(stages=("heuristic", "exact"))
+    resource = CurationResource(workdir=str(workdir), workers=1)
+    forum, news, wiki = (f"{T.CRAWL}|{s}" for s in ("forum", "news", "wiki"))
+
+    def run(bound: float) -> None:
+        bounds = {"over_deletion": {"per_stage": {"heuristic": bound}, "min_documents": 0}}
+        (workdir / "curate.yaml").write_text(yaml.safe_dump({"checks": bounds}))
+        run_crawl(workdir, home, spec, quiet=True, resource=resource)
+
+    run(0.5)
+    assert _check_state(home) == {"SUCCEEDED": [forum, news, wiki]}
+    for _ in range(2):
+        with pytest.raises(RunFailed, match=r"filtered_documents\[tiny\|forum\]: check over_deletion failed"):
+            run(0.2)
+        assert _check_state(home) == {"FAILED": [forum, news], "SUCCEEDED": [wiki]}
+        run(0.5)
+        assert _check_state(home) == {"SUCCEEDED": [forum, news, wiki]}
+    assert [e.passed for e in _over_deletion(home, "forum")] == [True, False, True, False, True]
+    assert len(_over_deletion(home, "wiki")) == 1  # its verdict never changed
+    runs = len(_runs(home))
+    run(0.5)  # nothing stale, no verdict changed
+    assert len(_runs(home)) == runs
+
+
+def _runs(home: Path) -> list[Any]:
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return list(instance.get_runs())
+
+
 def test_a_stopped_crawl_still_shows_what_its_stage_would_remove(tmp_path: Path, capsys: Any) -> None:
     """No ledger after a blocking check stopped the crawl: report, ledger and explain show the
     stopped stage's removal list, marked not applied, and so does the failed check's metadata."""
