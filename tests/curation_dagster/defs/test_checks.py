@@ -275,13 +275,12 @@ def _check_state(home: Path, program: str = "filtered_documents", check: str = "
     ``check_failed`` / ``check_passed`` read them (Dagster's check state: an evaluation counts only
     for the materialization it targets, and only while that is the partition's latest)."""
     import dagster as dg
-    from dagster._core.definitions.partitions.context import partition_loading_context
 
     from curation_dagster.defs.partitions import source_crawl_partitions
 
     key = dg.AssetCheckKey(dg.AssetKey(program), check)
     with dg.DagsterInstance.from_config(str(home)) as instance, \
-            partition_loading_context(dynamic_partitions_store=instance):
+            dg.partition_loading_context(dynamic_partitions_store=instance):
         state = instance.event_log_storage.get_asset_check_state([(key, source_crawl_partitions)])[key]
         return {status.value: sorted(str(k) for k in subset.subset_value.get_partition_keys())
                 for status, subset in state.subsets.items() if not subset.is_empty}
