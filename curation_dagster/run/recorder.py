@@ -171,18 +171,19 @@ def evaluations(done: Done, partition: str, target: AssetCheckEvaluationTargetMa
     return [evaluation(done.program, name, blocking, v, partition, target) for name, blocking, v in done.verdicts]
 
 
-def recorded(instance: DagsterInstance, program: str, partition: str, run_id: str
+def recorded(instance: DagsterInstance, program: str, partition: str, run_id: str | None = None
              ) -> AssetCheckEvaluationTargetMaterializationData | None:
-    """The partition's materialization that run ``run_id`` just stored, as its evaluations target
-    it (as Dagster's own check steps do): the check state the UI's partition statuses and the
+    """The partition's latest materialization, as the evaluations that judged it target it (as
+    Dagster's own check steps do): the check state the UI's partition statuses and the
     automation's ``check_failed`` read counts an evaluation only for the materialization whose
-    storage id it names. None where the instance's latest is not this run's (not stored yet)."""
+    storage id it names. ``run_id``: the run that just stored it; None where the instance's latest
+    is not that run's (not stored yet), or where there is none."""
     records = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[partition]), limit=1).records
-    if not records or records[0].run_id != run_id:
+    if not records or (run_id is not None and records[0].run_id != run_id):
         return None
     return AssetCheckEvaluationTargetMaterializationData(
-        storage_id=records[0].storage_id, run_id=run_id, timestamp=records[0].timestamp)
+        storage_id=records[0].storage_id, run_id=records[0].run_id, timestamp=records[0].timestamp)
 
 
 def _failures(instance: DagsterInstance, storage_ids: list[int]) -> dict[int, str]:

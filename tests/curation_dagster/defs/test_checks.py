@@ -19,6 +19,7 @@ from stages.catalog import PROGRAMS
 from stages.checks import (
     CHECK_KINDS,
     ChecksConfig,
+    Verdict,
     evaluate_doc_id_unique,
     evaluate_empty_result,
     evaluate_giant_groups,
@@ -270,7 +271,8 @@ def _over_deletion(home: Path, source: str) -> list[Any]:
             "filtered_documents" and str(ev.partition) == f"{T.CRAWL}|{source}"]
 
 
-def _check_state(home: Path, program: str = "filtered_documents", check: str = "over_deletion") -> dict[str, list[str]]:
+def _check_state(home: Path, program: str = "filtered_documents", check: str = "over_deletion",
+                 partitions: Any = None) -> dict[str, list[str]]:
     """The partitions of a check by status, as the UI's partition statuses and the automation's
     ``check_failed`` / ``check_passed`` read them (Dagster's check state: an evaluation counts only
     for the materialization it targets, and only while that is the partition's latest)."""
@@ -281,7 +283,7 @@ def _check_state(home: Path, program: str = "filtered_documents", check: str = "
     key = dg.AssetCheckKey(dg.AssetKey(program), check)
     with dg.DagsterInstance.from_config(str(home)) as instance, \
             dg.partition_loading_context(dynamic_partitions_store=instance):
-        state = instance.event_log_storage.get_asset_check_state([(key, source_crawl_partitions)])[key]
+        state = instance.event_log_storage.get_asset_check_state([(key, partitions or source_crawl_partitions)])[key]
         return {status.value: sorted(str(k) for k in subset.subset_value.get_partition_keys())
                 for status, subset in state.subsets.items() if not subset.is_empty}
 
@@ -389,6 +391,27 @@ def _runs(home: Path) -> list[Any]:
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
         return list(instance.get_runs())
+
+
+def test_a_runless_evaluation_counts_for_the_partitions_latest_materialization(tmp_path: Path) -> None:
+    """A check evaluation recorded without a run (a later crawl's prior_crawls_current, failed
+    after an earlier crawl was rerun) targets the partition's latest materialization: the check
+    state shows it failed (without a target, Dagster's drops it)."""
+    import dagster as dg
+
+    from curation_dagster.defs.checks import record_runless_check
+    from curation_dagster.defs.partitions import crawl_partitions
+    from curation_dagster.ops.location import workdir_paths
+    from curation_dagster.run.in_process import run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    run_crawl(workdir, home, T.spec(stages=("exact",)), quiet=True,
+              resource=CurationResource(workdir=str(workdir), workers=1))
+    kind = KIND["prior_crawls_current"]
+    assert _check_state(home, "removal_ledger", kind.name, crawl_partitions) == {"SUCCEEDED": [T.CRAWL]}
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        record_runless_check(instance, "removal_ledger", kind, Verdict(False, "stale"), T.CRAWL)
+    assert _check_state(home, "removal_ledger", kind.name, crawl_partitions) == {"FAILED": [T.CRAWL]}
 
 
 def test_a_stopped_crawl_still_shows_what_its_stage_would_remove(tmp_path: Path, capsys: Any) -> None:
