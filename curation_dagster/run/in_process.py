@@ -1,8 +1,10 @@
 """Drive one crawl through the asset graph on a real Dagster instance, with a progress display.
 
 ``curate run`` plans the crawl first (``curation_dagster.run.planner``): a crawl that is current makes
-no run. Otherwise it runs the code location's crawl job (``curation_dagster.run.crawl_job``, the job
-``curate submit`` launches on a deployment and the Launchpad shows) in this process, on a warm
+no run, unless a check's verdict on a current partition changed since it was recorded (a bound
+moved), which the run's steps record. Otherwise it runs the code location's crawl job
+(``curation_dagster.run.crawl_job``, the job ``curate submit`` launches on a deployment and the
+Launchpad shows) in this process, on a warm
 pool of worker processes that every step shares: one Dagster run, a step per program in
 dependency order, each planning its own stale partitions as it starts and recording every
 partition as its own materialization and check evaluations as it finishes. Switched-off stages

@@ -11,7 +11,8 @@ when one it reads is (its step may find it current after all, if the new input i
 
 A current partition is not rerun, but its blocking checks still hold the crawl back until their
 bound is raised or the stage fixed (``held_back``), and its checks are judged again with the bounds
-as they are now (``rejudge``; the recorder records a verdict that changed).
+as they are now (``rejudge``; ``rejudged``: the evaluations of the verdicts that changed, which a
+crawl step records, and for which ``curate run`` of a current crawl makes a run).
 """
 
 from __future__ import annotations
