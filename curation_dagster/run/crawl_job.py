@@ -422,9 +422,9 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
             else:
                 key = str(partition_key(spec.crawl, done.source))
                 yield recorder.materialization(done, key, received)
-                # Dagster stored it before the step resumed: the evaluations target it.
-                yield from recorder.evaluations(done, key, recorder.recorded(
-                    context.instance, program, key, context.run_id))
+                if done.verdicts:  # they target it: Dagster stored it before the step resumed (~1 ms)
+                    yield from recorder.evaluations(done, key, recorder.recorded(
+                        context.instance, program, key, context.run_id))
                 for check, verdict in done.blocking_failures():
                     blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
             if listener is not None:
