@@ -87,7 +87,8 @@ def run_crawl(
         # shows what curate run acts on. Not a runless evaluation: Dagster 1.13 keeps one runless
         # evaluation per check and partition (a unique index), so a bound moved back would fail to
         # record and leave the old verdict shown.
-        if any(plan.stale or planner.rejudged(plan.program, plan.current) for plan in plans.values()):
+        if any(plan.stale for plan in plans.values()) or \
+                any(planner.rejudged(plan.program, plan.current) for plan in plans.values()):
             _crawl_run(instance, resource, spec, force, _Display(progress, bar, spec, quiet))
         else:  # current, every verdict as recorded: no run, but a failed blocking check still holds the crawl back
             display = _Display(progress, bar, spec, quiet)
