@@ -28,7 +28,7 @@ from curation_dagster.defs.assets import refuse_outside
 from curation_dagster.defs.partitions import CRAWL, partitions_for, split_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.config import load_config
-from curation_dagster.run.recorder import check_result
+from curation_dagster.run.recorder import AssetCheckEvaluationTargetMaterializationData, check_result, recorded
 from curation_dagster.run.recorder import evaluation as recorded_evaluation
 from stages.catalog import PROGRAMS, Program
 from stages.checks import CHECK_KINDS, CheckKind, NotMaterialized, Verdict
@@ -134,14 +134,17 @@ def record_runless_check(
     from sqlalchemy.exc import IntegrityError  # a dagster dependency, used by its storages
 
     try:
-        instance.report_runless_asset_event(evaluation(program, kind, verdict, partition))
+        # It judged the partition's latest materialization: the UI's check state counts it only so.
+        instance.report_runless_asset_event(evaluation(program, kind, verdict, partition, recorded(
+            instance, program, partition)))
     except IntegrityError:
         pass
 
 
-def evaluation(program: str, kind: CheckKind, verdict: Verdict, partition: str) -> AssetCheckEvaluation:
+def evaluation(program: str, kind: CheckKind, verdict: Verdict, partition: str,
+               target: AssetCheckEvaluationTargetMaterializationData | None = None) -> AssetCheckEvaluation:
     """One check's evaluation of a partition (``curation_dagster.run.recorder.evaluation``)."""
-    return recorded_evaluation(program, kind.name, kind.blocking, verdict, partition)
+    return recorded_evaluation(program, kind.name, kind.blocking, verdict, partition, target)
 
 
 def record_stale_dependents(instance: DagsterInstance, curation: CurationResource, crawl: str) -> list[str]:

@@ -63,6 +63,39 @@ class EventBatches:
         if events:
             self.store_event_batch(events)
 
+    def targeted(self, event: Any, found: dict[tuple[Any, str | None], Any]) -> Any:
+        """``event``, or, where it is a run's check evaluation with no target, that evaluation
+        targeting its partition's latest materialization when the same run stored it (the
+        batch's own, stored before it in this transaction: its storage id is known only now).
+        The check state the UI's partition statuses and the automation's ``check_failed`` read
+        counts an evaluation only for the materialization it names. ``found``: the batch's
+        lookups, one per partition (a partition's evaluations follow its materialization)."""
+        from dagster import AssetRecordsFilter, DagsterEventType
+        from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+            AssetCheckEvaluationTargetMaterializationData,
+        )
+        from dagster_shared.record import replace
+
+        dagster_event = event.dagster_event
+        if dagster_event is None or dagster_event.event_type != DagsterEventType.ASSET_CHECK_EVALUATION \
+                or not event.run_id or dagster_event.event_specific_data.target_materialization_data is not None:
+            return event
+        evaluation = dagster_event.event_specific_data
+        at = (evaluation.asset_key, evaluation.partition)
+        if at not in found:
+            records = self.fetch_materializations(  # type: ignore[attr-defined]  # the storage's own
+                AssetRecordsFilter(asset_key=evaluation.asset_key,
+                                   asset_partitions=[evaluation.partition] if evaluation.partition else None),
+                limit=1).records
+            found[at] = records[0] if records else None
+        record = found[at]
+        if record is None or record.run_id != event.run_id:
+            return event
+        target = AssetCheckEvaluationTargetMaterializationData(
+            storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
+        return event._replace(dagster_event=dagster_event._replace(
+            event_specific_data=replace(evaluation, target_materialization_data=target)))
+
     def _held_back(self, event: Any) -> bool:
         """Whether ``event`` joined this thread's open batch (else it is to be stored now)."""
         events = getattr(self._batches, "events", None)
@@ -102,8 +135,9 @@ class PooledSqliteEventLogStorage(EventBatches, ConsolidatedSqliteEventLogStorag
         with self._connect() as conn:
             self._held.conn = conn
             try:
+                found: dict[tuple[Any, str | None], Any] = {}
                 for event in events:
-                    super().store_event(event)
+                    super().store_event(self.targeted(event, found))
             finally:
                 self._held.conn = None
 

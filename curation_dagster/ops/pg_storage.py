@@ -86,8 +86,9 @@ class _EventLogStorage(EventBatches, PostgresEventLogStorage):
             conn.exec_driver_sql("BEGIN")
             self._held.conn = conn
             try:
+                found: dict[tuple[Any, str | None], Any] = {}
                 for event in events:
-                    super().store_event(event)
+                    super().store_event(self.targeted(event, found))
                 conn.exec_driver_sql("COMMIT")
             except BaseException:
                 with suppress(Exception):  # a broken connection: the error is the first one

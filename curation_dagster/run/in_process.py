@@ -1,8 +1,10 @@
 """Drive one crawl through the asset graph on a real Dagster instance, with a progress display.
 
 ``curate run`` plans the crawl first (``curation_dagster.run.planner``): a crawl that is current makes
-no run. Otherwise it runs the code location's crawl job (``curation_dagster.run.crawl_job``, the job
-``curate submit`` launches on a deployment and the Launchpad shows) in this process, on a warm
+no run, unless a check's verdict on a current partition changed since it was recorded (a bound
+moved), which the run's steps record. Otherwise it runs the code location's crawl job
+(``curation_dagster.run.crawl_job``, the job ``curate submit`` launches on a deployment and the
+Launchpad shows) in this process, on a warm
 pool of worker processes that every step shares: one Dagster run, a step per program in
 dependency order, each planning its own stale partitions as it starts and recording every
 partition as its own materialization and check evaluations as it finishes. Switched-off stages
@@ -78,10 +80,17 @@ def run_crawl(
         TimeElapsedColumn(), disable=quiet, transient=False,
     ) as progress:
         bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(spec.partitions(p)) for p in PROGRAMS))
-        plans, blocked = Planner(instance, resource, spec, force).crawl()
-        if any(plan.stale for plan in plans.values()):
+        planner = Planner(instance, resource, spec, force)
+        plans, blocked = planner.crawl()
+        # A current partition whose check's verdict changed since the instance recorded it (a bound
+        # moved) makes a run too, whose step records the new verdict (``Planner.rejudged``): the UI
+        # shows what curate run acts on. Not a runless evaluation: Dagster 1.13 keeps one runless
+        # evaluation per check and partition (a unique index), so a bound moved back would fail to
+        # record and leave the old verdict shown.
+        if any(plan.stale for plan in plans.values()) or \
+                any(planner.rejudged(plan.program, plan.current) for plan in plans.values()):
             _crawl_run(instance, resource, spec, force, _Display(progress, bar, spec, quiet))
-        else:  # current: no run, but a failed blocking check still holds the crawl back
+        else:  # current, every verdict as recorded: no run, but a failed blocking check still holds the crawl back
             display = _Display(progress, bar, spec, quiet)
             for plan in plans.values():
                 for source in plan.current:

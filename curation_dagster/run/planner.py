@@ -11,18 +11,20 @@ when one it reads is (its step may find it current after all, if the new input i
 
 A current partition is not rerun, but its blocking checks still hold the crawl back until their
 bound is raised or the stage fixed (``held_back``), and its checks are judged again with the bounds
-as they are now (``rejudge``; the recorder records a verdict that changed).
+as they are now (``rejudge``; ``rejudged``: the evaluations of the verdicts that changed, which a
+crawl step records, and for which ``curate run`` of a current crawl makes a run).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetCheckEvaluation, AssetKey, DagsterInstance
 
 from curation_dagster.defs.checks import Judge, blocking_failures, evaluator
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
+from curation_dagster.run import recorder
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.checks import CHECK_KINDS, CheckKind, Verdict
 from stages.resolve import data_version, resolve_task
@@ -78,12 +80,14 @@ class Planner:
 
     def crawl(self) -> tuple[dict[str, StepPlan], str | None]:
         """Every program's plan before anything runs (a partition that reads a stale one is stale
-        too), up to the first wave a current partition's failed blocking check holds back; and that
-        check's failure (None when nothing holds the crawl back)."""
+        too), up to the first wave a current partition's failed blocking check holds back (of that
+        wave, the current partitions up to that one); and that check's failure (None when nothing
+        holds the crawl back)."""
         stale: set[tuple[str, str | None]] = set()
         plans: dict[str, StepPlan] = {}
         for wave in waves():
             this = {program: StepPlan(program) for program in wave}
+            held: str | None = None
             for source in self.spec.partitions(wave[0]):
                 for program in wave:
                     if self.force or any(u in stale for u in self.spec.upstream(program, source)) \
@@ -91,10 +95,11 @@ class Planner:
                         stale.add((program, source))
                         this[program].stale.append(source)
                         continue
-                    held = self.held_back(program, [source])
-                    if held:
-                        return plans, held
+                    held = held or self.held_back(program, [source])
                     this[program].current.append(source)
+            if held:  # of this wave, its current partitions (judged, never run); its stale ones are not run
+                plans.update({p: StepPlan(p, current=this[p].current) for p in wave})
+                return plans, held
             plans.update(this)
         return plans, None
 
@@ -112,6 +117,13 @@ class Planner:
         check that can change while its partition is current (not ``CheckKind.output_only``)."""
         kinds = [k for k in CHECK_KINDS if k.applies(PROGRAMS[program]) and not k.output_only]
         return [(source, kind, self.judge(kind, program, source)) for source in sources for kind in kinds]
+
+    def rejudged(self, program: str, sources: list[str | None]) -> list[AssetCheckEvaluation]:
+        """The evaluations to record of these current partitions: their verdicts now (``rejudge``)
+        where they differ from what the instance last recorded (``recorder.rejudged``)."""
+        return recorder.rejudged(self.instance, program, [
+            (str(partition_key(self.spec.crawl, s)), kind.name, kind.blocking, v)
+            for s, kind, v in self.rejudge(program, sources)])
 
     def judge(self, kind: CheckKind, program: str, source: str | None) -> Verdict:
         """One check's verdict on one partition, judged once per planner (``held_back`` and

@@ -142,19 +142,21 @@ def materialize_result(done: Done, received: float) -> MaterializeResult:
 
 
 @contextmanager
-def together(instance: DagsterInstance) -> Iterator[None]:
+def together(instance: DagsterInstance) -> Iterator[bool]:
     """The events this thread has the instance store meanwhile (a partition's materialization and
     check evaluations, yielded by its step: Dagster hands each to the storage before the step
     resumes; a step's planned materializations) stored as one batch at the end, in one
     transaction: one commit, and a partition recorded whole or not at all (a run worker killed
-    between its events leaves none, and the retry records it once). Where the instance's event
-    log is not one of ours (``curation_dagster.ops.event_log.EventBatches``), each as it comes."""
+    between its events leaves none, and the retry records it once); a run's check evaluation
+    with no target then targets the materialization of its partition stored by the same batch
+    (``EventBatches.targeted``). Where the instance's event log is not one of ours
+    (``curation_dagster.ops.event_log.EventBatches``), each as it comes. Yields whether it batches."""
     batch = getattr(instance.event_log_storage, "batch", None)
     if batch is None:
-        yield
+        yield False
         return
     with batch():
-        yield
+        yield True
 
 
 def severity(verdict: Verdict) -> AssetCheckSeverity:
@@ -173,7 +175,7 @@ def check_metadata(verdict: Verdict) -> dict[str, Any]:
 def evaluation(program: str, check: str, blocking: bool, verdict: Verdict, partition: str,
                target: AssetCheckEvaluationTargetMaterializationData | None = None) -> AssetCheckEvaluation:
     """One check's evaluation of a partition, as a crawl step (or a runless report) records it;
-    ``target``: the materialization it judged, where that is not the one just recorded."""
+    ``target``: the materialization it judged."""
     return AssetCheckEvaluation(
         asset_key=AssetKey(program), check_name=check, passed=verdict.passed, severity=severity(verdict),
         description=verdict.description, metadata=check_metadata(verdict), blocking=blocking, partition=partition,
@@ -181,9 +183,26 @@ def evaluation(program: str, check: str, blocking: bool, verdict: Verdict, parti
     )
 
 
-def evaluations(done: Done, partition: str) -> list[AssetCheckEvaluation]:
-    """Every check evaluation of a finished partition."""
-    return [evaluation(done.program, name, blocking, v, partition) for name, blocking, v in done.verdicts]
+def evaluations(done: Done, partition: str, target: AssetCheckEvaluationTargetMaterializationData | None
+                ) -> list[AssetCheckEvaluation]:
+    """Every check evaluation of a finished partition; ``target``: its materialization, which they
+    judged (``recorded``)."""
+    return [evaluation(done.program, name, blocking, v, partition, target) for name, blocking, v in done.verdicts]
+
+
+def recorded(instance: DagsterInstance, program: str, partition: str, run_id: str | None = None
+             ) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The partition's latest materialization, as the evaluations that judged it target it (as
+    Dagster's own check steps do): the check state the UI's partition statuses and the
+    automation's ``check_failed`` read counts an evaluation only for the materialization whose
+    storage id it names. ``run_id``: the run that just stored it; None where the instance's latest
+    is not that run's (not stored yet), or where there is none."""
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[partition]), limit=1).records
+    if not records or (run_id is not None and records[0].run_id != run_id):
+        return None
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=records[0].storage_id, run_id=records[0].run_id, timestamp=records[0].timestamp)
 
 
 def _failures(instance: DagsterInstance, storage_ids: list[int]) -> dict[int, str]:

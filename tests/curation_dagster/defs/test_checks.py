@@ -19,6 +19,7 @@ from stages.catalog import PROGRAMS
 from stages.checks import (
     CHECK_KINDS,
     ChecksConfig,
+    Verdict,
     evaluate_doc_id_unique,
     evaluate_empty_result,
     evaluate_giant_groups,
@@ -270,6 +271,47 @@ def _over_deletion(home: Path, source: str) -> list[Any]:
             "filtered_documents" and str(ev.partition) == f"{T.CRAWL}|{source}"]
 
 
+def _check_state(home: Path, program: str = "filtered_documents", check: str = "over_deletion",
+                 partitions: Any = None) -> dict[str, list[str]]:
+    """The partitions of a check by status, as the UI's partition statuses and the automation's
+    ``check_failed`` / ``check_passed`` read them (Dagster's check state: an evaluation counts only
+    for the materialization it targets, and only while that is the partition's latest)."""
+    import dagster as dg
+
+    from curation_dagster.defs.partitions import source_crawl_partitions
+
+    key = dg.AssetCheckKey(dg.AssetKey(program), check)
+    with dg.DagsterInstance.from_config(str(home)) as instance, \
+            dg.partition_loading_context(dynamic_partitions_store=instance):
+        state = instance.event_log_storage.get_asset_check_state([(key, partitions or source_crawl_partitions)])[key]
+        return {status.value: sorted(str(k) for k in subset.subset_value.get_partition_keys())
+                for status, subset in state.subsets.items() if not subset.is_empty}
+
+
+def test_a_crawl_runs_evaluations_count_for_the_materialization_they_judged(tmp_path: Path) -> None:
+    """The crawl run's own evaluations target the materialization the run just stored: the check
+    state shows the blocked partitions failed and the others passed (without a target, Dagster's
+    check state drops them: neither failed nor passed)."""
+    import dagster as dg
+
+    from curation_dagster.ops.location import workdir_paths
+    from curation_dagster.run.in_process import RunFailed, run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    (workdir / "curate.yaml").write_text(yaml.safe_dump(
+        {"checks": {"over_deletion": {"per_stage": {"heuristic": 0.2}, "min_documents": 0}}}))
+    with pytest.raises(RunFailed):
+        run_crawl(workdir, home, T.spec(stages=("heuristic", "exact")), quiet=True,
+                  resource=CurationResource(workdir=str(workdir), workers=1))
+    assert _check_state(home) == {"FAILED": [f"{T.CRAWL}|forum", f"{T.CRAWL}|news"], "SUCCEEDED": [f"{T.CRAWL}|wiki"]}
+    (failed,) = _over_deletion(home, "forum")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        (mat,) = instance.fetch_materializations(dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey("filtered_documents"), asset_partitions=[f"{T.CRAWL}|forum"]), limit=5).records
+    assert (failed.target_materialization_data.storage_id, failed.target_materialization_data.run_id) == \
+        (mat.storage_id, mat.run_id)
+
+
 def test_a_raised_bound_records_the_new_verdict_of_a_current_partition(tmp_path: Path) -> None:
     """A crawl stopped by a blocking over_deletion, the bound raised in curate.yaml, curate run
     again: the current partition is not rerun, but its check's new verdict (passed) is recorded,
@@ -309,6 +351,67 @@ def test_a_raised_bound_records_the_new_verdict_of_a_current_partition(tmp_path:
         # (it targets the partition's latest materialization, or they would not count it)
         (info,) = instance.event_log_storage.get_asset_check_partition_info([key], partition_keys=[f"{T.CRAWL}|forum"])
         assert (info.latest_execution_status.value, info.is_current) == ("SUCCEEDED", True)
+
+
+def test_a_bound_moved_after_an_up_to_date_crawl_shows_its_new_verdict(tmp_path: Path) -> None:
+    """A crawl complete and current; the bound lowered, raised, lowered, raised: each curate run
+    records the verdicts that changed, in a run (Dagster keeps one runless evaluation per
+    partition), so the check state (the UI's, the automation's) follows what curate run acts on:
+    failed and stopped, passed and complete. Run again unchanged, it makes no run."""
+    from curation_dagster.ops.location import workdir_paths
+    from curation_dagster.run.in_process import RunFailed, run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    spec = T.spec(stages=("heuristic", "exact"))
+    resource = CurationResource(workdir=str(workdir), workers=1)
+    forum, news, wiki = (f"{T.CRAWL}|{s}" for s in ("forum", "news", "wiki"))
+
+    def run(bound: float) -> None:
+        bounds = {"over_deletion": {"per_stage": {"heuristic": bound}, "min_documents": 0}}
+        (workdir / "curate.yaml").write_text(yaml.safe_dump({"checks": bounds}))
+        run_crawl(workdir, home, spec, quiet=True, resource=resource)
+
+    run(0.5)
+    assert _check_state(home) == {"SUCCEEDED": [forum, news, wiki]}
+    for _ in range(2):
+        with pytest.raises(RunFailed, match=r"filtered_documents\[tiny\|forum\]: check over_deletion failed"):
+            run(0.2)
+        assert _check_state(home) == {"FAILED": [forum, news], "SUCCEEDED": [wiki]}
+        run(0.5)
+        assert _check_state(home) == {"SUCCEEDED": [forum, news, wiki]}
+    assert [e.passed for e in _over_deletion(home, "forum")] == [True, False, True, False, True]
+    assert len(_over_deletion(home, "wiki")) == 1  # its verdict never changed
+    runs = len(_runs(home))
+    run(0.5)  # nothing stale, no verdict changed
+    assert len(_runs(home)) == runs
+
+
+def _runs(home: Path) -> list[Any]:
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return list(instance.get_runs())
+
+
+def test_a_runless_evaluation_counts_for_the_partitions_latest_materialization(tmp_path: Path) -> None:
+    """A check evaluation recorded without a run (a later crawl's prior_crawls_current, failed
+    after an earlier crawl was rerun) targets the partition's latest materialization: the check
+    state shows it failed (without a target, Dagster's drops it)."""
+    import dagster as dg
+
+    from curation_dagster.defs.checks import record_runless_check
+    from curation_dagster.defs.partitions import crawl_partitions
+    from curation_dagster.ops.location import workdir_paths
+    from curation_dagster.run.in_process import run_crawl
+
+    workdir, home = workdir_paths(str(tmp_path / "w"))
+    run_crawl(workdir, home, T.spec(stages=("exact",)), quiet=True,
+              resource=CurationResource(workdir=str(workdir), workers=1))
+    kind = KIND["prior_crawls_current"]
+    assert _check_state(home, "removal_ledger", kind.name, crawl_partitions) == {"SUCCEEDED": [T.CRAWL]}
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        record_runless_check(instance, "removal_ledger", kind, Verdict(False, "stale"), T.CRAWL)
+    assert _check_state(home, "removal_ledger", kind.name, crawl_partitions) == {"FAILED": [T.CRAWL]}
 
 
 def test_a_stopped_crawl_still_shows_what_its_stage_would_remove(tmp_path: Path, capsys: Any) -> None:
