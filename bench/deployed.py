@@ -18,7 +18,7 @@ The corpus is ``curate sample``'s real text dealt round-robin into each shape's 
 Usage (needs PostgreSQL: ``make postgres``)::
 
     python bench/deployed.py                                   # shapes 3:6,200:20
-    python bench/deployed.py --shapes 200:20 --fan-out 8
+    python bench/deployed.py --shapes 200:20 --fan-out 8   # 8 warm workers (default: one per core)
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def main() -> None:
     ap.add_argument("--stages", default="heuristic,exact,fuzzy")
     ap.add_argument("--copies", type=int, default=8, help="varied copies per sample document")
     ap.add_argument("--max-docs", type=int, default=400)
-    ap.add_argument("--fan-out", type=int, default=8, help="the deployment's partitions at once per step")
+    ap.add_argument("--fan-out", type=int, default=0,
+                    help="the deployment's partitions at once per step (0: its default, a warm worker per core)")
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CURATE_FAN_OUT": str(args.fan_out)}
     shapes = [(int(s), float(m)) for s, m in (x.split(":") for x in args.shapes.split(","))]
@@ -170,7 +171,7 @@ def main() -> None:
             rows.append({"sources": sources, "docs": docs, "mb": round(written, 1), **ran, **dep,
                          "ratio": round(dep["submit_s"] / ran["run_s"], 2)})
             print(json.dumps(rows[-1]), flush=True)
-    print(f"fan_out {args.fan_out}, stages {args.stages}")
+    print(f"fan_out {args.fan_out or 'default (a warm worker per core)'}, stages {args.stages}")
     print(f"{'sources':>7} {'docs':>6} {'curate run s':>12} {'runs':>4} {'submit --wait s':>15} {'runs':>4} "
           f"{'ratio':>6} {'overhead ms run (mean, median, worst)':>38} {'deployed (mean, median, worst)':>32}"
           "  worst deployed")

@@ -27,6 +27,14 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's CPU set)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def map_ordered(
     fn: Callable[[T], R], items: Iterable[T], execution: ExecutionParams, *, num_cpus: float = 1.0,
     num_gpus: float = 0.0,

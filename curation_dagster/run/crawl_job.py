@@ -124,7 +124,7 @@ class Fanout:
         limit = self.resource.pack_documents
         if limit <= 0 or len(sources) < 2 or PROGRAMS[program].level != "source":
             return [[s] for s in sources]
-        share = -(-len(sources) // max(self.resource.fan_out, 1))
+        share = -(-len(sources) // max(self.resource.fan_out_now(), 1))
         packs: list[list[str | None]] = []
         size = 0
         for source in sources:
@@ -194,7 +194,7 @@ class Fanout:
             yield from self._serve(program, sources)
             return
         packs = self.packs(program, sources)
-        threads = ThreadPoolExecutor(max(1, min(self.resource.fan_out, len(packs))),
+        threads = ThreadPoolExecutor(max(1, min(self.resource.fan_out_now(), len(packs))),
                                      thread_name_prefix=f"{program}-launch")
         try:
             futures = [threads.submit(self._pack, program, pack) for pack in packs]
@@ -270,7 +270,7 @@ class Fanout:
             finally:
                 finished.put(None)
 
-        slots = max(1, min(self.resource.fan_out, len(sources)))
+        slots = max(1, min(self.resource.fan_out_now(), len(sources)))
         threads = [threading.Thread(target=slot, name=f"{program}-slot-{i}", daemon=True) for i in range(slots)]
         try:
             for thread in threads:

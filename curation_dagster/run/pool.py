@@ -17,7 +17,7 @@ from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run.partition import finish, one_line, step_judge
 from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS
-from stages.parallel import adopt_environment, die_with_parent, limit_threads
+from stages.parallel import adopt_environment, die_with_parent, limit_threads, usable_cores
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -57,14 +57,6 @@ def _work(program: str, source: str | None, execution: ExecutionParams, force: b
                   judge=held[1])
 
 
-def _cores() -> int:
-    """The cores this process may run on (its affinity, e.g. a container's CPU set)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def _memory_bytes() -> int | None:
     """Memory available now: Linux's ``MemAvailable``, at most what this process's cgroup (v2: a
     container's limit) has left; None where neither is known."""
@@ -100,7 +92,7 @@ class PartitionPool:
         self.force = force
         self.store: Store = resource.store()
         self.execution = resource.execution()
-        self.cores = self.execution.workers or _cores()
+        self.cores = self.execution.workers or usable_cores()
         self.workers = min(self.cores, len(spec.sources))
         self.memory = _memory_bytes()
         self._pool: ProcessPoolExecutor | None = None

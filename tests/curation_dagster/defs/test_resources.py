@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dagster import Failure
 
-from curation_dagster.defs.resources import CurationResource, resource_for
+from curation_dagster.defs.resources import K8S_FAN_OUT, CurationResource, resource_for
 from stages.params import RawDocumentsParams
 from stages.spec import CrawlSpec
 
@@ -27,6 +27,16 @@ def test_resource_for_reads_the_environment_and_fields_win(tmp_path: Path) -> No
     r = resource_for(env, mode="pipes", fan_out=7)
     assert (r.workdir, r.data_root, r.executor, r.ray_address, r.fan_out, r.pack_documents, r.mode) == (
         str(tmp_path / "w"), "s3://bucket/curation", "ray", "ray://head:10001", 7, 5000, "pipes")
+    assert r.fan_out_now() == 7 and resource_for(env, mode="k8s").fan_out_now() == 3  # set: as set
+
+
+def test_fan_out_by_default_a_warm_worker_per_core_and_eight_pods(tmp_path: Path) -> None:
+    """Warm workers run beside the run worker on its machine: no more of them than its cores
+    (more only share them); pods run on the cluster's CPUs, so 8 at once."""
+    pipes = CurationResource(workdir=str(tmp_path), mode="pipes")
+    assert pipes.fan_out == 0 and pipes.fan_out_now() == len(os.sched_getaffinity(0))
+    assert CurationResource(workdir=str(tmp_path), mode="k8s").fan_out_now() == K8S_FAN_OUT == 8
+    assert resource_for({"CURATE_FAN_OUT": "0"}, mode="pipes").fan_out_now() == len(os.sched_getaffinity(0))
 
 
 def test_the_data_root_and_the_spec_it_holds(tmp_path: Path) -> None:
