@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,3 +128,42 @@ def test_lsh_buckets_signs_small_sources_in_blocks_that_span_them(tmp_path: Path
     assert parts == {20_000: 1, 12: 3, 1: 30}  # blocks of 10 rows at 12: two sources each
     assert tables[20_000][2].num_rows > 0
     assert tables[20_000] == tables[12] == tables[1]
+
+
+def test_removal_ledger_reads_no_empty_removal_list_but_the_first(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger of a crawl of many sources reads each source-level stage's removal list where it
+    holds rows, and one empty list of a stage for its columns: a switched-off stage's lists are
+    empty at every source (200 sources: 200 part files a stage otherwise). Same ledger."""
+    from stages.dataroot import DataRoot
+    from stages.execute import execute, execute_crawl
+    from stages.params import ExecutionParams
+    from stages.spec import CrawlSpec
+    from stages.store import Store
+
+    sources = {}
+    for k in range(4):
+        folder = tmp_path / "in" / f"s{k}"
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"id": f"s{k}-{i}", "text": f"text {i % 2} of a source " * 5}) for i in range(4)]
+        (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
+        sources[f"s{k}"] = {"url": str(folder), "id_field": "id"}
+    spec = CrawlSpec(crawl="c1", sources=sources, stages=("exact",))  # type: ignore[arg-type]
+    store = Store(str(tmp_path / "data"))
+    execute_crawl(store, spec, ExecutionParams(workers=1))
+    root = DataRoot(store)
+    ledger = store.read_table(root.output_dir(spec, "removal_ledger", None), "ledger")
+    assert ledger.num_rows == 14  # exact dedup: 2 distinct texts of 16
+    read: list[str] = []
+    real = Store.read_parts
+
+    def counted(self: Store, pdir: str, names: list[str], columns: list[str] | None = None) -> object:
+        read.append(pdir.removeprefix(store.root + "/").split("/")[0])
+        return real(self, pdir, names, columns)
+
+    monkeypatch.setattr(Store, "read_parts", counted)
+    execute(store, spec, "removal_ledger", None, ExecutionParams(workers=1), force=True)
+    assert read.count("filtered_documents") == 1  # heuristic: switched off, empty at every source
+    assert read.count("raw_documents") == 0  # (record ids are streamed, not read whole)
+    monkeypatch.undo()
+    assert store.read_table(root.output_dir(spec, "removal_ledger", None), "ledger") == ledger
