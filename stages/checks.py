@@ -46,7 +46,7 @@ from stages.reports import (
     read,
     read_as,
 )
-from stages.spec import CrawlSpec
+from stages.spec import CrawlSpec, keys_held
 from stages.store import Manifest, Store
 
 
@@ -122,7 +122,8 @@ def manifests_read_once() -> Iterator[None]:
     them, but may between two evaluations, so nothing is held beyond the block."""
     token = _HELD.set(({}, []))
     try:
-        yield
+        with keys_held():  # and the partition keys each manifest's folder is named by
+            yield
     finally:
         _HELD.reset(token)
 

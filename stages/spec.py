@@ -8,7 +8,9 @@ parameter re-keys that output and everything below it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Any
 
@@ -21,6 +23,25 @@ from stages.store import check_name
 # CrawlSpec.keys() of the most recently used specs, by their JSON (a few crawls at a time).
 _KEYS: dict[str, dict[tuple[str, str | None], str]] = {}
 _KEYS_KEPT = 16
+
+# The keys derived within ``keys_held``: id(spec) -> (that spec, kept alive so no id is reused
+# meanwhile; its keys).
+_HELD: ContextVar[dict[int, tuple[CrawlSpec, Mapping[tuple[str, str | None], str]]] | None] = \
+    ContextVar("keys_held", default=None)
+
+
+@contextmanager
+def keys_held() -> Iterator[None]:
+    """Within: each spec object's ``key_map`` is derived once. Checking that the cached keys still
+    hold validates every program's params again (0.5 ms a call); a crawl-wide partition's checks
+    and metadata look up every source's partitions (600 lookups at 200 sources). The params a
+    key hashes (a model file's fingerprint) may change between two descriptions of a partition,
+    not within one: nothing is held beyond the block."""
+    token = _HELD.set({})
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
 
 
 class CrawlSpec(BaseModel):
@@ -104,6 +125,9 @@ class CrawlSpec(BaseModel):
         """``keys()`` without the copy, read-only (a resolution's few lookups)."""
         from stages.versions import code_versions
 
+        held = _HELD.get()
+        if held is not None and id(self) in held:
+            return held[id(self)][1]
         if self._json is None:  # O(sources): 2 ms at 1,000 sources, paid by every resolution otherwise
             self._json = self.model_dump_json()
         validated = [None if p.name == "raw_documents" else
@@ -117,7 +141,10 @@ class CrawlSpec(BaseModel):
         _KEYS[ident] = cached  # most recent last
         while len(_KEYS) > _KEYS_KEPT:
             del _KEYS[next(iter(_KEYS))]
-        return MappingProxyType(cached)
+        keys = MappingProxyType(cached)
+        if held is not None:
+            held[id(self)] = (self, keys)
+        return keys
 
     def _derive_keys(self) -> dict[tuple[str, str | None], str]:
         keys: dict[tuple[str, str | None], str] = {}

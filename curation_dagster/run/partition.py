@@ -26,11 +26,13 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
     """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
     materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
     evaluator of the crawl that a step's partitions share)."""
-    meta = asset_metadata(resource, program, spec, source, metadata(outcome))
     verdicts = []
-    if checks:
-        judge = judge or evaluator(resource, spec.crawl)
-        with manifests_read_once():
+    # The metadata and the checks look up the same committed state (a crawl-wide partition's, every
+    # source's manifests and keys): once, within one block.
+    with manifests_read_once():
+        meta = asset_metadata(resource, program, spec, source, metadata(outcome))
+        if checks:
+            judge = judge or evaluator(resource, spec.crawl)
             verdicts = [(kind.name, kind.blocking, judge(kind, program, source))
                         for kind in CHECK_KINDS if kind.applies(PROGRAMS[program])]
     wall = meta.get("wall_s")

@@ -28,7 +28,7 @@ from curation_dagster.run import recorder
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.checks import CHECK_KINDS, CheckKind, Verdict
 from stages.resolve import data_version, resolve_task
-from stages.spec import CrawlSpec
+from stages.spec import CrawlSpec, keys_held
 
 
 @dataclass
@@ -73,9 +73,10 @@ class Planner:
     def step(self, program: str) -> StepPlan:
         """What ``program``'s step runs now, its inputs as committed by the steps before it."""
         plan = StepPlan(program)
-        for source in self.spec.partitions(program):
-            current = not self.force and self.current(program, source)
-            (plan.current if current else plan.stale).append(source)
+        with keys_held():  # one derivation of the keys for the step's partitions, not one each
+            for source in self.spec.partitions(program):
+                current = not self.force and self.current(program, source)
+                (plan.current if current else plan.stale).append(source)
         return plan
 
     def crawl(self) -> tuple[dict[str, StepPlan], str | None]:
@@ -83,6 +84,10 @@ class Planner:
         too), up to the first wave a current partition's failed blocking check holds back (of that
         wave, the current partitions up to that one); and that check's failure (None when nothing
         holds the crawl back)."""
+        with keys_held():  # one derivation of the keys for every partition's plan, not one each
+            return self._crawl()
+
+    def _crawl(self) -> tuple[dict[str, StepPlan], str | None]:
         stale: set[tuple[str, str | None]] = set()
         plans: dict[str, StepPlan] = {}
         for wave in waves():

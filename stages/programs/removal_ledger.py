@@ -22,7 +22,7 @@ from stages.catalog import PROGRAMS, QUARANTINE, STAGES
 from stages.errors import StageError
 from stages.keep import ID_BYTES, fixed_ids
 from stages.params import ExecutionParams, RemovalLedgerParams
-from stages.removal import applied_programs, kept_where, removed_table
+from stages.removal import applied_programs, kept_where
 from stages.reports import CuratedDocumentsReport, LedgerSource, RemovalLedgerReport, read_as
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
@@ -114,7 +114,15 @@ def _removed(inputs: Inputs, program: str, sources: list[str], columns: list[str
     """``program``'s removed rows of ``sources``, source by source in their order (a crawl-level
     table is read once and ordered by source, stably)."""
     if PROGRAMS[program].level == "source":
-        return pa.concat_tables([removed_table(inputs, program, s, columns).select(columns) for s in sources])
+        tables: list[pa.Table] = []
+        for s in sources:
+            manifest = inputs.manifest(program, s)
+            if tables and manifest.rows.get("removed") == 0:
+                continue  # an empty list (a switched-off stage's, at every source): not read
+            pdir = inputs.dir(program, s)
+            names = manifest.tables.get("removed", [])
+            tables.append(inputs.store.read_parts(pdir, names, sorted({*columns, "source"})).select(columns))
+        return pa.concat_tables(tables)
     t = inputs.read(program, "removed", columns=columns)
     rank = pc.index_in(t["source"], value_set=pa.array(sources, pa.string()))
     t = t.filter(pc.is_valid(rank))

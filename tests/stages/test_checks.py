@@ -126,3 +126,41 @@ def test_a_partitions_checks_read_each_manifest_once_within_manifests_read_once(
     reads.clear()
     judged()
     assert len(reads) - len(set(reads)) == repeated  # nothing is held beyond the block
+
+
+def test_a_partitions_checks_derive_the_keys_once_within_manifests_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each manifest's folder is named by its partition's key: within ``manifests_read_once`` the
+    keys are looked up once for all of them (checking that cached keys still hold validates every
+    program's params again), outside it once per manifest, as before."""
+    from stages.checks import manifests_read_once
+    from stages.execute import execute_crawl
+    from stages.params import ExecutionParams
+
+    spec = _crawl(tmp_path)
+    store = Store(str(tmp_path / "data"))
+    execute_crawl(store, spec, ExecutionParams(workers=1))
+    validated: list[str] = []
+    real = CrawlSpec.program_params
+
+    def counted(self: CrawlSpec, program: str, source: str | None = None) -> object:
+        validated.append(program)
+        return real(self, program, source)
+
+    monkeypatch.setattr(CrawlSpec, "program_params", counted)
+    kinds = [k for k in CHECK_KINDS if k.name in ("over_deletion", "empty_result")]
+
+    def judged() -> list[object]:
+        return [k.evaluate(store, spec, "exact_duplicates", None, ChecksConfig()) for k in kinds]
+
+    alone = judged()
+    outside = len(validated)
+    validated.clear()
+    with manifests_read_once():
+        assert judged() == alone
+    assert 0 < len(validated) <= len(PROGRAMS)  # one key_map: each program's params once
+    assert outside > 2 * len(PROGRAMS)
+    validated.clear()
+    judged()
+    assert len(validated) == outside  # nothing is held beyond the block

@@ -240,3 +240,29 @@ def test_only_a_warm_pool_starts_a_worker_before_it_is_used(tmp_path: Path) -> N
         assert cold._pool is not None and not cold._pool._processes
     with PartitionPool(resource, crawl, warm=True) as warm:
         assert warm._pool is not None and warm._pool._processes
+
+
+def test_a_steps_plan_derives_the_crawls_keys_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning a step resolves each of its partitions; the crawl's keys they are named by are
+    derived once for the whole step (checking that cached keys still hold validates every
+    program's params again: at 200 sources, 200 times a step), with the same plan."""
+    from curation_dagster.run.planner import Planner
+
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work))
+        run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        validated: list[str] = []
+        real = CrawlSpec.program_params
+
+        def counted(self: CrawlSpec, program: str, source: str | None = None) -> object:
+            validated.append(program)
+            return real(self, program, source)
+
+        monkeypatch.setattr(CrawlSpec, "program_params", counted)
+        plan = Planner(instance, resource, crawl).step("minhash_signatures")
+        assert plan.current == sorted(crawl.sources) and not plan.stale
+        # one key_map (each program's params once but ingestion's, which differ by source), then
+        # each partition's own params
+        assert len(validated) == len(PROGRAMS) - 1 + len(crawl.sources)

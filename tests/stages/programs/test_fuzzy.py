@@ -7,8 +7,12 @@ dedups perfectly: connected components over pairs with Jaccard >= 0.8, one survi
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pyarrow.compute as pc
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -90,3 +94,76 @@ def test_nodes_of_answers_as_index_in(nodes: list[str], odd: str | None, probe: 
     for chunks in ([wanted], [wanted[: len(wanted) // 2], wanted[len(wanted) // 2:]]):
         got = _nodes_of(IdIndex(node_ids), pa.chunked_array(chunks, pa.string()) if len(chunks) > 1 else chunks[0])
         assert got.to_pylist() == want.to_pylist()
+
+
+def test_lsh_buckets_signs_small_sources_in_blocks_that_span_them(tmp_path: Path) -> None:
+    """lsh_buckets reads the signatures of many small sources in blocks of up to ``batch_rows``
+    rows across sources: one ``band_keys`` part per block, not per source, and the same bucket
+    index and edges whatever the block size (one row a block is the old per-batch layout)."""
+    from stages.dataroot import DataRoot
+    from stages.execute import execute_crawl
+    from stages.params import ExecutionParams
+    from stages.spec import CrawlSpec
+    from stages.store import Store
+
+    sources = {}
+    for k in range(6):  # 6 sources of 5 documents, near-duplicates across sources
+        folder = tmp_path / "in" / f"s{k}"
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"id": f"s{k}-{i}", "text": f"a shared paragraph, number {i % 3}, " * 6 + f"from {k}"})
+                 for i in range(5)]
+        (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
+        sources[f"s{k}"] = {"url": str(folder), "id_field": "id"}
+    spec = CrawlSpec(crawl="c1", sources=sources, stages=("fuzzy",))  # type: ignore[arg-type]
+    parts, tables = {}, {}
+    for rows in (20_000, 12, 1):
+        store = Store(str(tmp_path / f"data-{rows}"))
+        execute_crawl(store, spec, ExecutionParams(workers=1, batch_rows=rows))
+        root = DataRoot(store)
+        manifest = root.manifest(spec, "lsh_buckets", None)
+        assert manifest is not None
+        parts[rows] = len(manifest.tables["band_keys"])
+        pdir = root.output_dir(spec, "lsh_buckets", None)
+        tables[rows] = [store.read_table(pdir, t) for t in ("nodes", "band_keys", "edges")]
+    assert parts == {20_000: 1, 12: 3, 1: 30}  # blocks of 10 rows at 12: two sources each
+    assert tables[20_000][2].num_rows > 0
+    assert tables[20_000] == tables[12] == tables[1]
+
+
+def test_removal_ledger_reads_no_empty_removal_list_but_the_first(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger of a crawl of many sources reads each source-level stage's removal list where it
+    holds rows, and one empty list of a stage for its columns: a switched-off stage's lists are
+    empty at every source (200 sources: 200 part files a stage otherwise). Same ledger."""
+    from stages.dataroot import DataRoot
+    from stages.execute import execute, execute_crawl
+    from stages.params import ExecutionParams
+    from stages.spec import CrawlSpec
+    from stages.store import Store
+
+    sources = {}
+    for k in range(4):
+        folder = tmp_path / "in" / f"s{k}"
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"id": f"s{k}-{i}", "text": f"text {i % 2} of a source " * 5}) for i in range(4)]
+        (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
+        sources[f"s{k}"] = {"url": str(folder), "id_field": "id"}
+    spec = CrawlSpec(crawl="c1", sources=sources, stages=("exact",))  # type: ignore[arg-type]
+    store = Store(str(tmp_path / "data"))
+    execute_crawl(store, spec, ExecutionParams(workers=1))
+    root = DataRoot(store)
+    ledger = store.read_table(root.output_dir(spec, "removal_ledger", None), "ledger")
+    assert ledger.num_rows == 14  # exact dedup: 2 distinct texts of 16
+    read: list[str] = []
+    real = Store.read_parts
+
+    def counted(self: Store, pdir: str, names: list[str], columns: list[str] | None = None) -> object:
+        read.append(pdir.removeprefix(store.root + "/").split("/")[0])
+        return real(self, pdir, names, columns)
+
+    monkeypatch.setattr(Store, "read_parts", counted)
+    execute(store, spec, "removal_ledger", None, ExecutionParams(workers=1), force=True)
+    assert read.count("filtered_documents") == 1  # heuristic: switched off, empty at every source
+    assert read.count("raw_documents") == 0  # (record ids are streamed, not read whole)
+    monkeypatch.undo()
+    assert store.read_table(root.output_dir(spec, "removal_ledger", None), "ledger") == ledger
