@@ -26,7 +26,7 @@ from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run import recorder
 from stages.catalog import PROGRAMS, partition_name, waves
-from stages.checks import CHECK_KINDS, CheckKind, Verdict
+from stages.checks import CHECK_KINDS, CheckKind, Verdict, manifests_read_once
 from stages.resolve import data_version, resolve_task
 from stages.spec import CrawlSpec, keys_held
 
@@ -121,7 +121,10 @@ class Planner:
         """The verdicts of these current partitions' checks with the bounds as they are now, each
         check that can change while its partition is current (not ``CheckKind.output_only``)."""
         kinds = [k for k in CHECK_KINDS if k.applies(PROGRAMS[program]) and not k.output_only]
-        return [(source, kind, self.judge(kind, program, source)) for source in sources for kind in kinds]
+        # Each committed manifest read once for all of them (``empty_result`` of a crawl-wide
+        # partition reads every source's): nothing runs meanwhile, so none changes under them.
+        with manifests_read_once():
+            return [(source, kind, self.judge(kind, program, source)) for source in sources for kind in kinds]
 
     def rejudged(self, program: str, sources: list[str | None]) -> list[AssetCheckEvaluation]:
         """The evaluations to record of these current partitions: their verdicts now (``rejudge``)
