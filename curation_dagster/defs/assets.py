@@ -25,16 +25,14 @@ from dagster import (
     AutomationCondition,
     AutomationContext,
     AutomationResult,
-    Failure,
     MaterializeResult,
     MetadataValue,
     asset,
 )
 
-from curation_dagster.defs.partitions import by_crawl, partitions_for, split_key
+from curation_dagster.defs.partitions import by_crawl, partitions_for, refuse_outside, split_key
 from curation_dagster.defs.resources import CurationResource
-from stages.catalog import PROGRAMS, Program, partition_name
-from stages.spec import CrawlSpec
+from stages.catalog import PROGRAMS, Program
 
 OWNERS = ["team:curation"]
 
@@ -106,17 +104,6 @@ def automated(assets: list[AssetsDefinition], curation: CurationResource) -> lis
     """The assets with ``automation(curation)`` as their automation condition."""
     condition = automation(curation)
     return [a.map_asset_specs(lambda spec: spec.replace_attributes(automation_condition=condition)) for a in assets]
-
-
-def refuse_outside(crawl: str, source: str | None, spec: CrawlSpec, program: str) -> None:
-    """Fail, naming the crawl's sources, when ``source`` is no source of the crawl: the pair is
-    in source x crawl (the source dimension is shared by every crawl) but is no partition."""
-    if source is not None and source not in spec.sources:
-        raise Failure(
-            description=f"{partition_name(program, crawl, source)}: source {source!r} is not part of crawl "
-                        f"{crawl!r}, whose sources are {', '.join(sorted(spec.sources))}; nothing materialized "
-                        "(the UI offers every source x crawl pair: the source dimension is shared by every crawl)",
-            metadata={"crawl_sources": sorted(spec.sources)}, allow_retries=False)
 
 
 def _deps(program: Program) -> list[AssetDep]:

@@ -2,7 +2,7 @@
 check kind that applies to it (``CHECK_KINDS``), partitioned like the asset. The checks' bounds
 come from ``<workdir>/curate.yaml`` (``checks:``), read at every evaluation; specs from the data
 root's crawl registry (``stages.dataroot``). A check step refuses a pair ``(crawl, source)`` whose
-source is not part of the crawl, as the asset does (``assets.refuse_outside``), recording nothing;
+source is not part of the crawl, as the asset does (``partitions.refuse_outside``), recording nothing;
 judged directly (``evaluate``), such a pair passes with ``in_crawl: false``. A failed
 ``over_deletion`` carries what the stopped stage would remove (``curation_dagster.tools.pending``),
 as metadata.
@@ -24,8 +24,7 @@ from dagster import (
     asset_check,
 )
 
-from curation_dagster.defs.assets import refuse_outside
-from curation_dagster.defs.partitions import CRAWL, partitions_for, split_key
+from curation_dagster.defs.partitions import CRAWL, partitions_for, refuse_outside, split_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.config import load_config
 from curation_dagster.run.recorder import AssetCheckEvaluationTargetMaterializationData, check_result, recorded

@@ -10,11 +10,15 @@ import warnings
 from dagster import (
     BetaWarning,
     DynamicPartitionsDefinition,
+    Failure,
     MultiPartitionKey,
     MultiPartitionsDefinition,
     MultiToSingleDimensionPartitionMapping,
     PartitionsDefinition,
 )
+
+from stages.catalog import partition_name
+from stages.spec import CrawlSpec
 
 CRAWL = "crawl"
 SOURCE = "source"
@@ -48,3 +52,14 @@ def split_key(key: str | MultiPartitionKey, level: str) -> tuple[str, str | None
         )
         return dims[CRAWL], dims[SOURCE]
     return str(key), None
+
+
+def refuse_outside(crawl: str, source: str | None, spec: CrawlSpec, program: str) -> None:
+    """Fail, naming the crawl's sources, when ``source`` is no source of the crawl: the pair is
+    in source x crawl (the source dimension is shared by every crawl) but is no partition."""
+    if source is not None and source not in spec.sources:
+        raise Failure(
+            description=f"{partition_name(program, crawl, source)}: source {source!r} is not part of crawl "
+                        f"{crawl!r}, whose sources are {', '.join(sorted(spec.sources))}; nothing materialized "
+                        "(the UI offers every source x crawl pair: the source dimension is shared by every crawl)",
+            metadata={"crawl_sources": sorted(spec.sources)}, allow_retries=False)
