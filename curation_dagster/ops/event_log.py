@@ -34,6 +34,11 @@ from watchdog.events import PatternMatchingEventHandler
 BUSY_TIMEOUT_S = 30  # as Dagster's SQLite storages wait on a locked database
 
 
+# The events of a partition (its materialization, its check evaluations) and a step's planned
+# materializations: what ``curation_dagster.run.recorder.together`` batches.
+_BATCHED = frozenset({"ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION", "ASSET_MATERIALIZATION_PLANNED"})
+
+
 class EventBatches:
     """Events stored together: within ``batch()``, what this thread stores is held, and at its
     end handed to ``store_event_batch`` (one transaction: one commit) at once; a batch left by an
@@ -97,9 +102,14 @@ class EventBatches:
             event_specific_data=replace(evaluation, target_materialization_data=target)))
 
     def _held_back(self, event: Any) -> bool:
-        """Whether ``event`` joined this thread's open batch (else it is to be stored now)."""
+        """Whether ``event`` joined this thread's open batch (else it is to be stored now). Only
+        the events a batch is for: a batch is open across the step's ``yield``, and an event
+        Dagster stores meanwhile for itself (a step's failure, its run's end) is never held,
+        whatever becomes of the batch."""
         events = getattr(self._batches, "events", None)
         if events is None:
+            return False
+        if event.dagster_event is None or event.dagster_event.event_type_value not in _BATCHED:
             return False
         events.append(event)
         return True

@@ -217,7 +217,8 @@ def rejudged(instance: DagsterInstance, program: str, judged: list[tuple[str, st
              ) -> list[AssetCheckEvaluation]:
     """The evaluations to record of current partitions judged again (``judged``: partition key,
     check, blocking, verdict): where the verdict (passed; else its severity) differs from the one
-    the instance last recorded, or none was recorded; an unchanged verdict is not stored again.
+    the instance last recorded for the partition's latest materialization, or none was (the UI
+    shows a verdict only for that one); an unchanged verdict is not stored again.
     Each targets the partition's latest materialization, which it judged: the check state the UI
     and the automation read counts a verdict only for the materialization it targets. A few
     queries per check, however many partitions."""
@@ -240,9 +241,11 @@ def rejudged(instance: DagsterInstance, program: str, judged: list[tuple[str, st
             recorded, target = None, materialized.get(key)  # never recorded, or planned but never evaluated
             if info is not None:
                 target = info.latest_materialization_storage_id
-                if info.latest_execution_status.value == "SUCCEEDED":
+                # A last verdict that judged an earlier materialization, or none (recorded before
+                # evaluations targeted theirs), is not shown by the UI: as if never recorded.
+                if info.is_current and info.latest_execution_status.value == "SUCCEEDED":
                     recorded = "passed"
-                elif info.latest_execution_status.value == "FAILED":
+                elif info.is_current and info.latest_execution_status.value == "FAILED":
                     recorded = failures.get(info.latest_check_event_storage_id)
             # what the UI shows: passed, or failed with its severity
             if target is not None and recorded != ("passed" if verdict.passed else severity(verdict).value):

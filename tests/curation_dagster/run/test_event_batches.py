@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dagster import AssetKey, AssetMaterialization, DagsterInstance
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, GraphDefinition
 
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
@@ -106,3 +106,17 @@ def test_events_stored_together_are_all_or_none(tmp_path: Path) -> None:
         report("b")
     records = instance.fetch_materializations(AssetKey("raw_documents"), limit=10).records
     assert [r.partition_key for r in records] == ["b", "a"]  # newest first
+
+
+def test_a_batch_holds_only_a_partitions_events(tmp_path: Path) -> None:
+    """A batch is open across the step's yield: an event Dagster stores meanwhile for itself (here
+    an engine event; a step's failure, a run's end) is stored at once, never held with the
+    partition's, so it cannot be dropped with a batch that is left."""
+    instance = DagsterInstance.from_config(str(ensure_instance_config(tmp_path / "dagster")))
+    run = instance.create_run_for_job(GraphDefinition("g").to_job())
+    with pytest.raises(KeyboardInterrupt), together(instance):
+        instance.report_runless_asset_event(AssetMaterialization(asset_key="raw_documents", partition="a"))
+        instance.report_engine_event("the step was interrupted", run)
+        raise KeyboardInterrupt
+    assert [e.message for e in instance.all_logs(run.run_id)] == ["the step was interrupted"]
+    assert instance.fetch_materializations(AssetKey("raw_documents"), limit=10).records == []
