@@ -16,6 +16,7 @@ from stages.checks import CHECK_KINDS, ChecksConfig, NotMaterialized, evaluate_o
 from stages.params import RawDocumentsParams
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
+from tests.support.counting import count_params_validations
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = 400  # per source, every text twice: exact dedup removes half of each
@@ -141,14 +142,7 @@ def test_a_partitions_checks_derive_the_keys_once_within_manifests_read_once(
     spec = _crawl(tmp_path)
     store = Store(str(tmp_path / "data"))
     execute_crawl(store, spec, ExecutionParams(workers=1))
-    validated: list[str] = []
-    real = CrawlSpec.program_params
-
-    def counted(self: CrawlSpec, program: str, source: str | None = None) -> object:
-        validated.append(program)
-        return real(self, program, source)
-
-    monkeypatch.setattr(CrawlSpec, "program_params", counted)
+    validated = count_params_validations(monkeypatch)
     kinds = [k for k in CHECK_KINDS if k.name in ("over_deletion", "empty_result")]
 
     def judged() -> list[object]:

@@ -22,6 +22,7 @@ from stages.checks import CHECK_KINDS
 from stages.dataroot import DataRoot
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
+from tests.support.counting import count_params_validations
 from tests.support.tiny_corpus import CRAWL, fast_tmp, read, run_all, spec
 
 
@@ -253,14 +254,7 @@ def test_a_steps_plan_derives_the_crawls_keys_once(tmp_path: Path, monkeypatch: 
         resource = CurationResource(workdir=str(work))
         run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
-        validated: list[str] = []
-        real = CrawlSpec.program_params
-
-        def counted(self: CrawlSpec, program: str, source: str | None = None) -> object:
-            validated.append(program)
-            return real(self, program, source)
-
-        monkeypatch.setattr(CrawlSpec, "program_params", counted)
+        validated = count_params_validations(monkeypatch)
         plan = Planner(instance, resource, crawl).step("minhash_signatures")
         assert plan.current == sorted(crawl.sources) and not plan.stale
         # one key_map (each program's params once but ingestion's, which differ by source), then
