@@ -53,8 +53,28 @@ def _work(program: str, source: str | None, execution: ExecutionParams, force: b
     held = _WORKER.get("judge")
     if held is None or held[0] != step:
         held = _WORKER["judge"] = (step, step_judge(_WORKER["resource"], _WORKER["spec"].crawl))
-    return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force,
-                  judge=held[1])
+    try:
+        return finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, source, execution, force,
+                      judge=held[1])
+    finally:
+        _release()
+
+
+def _release() -> None:
+    """Give the memory a finished partition freed back to the OS: Arrow's pool (mimalloc) and
+    glibc's heap keep it otherwise, and an idle worker then holds its last partition's peak while
+    the crawl-wide steps run in the parent beside it. 1M documents, 4 sources, fuzzy: peak PSS
+    of the process tree 1.48-1.52 → 1.23-1.31 GiB, wall time unchanged (docs/profile.md).
+    ~0.02 ms where there is nothing to give back."""
+    import ctypes
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _memory_bytes() -> int | None:
