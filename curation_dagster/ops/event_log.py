@@ -16,7 +16,10 @@ transaction each; a batch of events (``store_event_batch``, ``EventBatches.batch
 
 Named by its private module path, ``dagster._core.storage.event_log``: Dagster exports no public
 name for the base class; dagster is pinned (pyproject.toml), and
-tests/curation_dagster/defs/test_dagster_tools.py fails if it moves or stops loading.
+tests/curation_dagster/defs/test_dagster_tools.py fails if it moves or stops loading. The other
+private name, ``AssetCheckEvaluationTargetMaterializationData`` (``target_of``, the one place a
+check evaluation's target is built), has no public export either; test_checks.py reads the check
+state it feeds.
 """
 
 from __future__ import annotations
@@ -32,6 +35,27 @@ from dagster._core.storage.event_log import ConsolidatedSqliteEventLogStorage
 from watchdog.events import PatternMatchingEventHandler
 
 BUSY_TIMEOUT_S = 30  # as Dagster's SQLite storages wait on a locked database
+
+
+def target_of(record: Any) -> Any:
+    """What a check evaluation names of the materialization it judged (an ``EventLogRecord`` of
+    it): Dagster's check state counts an evaluation only for the materialization it targets."""
+    from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+        AssetCheckEvaluationTargetMaterializationData,
+    )
+
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
+
+
+def latest_target(records: Any, asset_key: Any, partition: str | None) -> Any:
+    """``target_of`` the partition's latest materialization in ``records`` (an instance or an
+    event-log storage: both fetch materializations), or None where it has none."""
+    from dagster import AssetRecordsFilter
+
+    found = records.fetch_materializations(AssetRecordsFilter(
+        asset_key=asset_key, asset_partitions=[partition] if partition else None), limit=1).records
+    return target_of(found[0]) if found else None
 
 
 # The events of a partition (its materialization, its check evaluations) and a step's planned
@@ -75,10 +99,7 @@ class EventBatches:
         The check state the UI's partition statuses and the automation's ``check_failed`` read
         counts an evaluation only for the materialization it names. ``found``: the batch's
         lookups, one per partition (a partition's evaluations follow its materialization)."""
-        from dagster import AssetRecordsFilter, DagsterEventType
-        from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-            AssetCheckEvaluationTargetMaterializationData,
-        )
+        from dagster import DagsterEventType
         from dagster_shared.record import replace
 
         dagster_event = event.dagster_event
@@ -88,16 +109,10 @@ class EventBatches:
         evaluation = dagster_event.event_specific_data
         at = (evaluation.asset_key, evaluation.partition)
         if at not in found:
-            records = self.fetch_materializations(  # type: ignore[attr-defined]  # the storage's own
-                AssetRecordsFilter(asset_key=evaluation.asset_key,
-                                   asset_partitions=[evaluation.partition] if evaluation.partition else None),
-                limit=1).records
-            found[at] = records[0] if records else None
-        record = found[at]
-        if record is None or record.run_id != event.run_id:
+            found[at] = latest_target(self, evaluation.asset_key, evaluation.partition)
+        target = found[at]
+        if target is None or target.run_id != event.run_id:
             return event
-        target = AssetCheckEvaluationTargetMaterializationData(
-            storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
         return event._replace(dagster_event=dagster_event._replace(
             event_specific_data=replace(evaluation, target_materialization_data=target)))
 

@@ -42,6 +42,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from curation_dagster.defs.partitions import partition_key
+from curation_dagster.ops.event_log import latest_target, target_of
 from stages.checks import Verdict
 from stages.execute import Outcome
 
@@ -197,12 +198,8 @@ def recorded(instance: DagsterInstance, program: str, partition: str, run_id: st
     automation's ``check_failed`` read counts an evaluation only for the materialization whose
     storage id it names. ``run_id``: the run that just stored it; None where the instance's latest
     is not that run's (not stored yet), or where there is none."""
-    records = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey(program), asset_partitions=[partition]), limit=1).records
-    if not records or (run_id is not None and records[0].run_id != run_id):
-        return None
-    return AssetCheckEvaluationTargetMaterializationData(
-        storage_id=records[0].storage_id, run_id=records[0].run_id, timestamp=records[0].timestamp)
+    target: AssetCheckEvaluationTargetMaterializationData | None = latest_target(instance, AssetKey(program), partition)
+    return None if target is None or (run_id is not None and target.run_id != run_id) else target
 
 
 def _failures(instance: DagsterInstance, storage_ids: list[int]) -> dict[int, str]:
@@ -253,10 +250,8 @@ def rejudged(instance: DagsterInstance, program: str, judged: list[tuple[str, st
     if not changed:
         return []
     ids = sorted({storage_id for *_, storage_id in changed})
-    targets = {r.storage_id: AssetCheckEvaluationTargetMaterializationData(
-                   storage_id=r.storage_id, run_id=r.run_id, timestamp=r.timestamp)
-               for r in instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, storage_ids=ids),
-                                                        limit=len(ids)).records}
+    found = instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, storage_ids=ids), limit=len(ids))
+    targets = {r.storage_id: target_of(r) for r in found.records}
     return [evaluation(program, check, blocking, verdict, key, targets.get(storage_id))
             for key, check, blocking, verdict, storage_id in changed]
 
