@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, ExecuteInProcessResult
 
 from curation_dagster.defs.launchers import pipes
 from curation_dagster.defs.partitions import partition_key
@@ -53,13 +53,18 @@ def _sorted(t: pa.Table) -> pa.Table:
     return t.sort_by([("doc_id", "ascending"), ("source", "ascending")])
 
 
-def _run(work: Path, fan_out: int) -> tuple[DagsterInstance, str, CurationResource]:
-    crawl = spec(stages=["fuzzy"])
+def _execute(work: Path, fan_out: int) -> tuple[DagsterInstance, ExecuteInProcessResult, CurationResource]:
+    """The tiny crawl (fuzzy) registered in ``work`` and run by the crawl job on warm workers."""
     resource = CurationResource(workdir=str(work), mode="pipes", fan_out=fan_out)
-    resource.dataroot().register(crawl)
+    resource.dataroot().register(spec(stages=["fuzzy"]))
     instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
     result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
                                               resources={"curation": resource}, raise_on_error=False)
+    return instance, result, resource
+
+
+def _run(work: Path, fan_out: int) -> tuple[DagsterInstance, str, CurationResource]:
+    instance, result, resource = _execute(work, fan_out)
     assert result.success
     return instance, result.run_id, resource
 
@@ -174,16 +179,12 @@ def test_a_crawl_registered_again_mid_run_is_run_by_later_steps_under_its_new_sp
                       ) -> dict[str, Any]:
         reply = real(self, program, source, force, workers)
         if (program, source) == last:  # the MinHash step's last partition done: the crawl changes
-            resource.dataroot().register(changed)
+            CurationResource(workdir=str(work)).dataroot().register(changed)
         return reply
 
     monkeypatch.setattr(pipes.Worker, "run", then_register)
     with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=1)
-        resource.dataroot().register(crawl)
-        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
-        result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
-                                                  resources={"curation": resource}, raise_on_error=False)
+        instance, result, resource = _execute(work, fan_out=1)
         assert result.success, [e.message for e in result.all_events if e.is_failure]
         assert len(started) == 1  # one worker, started under the first spec, ran every step
         root = DataRoot(resource.store())
@@ -273,13 +274,8 @@ def test_a_step_whose_planning_fails_ends_the_runs_warm_workers(
         return real(self, program)
 
     monkeypatch.setattr(planner.Planner, "step", broken)
-    crawl = spec(stages=["fuzzy"])
     with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), mode="pipes", fan_out=1)
-        resource.dataroot().register(crawl)
-        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
-        result = CRAWL_JOB_DEF.execute_in_process(run_config={"crawl": CRAWL}, instance=instance,
-                                                  resources={"curation": resource}, raise_on_error=False)
+        _, result, _ = _execute(work, fan_out=1)
         assert not result.success
         assert started and all(w.proc.poll() is not None for w in started)  # ended by the failed step
         assert result.run_id not in crawl_job._WARM
