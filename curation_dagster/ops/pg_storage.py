@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, suppress
 from typing import Any
 
+import sqlalchemy as sa
 from dagster import EventLogEntry
 from dagster_postgres import (
     DagsterPostgresStorage,
@@ -35,6 +36,7 @@ from dagster_postgres import (
     PostgresRunStorage,
     PostgresScheduleStorage,
 )
+from dagster_postgres.event_log.event_log import CHANNEL_NAME
 from sqlalchemy.engine import Connection
 
 from curation_dagster.ops.event_log import EventBatches
@@ -86,9 +88,7 @@ class _EventLogStorage(EventBatches, PostgresEventLogStorage):
             conn.exec_driver_sql("BEGIN")
             self._held.conn = conn
             try:
-                found: dict[tuple[Any, str | None], Any] = {}
-                for event in events:
-                    super().store_event(self.targeted(event, found))
+                self.store_together(conn, events)
                 conn.exec_driver_sql("COMMIT")
             except BaseException:
                 with suppress(Exception):  # a broken connection: the error is the first one
@@ -96,6 +96,14 @@ class _EventLogStorage(EventBatches, PostgresEventLogStorage):
                 raise
             finally:
                 self._held.conn = None
+
+    def store_event_now(self, event: EventLogEntry) -> None:
+        super().store_event(event)
+
+    def _notify(self, conn: Connection, run_id: str, last_id: int) -> None:
+        """The NOTIFY dagster-postgres sends for each stored event (kept for listeners of earlier
+        versions, which read on from their cursor when woken), once for the batch's last."""
+        conn.execute(sa.text(f"NOTIFY {CHANNEL_NAME}, :notify_id"), {"notify_id": f"{run_id}_{last_id}"})
 
     @contextmanager
     def _held_or_new(self) -> Iterator[Connection]:

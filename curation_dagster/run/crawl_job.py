@@ -38,6 +38,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import suppress
 from typing import Any, Protocol
 
 from dagster import (
@@ -91,10 +92,11 @@ class CrawlConfig(Config):
 
 
 class Launcher(Protocol):
-    """Runs partitions of one program and yields each as it finishes."""
+    """Runs partitions of one program and yields them as they finish: each list holds those
+    finished since the last was taken (at least one), which the step records together."""
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
-            ) -> Iterator[Done]: ...
+            ) -> Iterator[list[Done]]: ...
 
 
 class Fanout:
@@ -187,7 +189,7 @@ class Fanout:
         return done
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
-            ) -> Iterator[Done]:
+            ) -> Iterator[list[Done]]:
         if not sources:
             return
         if self.resource.mode == "pipes":
@@ -199,14 +201,14 @@ class Fanout:
         try:
             futures = [threads.submit(self._pack, program, pack) for pack in packs]
             for future in as_completed(futures):
-                yield from future.result()
+                yield future.result()
         finally:  # stopped early (the run was stopped): the packs not started yet are not launched
             threads.shutdown(wait=True, cancel_futures=True)
 
-    def _serve(self, program: str, sources: list[str | None]) -> Iterator[Done]:
+    def _serve(self, program: str, sources: list[str | None]) -> Iterator[list[Done]]:
         """``sources`` on warm workers, ``fan_out`` at once: each launching thread takes a worker
         (idle, else a new one), opens the step's Pipes session in it and hands it one partition
-        after another while any is left; each partition is yielded as it finishes."""
+        after another while any is left; yielded as they finish (``Launcher``)."""
         owned = self.workers is None
         workers = self.workers or Workers(*self.resource.serve_command(self.spec.crawl))
         todo: deque[tuple[str | None, int]] = deque((s, 0) for s in sources)  # (source, launches before)
@@ -277,10 +279,13 @@ class Fanout:
                 thread.start()
             ended = 0
             while ended < slots:
-                done = finished.get()
-                if done is None:
-                    ended += 1
-                else:
+                ready = [finished.get()]
+                with suppress(queue.Empty):  # and what else finished meanwhile
+                    while True:
+                        ready.append(finished.get_nowait())
+                ended += ready.count(None)
+                done = [d for d in ready if d is not None]
+                if done:
                     yield done
         finally:  # stopped early (the run was stopped): no slot takes another partition
             with lock:
@@ -414,25 +419,30 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
         warm = run_workers(context.run_id, curation, spec.crawl) if curation.mode == "pipes" else None
         launcher = Fanout(context, curation, spec, config.force, workers=warm)
     try:
-        for done in launcher.run(program, plan.stale, emit=context.log.info):
+        for finished in launcher.run(program, plan.stale, emit=context.log.info):
             received = time.perf_counter()
-            name = partition_name(program, spec.crawl, done.source)
-            if done.outcome is None:
-                errors[done.source] = str(done.error)
-                context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
-            else:
-                key = str(partition_key(spec.crawl, done.source))
-                with recorder.together(context.instance) as batched:  # the partition's events: one commit
+            # The partitions that finished while the last were recorded: their events in one
+            # commit (each partition whole or not at all), so the more this process lags behind
+            # the workers, the less each partition costs it.
+            with recorder.together(context.instance) as batched:
+                for done in finished:
+                    name = partition_name(program, spec.crawl, done.source)
+                    if done.outcome is None:
+                        errors[done.source] = str(done.error)
+                        context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
+                        continue
+                    key = str(partition_key(spec.crawl, done.source))
                     yield recorder.materialization(done, key, received)
                     # The evaluations target it (the UI's check state counts them only then): a
                     # batch fills that in as it stores them; else Dagster stored it already (~1 ms).
                     target = None if batched or not done.verdicts else recorder.recorded(
                         context.instance, program, key, context.run_id)
                     yield from recorder.evaluations(done, key, target)
-                for check, verdict in done.blocking_failures():
-                    blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
+                    for check, verdict in done.blocking_failures():
+                        blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
             if listener is not None:
-                listener.finished(done)
+                for done in finished:
+                    listener.finished(done)
     finally:
         if owned is not None:
             owned.close()
@@ -510,7 +520,7 @@ def materialize_partition(context: AssetExecutionContext, curation: CurationReso
                       emit=context.log.info, checks=False)
     else:
         launcher = Fanout(context, curation, spec, checks=False)
-        (done,) = launcher.run(program, [source])
+        ((done,),) = launcher.run(program, [source])
     received = time.perf_counter()
     if done.outcome is None:
         raise Failure(told(partition_name(program, spec.crawl, source), str(done.error)))

@@ -153,16 +153,17 @@ class PartitionPool:
         return 0 if fit < 2 else min(fit, partitions)
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
-            ) -> Iterator[Done]:
-        """Every partition of ``program`` in ``sources``, each yielded as it finishes. A worker
-        process that dies (the OOM killer) breaks the pool: every partition of the step not done
-        by then fails, and so do later steps' (a rerun resumes)."""
+            ) -> Iterator[list[Done]]:
+        """Every partition of ``program`` in ``sources``, as they finish: each list holds those
+        finished since the last was taken (at least one). A worker process that dies (the OOM
+        killer) breaks the pool: every partition of the step not done by then fails, and so do
+        later steps' (a rerun resumes)."""
         at_once = self.side_by_side(program, len(sources))
         if not at_once:
             judge = step_judge(self.resource, self.spec.crawl) if sources else None
             for source in sources:
-                yield finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit,
-                             judge=judge)
+                yield [finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit,
+                              judge=judge)]
             return
         assert self._pool is not None
         execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
@@ -178,15 +179,17 @@ class PartitionPool:
                 try:
                     pending[self._pool.submit(_work, program, source, execution, self.force, step)] = source
                 except BrokenProcessPool as exc:  # a worker died in an earlier step
-                    yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
+                    yield [Done(program, source, error=f"{DIED}: {one_line(exc)}")]
             if not pending:
                 continue
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            done: list[Done] = []
             for future in finished:
                 source = pending.pop(future)
                 try:
-                    yield future.result()
+                    done.append(future.result())
                 except BrokenProcessPool as exc:
-                    yield Done(program, source, error=f"{DIED}: {one_line(exc)}")
+                    done.append(Done(program, source, error=f"{DIED}: {one_line(exc)}"))
+            yield done
 
 

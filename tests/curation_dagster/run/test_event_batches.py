@@ -64,19 +64,24 @@ def transactions() -> Iterator[list[list[Row]]]:
 
 
 def test_a_partitions_events_are_one_transaction_and_a_steps_planned_ones_one(tmp_path: Path) -> None:
+    """(Partitions that finish together share theirs: ``curation_dagster.run.crawl_job.Launcher``.)"""
     crawl = spec(stages=["fuzzy"])
     with fast_tmp(tmp_path / "w") as work, transactions() as committed:
         run_crawl(work, work / "dagster", crawl, quiet=True, resource=CurationResource(workdir=str(work)))
     materialized = [t for t in committed if any(e == "ASSET_MATERIALIZATION" for e, _, _ in t)]
     expected = {(p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in crawl.partitions(p)}
-    assert len(materialized) == len(expected)
+    got = [(str(a).strip('["]'), part) for t in materialized for e, a, part in t if e == "ASSET_MATERIALIZATION"]
+    assert sorted(got) == sorted(expected)  # each once
     checked = 0
     for rows in materialized:
-        # One partition's materialization and every check evaluation of it, nothing else.
-        (program,) = [str(a).strip('["]') for e, a, _ in rows if e == "ASSET_MATERIALIZATION"]
+        # Whole partitions (those that finished together): each one's materialization and every
+        # check evaluation of it, nothing else.
+        partitions = {(a, part) for e, a, part in rows if e == "ASSET_MATERIALIZATION"}
         checks = [r for r in rows if r[0] == "ASSET_CHECK_EVALUATION"]
-        assert len(rows) == 1 + len(checks), rows
-        assert len(checks) == sum(k.applies(PROGRAMS[program]) for k in CHECK_KINDS), (program, rows)
+        assert len(rows) == len(partitions) + len(checks), rows
+        # (an evaluation's row names no asset or partition: Dagster's columns are for asset events)
+        assert len(checks) == sum(k.applies(PROGRAMS[str(a).strip('["]')]) for a, _ in partitions
+                                  for k in CHECK_KINDS), rows
         checked += len(checks)
     # No check evaluation committed apart from its partition's materialization.
     assert sum(e == "ASSET_CHECK_EVALUATION" for t in committed for e, _, _ in t) == checked > 0
@@ -120,3 +125,76 @@ def test_a_batch_holds_only_a_partitions_events(tmp_path: Path) -> None:
         raise KeyboardInterrupt
     assert [e.message for e in instance.all_logs(run.run_id)] == ["the step was interrupted"]
     assert instance.fetch_materializations(AssetKey("raw_documents"), limit=10).records == []
+
+
+def _tables(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the event log's tables that a batch writes, but the times the database set."""
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        out = {}
+        for table in ("event_logs", "asset_keys", "asset_event_tags", "asset_check_executions"):
+            columns = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")
+                       if r[1] not in ("create_timestamp", "updated_timestamp")]
+            out[table] = conn.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY 1, 2").fetchall()
+    return out
+
+
+def test_a_batch_writes_the_rows_dagster_writes_event_by_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """``store_together`` (a batch's few statements, asset rows upserted) leaves every table as
+    Dagster's ``store_event`` of each event in turn does (``store_each``, with Dagster's asset
+    rows): the batches of a real crawl run replayed both ways into fresh event logs, and batches
+    it did not make: two partitions in one, an evaluation stored twice (the second updates the
+    check's row), a runless event, a planned materialization and a materialization of one asset
+    either way round."""
+    from dagster import AssetCheckEvaluation
+
+    from curation_dagster.ops.event_log import ConsolidatedSqliteEventLogStorage, PooledSqliteEventLogStorage
+
+    batches: list[list[Any]] = []
+    original = PooledSqliteEventLogStorage.store_event_batch
+
+    def captured(self: PooledSqliteEventLogStorage, events: Any) -> None:
+        batches.append(list(events))
+        original(self, events)
+
+    monkeypatch.setattr(PooledSqliteEventLogStorage, "store_event_batch", captured)
+    crawl = spec(stages=["fuzzy"])
+    with fast_tmp(tmp_path / "w") as work:
+        run_crawl(work, work / "dagster", crawl, quiet=True, resource=CurationResource(workdir=str(work)))
+    monkeypatch.undo()
+    pairs = [b for b in batches if [e.dagster_event_type for e in b] == [
+        "ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION"]]
+    assert len(pairs) >= 2 and len(batches) > len(PROGRAMS)
+    twice = [*pairs[0], pairs[0][1]._replace(timestamp=pairs[0][1].timestamp + 1)]
+    runless = pairs[1][1]._replace(run_id="")
+    assert isinstance(runless.dagster_event.event_specific_data, AssetCheckEvaluation)
+    mat = pairs[0][0]
+    (planned,) = [e for b in batches for e in b if e.dagster_event_type == "ASSET_MATERIALIZATION_PLANNED"
+                  and e.dagster_event.asset_key == mat.dagster_event.asset_key
+                  and e.dagster_event.partition == mat.dagster_event.partition]
+    later = planned._replace(timestamp=mat.timestamp + 2)  # what each leaves in the asset's row differs
+    replayed = [*batches, pairs[0] + pairs[1], twice, [pairs[1][0], runless], [mat, later], [later, mat]]
+    class Dagsters(PooledSqliteEventLogStorage):
+        """Each event stored by Dagster's own code, asset rows included."""
+
+        _store_asset_event = ConsolidatedSqliteEventLogStorage._store_asset_event
+
+    fast = PooledSqliteEventLogStorage(str(tmp_path / "fast"))
+    each = Dagsters(str(tmp_path / "each"))
+    for events in replayed:
+        fast.store_event_batch(events)
+        with each._connect() as conn:
+            each._held.conn = conn
+            try:
+                each.store_each(events)
+            finally:
+                each._held.conn = None
+    got, want = _tables(Path(fast.get_db_path())), _tables(Path(each.get_db_path()))
+    assert {t: len(rows) for t, rows in got.items()} == {t: len(rows) for t, rows in want.items()}
+    assert len(want["asset_check_executions"]) > 0 and len(want["asset_event_tags"]) > 0
+    for table in want:
+        assert got[table] == want[table], table
+    fast.dispose()
+    each.dispose()

@@ -242,7 +242,7 @@ def test_a_step_stopped_early_runs_no_further_partition(tmp_path: Path) -> None:
     fanout = Fanout(None, resource, crawl, checks=False, workers=_OneWorker(_SlowWorker(ran)))  # type: ignore[arg-type]
     step = fanout.run("raw_documents", sources)  # type: ignore[arg-type]
     assert isinstance(step, Generator)
-    first = next(step)
+    (first,) = next(step)
     assert first.source == "s0" and first.error == "stand-in"
     step.close()  # the run was stopped: the step's generator is closed
     assert len(ran) <= 2, ran  # the one in flight at most, not the 18 others
