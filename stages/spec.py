@@ -35,8 +35,12 @@ def keys_held() -> Iterator[None]:
     """Within: each spec object's ``key_map`` is derived once. Checking that the cached keys still
     hold validates every program's params again (0.5 ms a call); a crawl-wide partition's checks
     and metadata look up every source's partitions (600 lookups at 200 sources). The params a
-    key hashes (a model file's fingerprint) may change between two descriptions of a partition,
-    not within one: nothing is held beyond the block."""
+    key hashes (a model file's fingerprint) may change between two runs of a partition, not
+    within one (its run and its description): nothing is held beyond the block. A block within
+    another holds the outer one's keys."""
+    if _HELD.get() is not None:
+        yield
+        return
     token = _HELD.set({})
     try:
         yield
