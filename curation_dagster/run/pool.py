@@ -26,8 +26,14 @@ DIED = "its worker process died (out of memory?)"
 # A worker's resource, store and crawl, set by the pool's initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
 _STEPS = itertools.count()
-# What a worker has imported when the pool's fork server forks it: the executor and the programs.
-PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS)]
+# What a worker has imported when the pool's fork server forks it: the executor and the programs;
+# and what each worker imported at its first partitions, ~0.4 s of CPU a worker: pandas (pyarrow's
+# first conversion of Python objects imports it) and numba's array implementations (its CPU target
+# imports them, scipy with them, at the first kernel loaded from the cache). Imported once in the
+# fork server instead: at 200 sources a worker's CPU 6.0 -> 5.6 s, the run's wall unchanged
+# (docs/profile.md). A name missing from an installed version is skipped (as the fork server does).
+PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS), "pandas",
+           "numba.np.arraymath"]
 
 
 def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:
