@@ -102,14 +102,21 @@ def applied_programs(inputs: Inputs) -> list[str]:
     return [name for name in STAGES.values() if name in inputs.dirs]
 
 
+def removal_lists(inputs: Inputs, source: str) -> dict[str, pa.Array]:
+    """{program: doc_ids it removes from ``source``} of the removing programs among a task's
+    inputs, in pipeline order (``removed_ids``)."""
+    return {name: removed_ids(inputs, name, source) for name in applied_programs(inputs)}
+
+
 def survivors(
     inputs: Inputs, source: str, columns: list[str] | None, batch_rows: int = 20_000,
-    progress: Progress | None = None,
+    progress: Progress | None = None, removed: dict[str, pa.Array] | None = None,
 ) -> Iterator[pa.Table]:
-    """Batches of ``raw_documents`` rows of ``source`` that no input removal list removes.
+    """Batches of ``raw_documents`` rows of ``source`` that no input removal list removes
+    (``removed``: the lists, where the caller has read them: ``removal_lists``).
     With ``progress``, the survivors are expected and each batch advances it (documents, and
     UTF-8 bytes of ``text`` where it is read): a program's main pass over its documents."""
-    drop = [removed_ids(inputs, name, source) for name in applied_programs(inputs)]
+    drop = list((removal_lists(inputs, source) if removed is None else removed).values())
     dropped = pa.chunked_array(drop, type=pa.string()).combine_chunks() if drop else pa.array([], pa.string())
     raw = inputs.dir("raw_documents", source)
     if progress is not None:
