@@ -30,7 +30,7 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
     # The metadata and the checks look up the same committed state (a crawl-wide partition's, every
     # source's manifests and keys): once, within one block.
     with manifests_read_once():
-        meta = asset_metadata(resource, program, spec, source, metadata(outcome), store)
+        meta = asset_metadata(resource, program, spec, source, metadata(outcome), store, outcome.manifest)
         if checks:
             judge = judge or evaluator(resource, spec.crawl)
             verdicts = [(kind.name, kind.blocking, judge(kind, program, source))
