@@ -27,13 +27,12 @@ DIED = "its worker process died (out of memory?)"
 _WORKER: dict[str, Any] = {}
 _STEPS = itertools.count()
 # What a worker has imported when the pool's fork server forks it: the executor and the programs;
-# and what each worker imported at its first partitions, ~0.4 s of CPU a worker: pandas (pyarrow's
-# first conversion of Python objects imports it) and numba's array implementations (its CPU target
-# imports them, scipy with them, at the first kernel loaded from the cache). Imported once in the
-# fork server instead: at 200 sources a worker's CPU 6.0 -> 5.6 s, the run's wall unchanged
-# (docs/profile.md). A name missing from an installed version is skipped (as the fork server does).
-PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS), "pandas",
-           "numba.np.arraymath"]
+# and pandas, which pyarrow imports at a worker's first conversion of Python objects (0.2 s of CPU
+# in each worker otherwise; no thread starts with it). Not numba's implementations, imported at a
+# worker's first kernel loaded from the cache (0.2 s more): they import scipy.linalg, whose
+# OpenBLAS would start its threads in the fork server, with its settings, not the partition's.
+# The first partition may start ~0.1 s later (the fork server's imports; docs/profile.md).
+PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS), "pandas"]
 
 
 def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:
