@@ -10,6 +10,7 @@ already removed, and every removed document is attributed to exactly one stage.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 
@@ -59,6 +60,7 @@ _BY_SOURCE: OrderedDict[tuple[str, str, tuple[tuple[str, int | None], ...]], tup
 # Bytes of doc_ids held at most, all lists together; a larger list is read and filtered per
 # partition, as before, so no worker holds it between partitions.
 BY_SOURCE_BYTES = 64 << 20
+_BY_SOURCE_LOCK = threading.Lock()
 
 
 def crawl_removed_ids(store: Store, pdir: str, manifest: Manifest, source: str) -> pa.Array:
@@ -67,9 +69,11 @@ def crawl_removed_ids(store: Store, pdir: str, manifest: Manifest, source: str) 
     (``_BY_SOURCE``)."""
     names = manifest.tables.get("removed", [])
     key = (store.url(pdir), manifest.data_version, tuple((n, manifest.sizes.get(n)) for n in names))
-    held = _BY_SOURCE.get(key)
+    with _BY_SOURCE_LOCK:  # partitions of one process may run on threads (Dagster's in-process executor)
+        held = _BY_SOURCE.get(key)
+        if held is not None:
+            _BY_SOURCE.move_to_end(key)
     if held is not None:
-        _BY_SOURCE.move_to_end(key)
         return held[1].get(source, pa.array([], pa.string()))
     table = store.read_parts(pdir, names, ["doc_id", "source"])
     if not table.num_columns:  # no part: nothing removed
@@ -78,9 +82,10 @@ def crawl_removed_ids(store: Store, pdir: str, manifest: Manifest, source: str) 
     if size > BY_SOURCE_BYTES:
         return table.filter(pc.equal(table["source"], source))["doc_id"].combine_chunks()
     by_source = split_by_source(table)
-    _BY_SOURCE[key] = (size, by_source)
-    while sum(n for n, _ in _BY_SOURCE.values()) > BY_SOURCE_BYTES:
-        _BY_SOURCE.popitem(last=False)
+    with _BY_SOURCE_LOCK:
+        _BY_SOURCE[key] = (size, by_source)
+        while sum(n for n, _ in _BY_SOURCE.values()) > BY_SOURCE_BYTES:
+            _BY_SOURCE.popitem(last=False)
     return by_source.get(source, pa.array([], pa.string()))
 
 
