@@ -68,9 +68,8 @@ def map_ordered(
 
 # Modules every forked worker would import itself, whatever it runs: pyarrow imports pandas at its
 # first conversion of Python objects (``pa.array``, ``pa.scalar``, ``pc.fill_null(x, False)``;
-# 0.2-0.3 s of CPU), and so does the process that forks them, a moment later. Not in the fork
-# server of ``curate run``'s pool: there it would delay the first partition by as much (the fork
-# server's imports are on the run's critical path) for no gain in wall time.
+# 0.2-0.3 s of CPU), and so does the process that forks them, a moment later. (The fork server of
+# ``curate run``'s pool imports it too: ``curation_dagster.run.pool.PRELOAD``.)
 PRELOAD = ["pandas"]
 
 

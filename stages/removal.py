@@ -10,6 +10,8 @@ already removed, and every removed document is attributed to exactly one stage.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 
 import numpy as np
@@ -18,6 +20,7 @@ import pyarrow.compute as pc
 
 from stages.catalog import PROGRAMS, STAGES
 from stages.progress import Progress
+from stages.store import Manifest, Store
 from stages.task import Inputs
 
 REMOVED = pa.schema([
@@ -30,19 +33,73 @@ REMOVED = pa.schema([
 ])
 
 
-def removed_table(inputs: Inputs, program: str, source: str, columns: list[str] | None = None) -> pa.Table:
-    """The ``removed`` rows of ``program`` for ``source``: from its source partition
-    (per-source removers) or filtered out of its crawl partition (corpus-wide removers)."""
-    cols = None if columns is None else sorted(set(columns) | {"source"})
-    if PROGRAMS[program].level == "source":
-        return inputs.read(program, "removed", source, cols)
-    t = inputs.read(program, "removed", columns=cols)
-    return t.filter(pc.equal(t["source"], source))
-
-
 def removed_ids(inputs: Inputs, program: str, source: str) -> pa.Array:
-    """doc_ids that ``program`` removes from ``source`` (string array)."""
-    return removed_table(inputs, program, source, ["doc_id"])["doc_id"].combine_chunks()
+    """doc_ids that ``program`` removes from ``source`` (string array, in the list's order). An
+    empty list (most are: a disabled stage writes one) is known from its manifest, no part read."""
+    crawl_wide = PROGRAMS[program].level != "source"
+    pdir = inputs.dir(program, None if crawl_wide else source)
+    manifest = inputs.store.read_manifest(pdir)
+    if manifest is None:
+        raise FileNotFoundError(f"no committed output at {pdir} (its upstream has not run)")
+    names = manifest.tables.get("removed", [])
+    if not names or manifest.rows.get("removed") == 0:
+        return pa.array([], pa.string())
+    if not crawl_wide:
+        return inputs.store.read_parts(pdir, names, ["doc_id"])["doc_id"].combine_chunks()
+    return crawl_removed_ids(inputs.store, pdir, manifest, source)
+
+
+# Crawl-wide removal lists' doc_ids split by source, in this process, most recently used last. A
+# pool worker runs a crawl's source partitions one after another and each reads the same
+# crawl-wide lists (exact and fuzzy dedup's): at 200 sources, read and filtered whole 200 times
+# over. Keyed by the partition's folder and what its manifest commits: data version, part names
+# (unique to the attempt that wrote them) and sizes, so a list committed again is read again,
+# never served from an earlier commit.
+_BY_SOURCE: OrderedDict[tuple[str, str, tuple[tuple[str, int | None], ...]], tuple[int, dict[str, pa.Array]]] = \
+    OrderedDict()
+# Bytes of doc_ids held at most, all lists together; a larger list is read and filtered per
+# partition, as before, so no worker holds it between partitions.
+BY_SOURCE_BYTES = 64 << 20
+_BY_SOURCE_LOCK = threading.Lock()
+
+
+def crawl_removed_ids(store: Store, pdir: str, manifest: Manifest, source: str) -> pa.Array:
+    """doc_ids of ``source`` in the crawl-wide removal list committed at ``pdir`` by ``manifest``
+    (string array, in the list's order): read once per commit and process, and split by source
+    (``_BY_SOURCE``)."""
+    names = manifest.tables.get("removed", [])
+    key = (store.url(pdir), manifest.data_version, tuple((n, manifest.sizes.get(n)) for n in names))
+    with _BY_SOURCE_LOCK:  # partitions of one process may run on threads (Dagster's in-process executor)
+        held = _BY_SOURCE.get(key)
+        if held is not None:
+            _BY_SOURCE.move_to_end(key)
+    if held is not None:
+        return held[1].get(source, pa.array([], pa.string()))
+    table = store.read_parts(pdir, names, ["doc_id", "source"])
+    if not table.num_columns:  # no part: nothing removed
+        return pa.array([], pa.string())
+    size = table["doc_id"].nbytes
+    if size > BY_SOURCE_BYTES:
+        return table.filter(pc.equal(table["source"], source))["doc_id"].combine_chunks()
+    by_source = split_by_source(table)
+    with _BY_SOURCE_LOCK:
+        _BY_SOURCE[key] = (size, by_source)
+        while sum(n for n, _ in _BY_SOURCE.values()) > BY_SOURCE_BYTES:
+            _BY_SOURCE.popitem(last=False)
+    return by_source.get(source, pa.array([], pa.string()))
+
+
+def split_by_source(table: pa.Table) -> dict[str, pa.Array]:
+    """{source: its doc_ids, in table order} of a table with ``doc_id`` and ``source``: one stable
+    sort by source, then zero-copy slices (rows with a null source belong to none)."""
+    ids = table["doc_id"].combine_chunks()
+    codes_of = pc.dictionary_encode(table["source"].combine_chunks())
+    codes = np.asarray(pc.fill_null(codes_of.indices, -1), np.int64)
+    order = np.argsort(codes, kind="stable")
+    ordered = ids.take(pa.array(order))
+    bounds = np.searchsorted(codes[order], np.arange(len(codes_of.dictionary) + 1))
+    return {str(name): ordered.slice(int(a), int(b - a))
+            for name, a, b in zip(codes_of.dictionary.to_pylist(), bounds[:-1], bounds[1:], strict=True)}
 
 
 def applied_programs(inputs: Inputs) -> list[str]:
@@ -50,14 +107,21 @@ def applied_programs(inputs: Inputs) -> list[str]:
     return [name for name in STAGES.values() if name in inputs.dirs]
 
 
+def removal_lists(inputs: Inputs, source: str) -> dict[str, pa.Array]:
+    """{program: doc_ids it removes from ``source``} of the removing programs among a task's
+    inputs, in pipeline order (``removed_ids``)."""
+    return {name: removed_ids(inputs, name, source) for name in applied_programs(inputs)}
+
+
 def survivors(
     inputs: Inputs, source: str, columns: list[str] | None, batch_rows: int = 20_000,
-    progress: Progress | None = None,
+    progress: Progress | None = None, removed: dict[str, pa.Array] | None = None,
 ) -> Iterator[pa.Table]:
-    """Batches of ``raw_documents`` rows of ``source`` that no input removal list removes.
+    """Batches of ``raw_documents`` rows of ``source`` that no input removal list removes
+    (``removed``: the lists, where the caller has read them: ``removal_lists``).
     With ``progress``, the survivors are expected and each batch advances it (documents, and
     UTF-8 bytes of ``text`` where it is read): a program's main pass over its documents."""
-    drop = [removed_ids(inputs, name, source) for name in applied_programs(inputs)]
+    drop = list((removal_lists(inputs, source) if removed is None else removed).values())
     dropped = pa.chunked_array(drop, type=pa.string()).combine_chunks() if drop else pa.array([], pa.string())
     raw = inputs.dir("raw_documents", source)
     if progress is not None:

@@ -24,19 +24,22 @@ from stages.store import check_name
 _KEYS: dict[str, dict[tuple[str, str | None], str]] = {}
 _KEYS_KEPT = 16
 
-# The keys derived within ``keys_held``: id(spec) -> (that spec, kept alive so no id is reused
-# meanwhile; its keys).
-_HELD: ContextVar[dict[int, tuple[CrawlSpec, Mapping[tuple[str, str | None], str]]] | None] = \
-    ContextVar("keys_held", default=None)
+# The keys derived within ``keys_held``, by the spec's JSON: equal specs (a pool worker's, and its
+# checks' evaluator's, read from the data root) share one derivation.
+_HELD: ContextVar[dict[str, Mapping[tuple[str, str | None], str]] | None] = ContextVar("keys_held", default=None)
 
 
 @contextmanager
 def keys_held() -> Iterator[None]:
-    """Within: each spec object's ``key_map`` is derived once. Checking that the cached keys still
-    hold validates every program's params again (0.5 ms a call); a crawl-wide partition's checks
-    and metadata look up every source's partitions (600 lookups at 200 sources). The params a
-    key hashes (a model file's fingerprint) may change between two descriptions of a partition,
-    not within one: nothing is held beyond the block."""
+    """Within: each spec's ``key_map`` is derived once (equal specs' once for all). Checking that
+    the cached keys still hold validates every program's params again (0.5 ms a call); a
+    crawl-wide partition's checks and metadata look up every source's partitions (600 lookups at
+    200 sources). The params a key hashes (a model file's fingerprint) may change between two
+    runs of a partition, not within one (its run and its description): nothing is held beyond
+    the block. A block within another holds the outer one's keys."""
+    if _HELD.get() is not None:
+        yield
+        return
     token = _HELD.set({})
     try:
         yield
@@ -125,11 +128,11 @@ class CrawlSpec(BaseModel):
         """``keys()`` without the copy, read-only (a resolution's few lookups)."""
         from stages.versions import code_versions
 
-        held = _HELD.get()
-        if held is not None and id(self) in held:
-            return held[id(self)][1]
         if self._json is None:  # O(sources): 2 ms at 1,000 sources, paid by every resolution otherwise
             self._json = self.model_dump_json()
+        held = _HELD.get()
+        if held is not None and self._json in held:
+            return held[self._json]
         validated = [None if p.name == "raw_documents" else
                      self.program_params(p.name, (self.partitions(p.name) or [None])[0]).canonical()
                      for p in PROGRAMS.values()]
@@ -143,7 +146,7 @@ class CrawlSpec(BaseModel):
             del _KEYS[next(iter(_KEYS))]
         keys = MappingProxyType(cached)
         if held is not None:
-            held[id(self)] = (self, keys)
+            held[self._json] = keys
         return keys
 
     def _derive_keys(self) -> dict[tuple[str, str | None], str]:

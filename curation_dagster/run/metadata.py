@@ -28,16 +28,17 @@ from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot
 from stages.reports import CuratedDocumentsReport, RemovalLedgerReport, read_as
 from stages.spec import CrawlSpec
-from stages.store import Store
+from stages.store import Manifest, Store
 
 
-def _lineage(curation: CurationResource, program: str, spec: CrawlSpec, source: str | None) -> dict[str, Any]:
+def _lineage(store: Store, program: str, spec: CrawlSpec, source: str | None,
+             manifest: Manifest | None = None) -> dict[str, Any]:
     """Extra metadata that explains a shrinking source: the kept fraction of a curated partition,
-    the source x stage waterfall (table and chart) of the crawl's ledger."""
+    the source x stage waterfall (table and chart) of the crawl's ledger (``manifest``: the
+    partition's committed one, else read)."""
     if program not in ("curated_documents", "removal_ledger"):
         return {}
-    store = curation.store()
-    manifest = DataRoot(store).manifest(spec, program, source)
+    manifest = manifest or DataRoot(store).manifest(spec, program, source)
     if manifest is None:
         return {}
     if program == "curated_documents":
@@ -64,16 +65,16 @@ def _column_type(t: Any) -> str:
     return str(t)
 
 
-def table_metadata(curation: CurationResource, program: str, spec: CrawlSpec, source: str | None) -> dict[str, Any]:
+def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | None,
+                   manifest: Manifest | None = None) -> dict[str, Any]:
     """``dagster/row_count`` and ``dagster/column_schema`` of the partition's main table (its
-    documents, its ledger, or its removal list), from its manifest and one part file's Parquet
-    footer; none where the partition holds no table."""
+    documents, its ledger, or its removal list), from its manifest (``manifest``: the committed
+    one, else read) and one part file's Parquet footer; none where the partition holds no table."""
     import pyarrow.parquet as pq
     from dagster import TableColumn, TableSchema
 
-    store = curation.store()
     pdir = DataRoot(store).output_dir(spec, program, source)
-    manifest = store.read_manifest(pdir)
+    manifest = manifest or store.read_manifest(pdir)
     if manifest is None or not manifest.tables:
         return {}
     table = next((t for t in MAIN_TABLES if t in manifest.tables), sorted(manifest.tables)[0])
@@ -110,15 +111,20 @@ def per_source_counts(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def asset_metadata(
-    curation: CurationResource, program: str, spec: CrawlSpec, source: str | None, meta: dict[str, Any]
+    curation: CurationResource, program: str, spec: CrawlSpec, source: str | None, meta: dict[str, Any],
+    store: Store | None = None, manifest: Manifest | None = None,
 ) -> dict[str, Any]:
     """A partition's materialization metadata: ``meta`` (``stages.execute.metadata`` and the
     profile's ``overhead_s``) after the lineage that explains a shrinking source, the waterfall
     first: it is what the materialization's page shows at the top. A source x crawl partition's
     counts are one table (``per_source_counts``). An asset step and a crawl step record the same
     (``curation_dagster.run.crawl_job``). ``spec``: the crawl's, as the partition ran it (not read
-    again from the data root for each partition)."""
-    out = {**_lineage(curation, program, spec, source), **table_metadata(curation, program, spec, source), **meta}
+    again from the data root for each partition); ``store``: the resource's, where the caller has
+    it (opening one costs a third of a millisecond, paid by every partition otherwise);
+    ``manifest``: the partition's committed one, where the caller has it (else read, twice)."""
+    store = store or curation.store()
+    out = {**_lineage(store, program, spec, source, manifest), **table_metadata(store, program, spec, source, manifest),
+           **meta}
     return per_source_counts(out) if source is not None else out
 
 

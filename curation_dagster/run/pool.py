@@ -26,8 +26,13 @@ DIED = "its worker process died (out of memory?)"
 # A worker's resource, store and crawl, set by the pool's initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
 _STEPS = itertools.count()
-# What a worker has imported when the pool's fork server forks it: the executor and the programs.
-PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS)]
+# What a worker has imported when the pool's fork server forks it: the executor and the programs;
+# and pandas, which pyarrow imports at a worker's first conversion of Python objects (0.2 s of CPU
+# in each worker otherwise; no thread starts with it). Not numba's implementations, imported at a
+# worker's first kernel loaded from the cache (0.2 s more): they import scipy.linalg, whose
+# OpenBLAS would start its threads in the fork server, with its settings, not the partition's.
+# The first partition may start ~0.1 s later (the fork server's imports; docs/profile.md).
+PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS), "pandas"]
 
 
 def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:

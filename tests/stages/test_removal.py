@@ -1,12 +1,18 @@
-"""``kept_rows``: the rows a removal list keeps, as zero-copy slices where removals are few."""
+"""``kept_rows``: the rows a removal list keeps, as zero-copy slices where removals are few; and
+``removed_ids``: a source's removed documents, a crawl-wide list read once per commit and process."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
-from stages.removal import kept_rows
+from stages.removal import kept_rows, removal_table, removed_ids, split_by_source
+from stages.store import Manifest, Store
+from stages.task import Inputs
 
 
 def _table(n: int) -> pa.Table:
@@ -32,3 +38,55 @@ def test_few_removals_keep_the_texts_where_they_are() -> None:
     assert got.num_rows == 2997
     data = table["text"].chunk(0).buffers()[2].address
     assert {c.buffers()[2].address for c in got["text"].chunks} == {data}  # slices, not copies
+
+
+def _commit_removed(store: Store, pdir: str, rows: list[tuple[str, str]], version: str = "v1") -> None:
+    """Commit a crawl-wide ``removed`` table of (doc_id, source) rows at ``pdir``."""
+    full = removal_table(np.array([d for d, _ in rows], object), np.array([s for _, s in rows], object),
+                         "fuzzy_duplicate", None, None, None)
+    writer = store.writer(pdir)
+    writer.write("removed", full)
+    writer.commit(Manifest(program="fuzzy_duplicates", params_key="k", data_version=version, crawl="c",
+                           source=None, params={}))
+    writer.close()
+
+
+def test_a_crawl_wide_list_committed_again_is_read_again(tmp_path: Path) -> None:
+    """The crawl-wide lists are held per process between partitions; a new commit of one (a rerun
+    with other parameters: same folder, even the same data version) is never served from the old."""
+    store = Store(str(tmp_path))
+    pdir = store.partition_dir("fuzzy_duplicates", "k", "c")
+    inputs = Inputs(store, {"fuzzy_duplicates": {None: pdir}})
+    _commit_removed(store, pdir, [("a", "s1"), ("b", "s2"), ("c", "s1")])
+    assert removed_ids(inputs, "fuzzy_duplicates", "s1").to_pylist() == ["a", "c"]
+    assert removed_ids(inputs, "fuzzy_duplicates", "s2").to_pylist() == ["b"]
+    _commit_removed(store, pdir, [("d", "s1"), ("e", "s2"), ("f", "s2")])
+    assert removed_ids(inputs, "fuzzy_duplicates", "s1").to_pylist() == ["d"]
+    assert removed_ids(inputs, "fuzzy_duplicates", "s2").to_pylist() == ["e", "f"]
+    _commit_removed(store, pdir, [])
+    assert removed_ids(inputs, "fuzzy_duplicates", "s2").to_pylist() == []
+    assert removed_ids(inputs, "fuzzy_duplicates", "s3").to_pylist() == []
+
+
+def test_a_crawl_wide_list_is_read_once_for_every_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(str(tmp_path))
+    pdir = store.partition_dir("fuzzy_duplicates", "k", "c")
+    inputs = Inputs(store, {"fuzzy_duplicates": {None: pdir}})
+    _commit_removed(store, pdir, [(f"d{i}", f"s{i % 7}") for i in range(50)], version="once")
+    reads = []
+    read_parts = Store.read_parts
+    monkeypatch.setattr(Store, "read_parts", lambda self, *a, **k: reads.append(a) or read_parts(self, *a, **k))
+    got = {f"s{j}": removed_ids(inputs, "fuzzy_duplicates", f"s{j}").to_pylist() for j in range(7)}
+    assert got == {f"s{j}": [f"d{i}" for i in range(50) if i % 7 == j] for j in range(7)}
+    assert len(reads) == 1
+
+
+def test_split_by_source_is_the_filter_of_each_source() -> None:
+    rng = np.random.default_rng(3)
+    names = np.array(["s1", "s2", "s3", None], dtype=object)
+    t = pa.table({"doc_id": [f"{i:x}" for i in range(500)], "source": list(names[rng.integers(0, 4, 500)])})
+    t = pa.concat_tables([t.slice(0, 200), t.slice(200)])  # chunked, as a list of several parts reads
+    split = split_by_source(t)
+    assert sorted(split) == ["s1", "s2", "s3"]
+    for name, ids in split.items():
+        assert ids.equals(t.filter(pc.equal(t["source"], name))["doc_id"].combine_chunks())
