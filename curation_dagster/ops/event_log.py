@@ -17,9 +17,10 @@ transaction each; a batch of events (``store_event_batch``, ``EventBatches.batch
 Named by its private module path, ``dagster._core.storage.event_log``: Dagster exports no public
 name for the base class; dagster is pinned (pyproject.toml), and
 tests/curation_dagster/defs/test_dagster_tools.py fails if it moves or stops loading. The other
-private name, ``AssetCheckEvaluationTargetMaterializationData`` (``target_of``, the one place a
-check evaluation's target is built), has no public export either; test_checks.py reads the check
-state it feeds.
+private names, ``AssetCheckEvaluationTargetMaterializationData`` (``_target``, the one place a
+check evaluation's target is built) and the event log's tables (``store_together`` writes the
+rows Dagster's ``store_event`` writes), have no public export either; test_checks.py reads the
+check state they feed, and test_event_batches.py compares the rows with Dagster's own.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from dagster._core.storage.event_log import ConsolidatedSqliteEventLogStorage
@@ -65,11 +66,13 @@ def _target(storage_id: int, run_id: str, timestamp: float) -> Any:
 def _untargeted(event: Any) -> Any:
     """The check evaluation of ``event`` where it is a run's with no target, else None."""
     dagster_event = event.dagster_event
-    if dagster_event is None or dagster_event.event_type_value != "ASSET_CHECK_EVALUATION" or not event.run_id:
+    if dagster_event is None or dagster_event.event_type_value != _EVALUATION or not event.run_id:
         return None
     evaluation = dagster_event.event_specific_data
     return evaluation if evaluation.target_materialization_data is None else None
 
+
+_MATERIALIZATION, _EVALUATION = "ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION"
 
 # The events of a partition (its materialization, its check evaluations) and a step's planned
 # materializations: what ``curation_dagster.run.recorder.together`` batches.
@@ -143,35 +146,37 @@ class EventBatches:
         one select and an insert or update each. An evaluation with no target targets the batch's
         materialization of its partition, whose id the insert returned. A batch with any other
         event (or a runless one) is stored event by event, as Dagster's."""
-        from dagster import DagsterEventType
-
+        if not events:
+            return
         if not all(event.run_id and event.dagster_event is not None
                    and event.dagster_event.event_type_value in _BATCHED for event in events):
             self.store_each(events)
             return
-        mat = DagsterEventType.ASSET_MATERIALIZATION
         targets: dict[tuple[Any, str | None], Any] = {}
         stored: list[tuple[Any, int, str]] = []  # event, its id, its serialized form
         segment: list[Any] = []
         for event in events:
             evaluation = _untargeted(event)
             if evaluation is not None and any(
-                    e.dagster_event.event_type == mat and (e.dagster_event.asset_key, e.dagster_event.partition)
+                    e.dagster_event.event_type_value == _MATERIALIZATION
+                    and (e.dagster_event.asset_key, e.dagster_event.partition)
                     == (evaluation.asset_key, evaluation.partition) for e in segment):
                 stored += self._insert_events(conn, segment, targets)  # its target's id first
                 segment = []
             segment.append(self.targeted(event, targets) if evaluation is not None else event)
         stored += self._insert_events(conn, segment, targets)
         assets = [(event, event_id) for event, event_id, _ in stored if event.dagster_event.asset_key
-                  and event.dagster_event.event_type_value != "ASSET_CHECK_EVALUATION"]
+                  and event.dagster_event.event_type_value != _EVALUATION]
         if assets:
-            self._store_asset_event_tags(conn, [e for e, _ in assets], [i for _, i in assets])  # type: ignore[attr-defined]
+            self._store_asset_event_tags(conn, [e for e, _ in assets], [i for _, i in assets])
+            first: dict[Any, int] = {}  # each asset's first event: its row is made in that order
             last: dict[tuple[Any, str], tuple[int, Any, int]] = {}
             for n, (event, event_id) in enumerate(assets):
+                first.setdefault(event.dagster_event.asset_key, n)
                 last[(event.dagster_event.asset_key, event.dagster_event.event_type_value)] = (n, event, event_id)
-            for _, event, event_id in sorted(last.values(), key=lambda x: x[0]):
-                self._store_asset_event(conn, event, event_id)  # type: ignore[attr-defined]
-        checks = [(e, i, row) for e, i, row in stored if e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION"]
+            for _, event, event_id in sorted(last.values(), key=lambda x: (first[x[1].dagster_event.asset_key], x[0])):
+                self._store_asset_event(conn, event, event_id)
+        checks = [(e, i, row) for e, i, row in stored if e.dagster_event.event_type_value == _EVALUATION]
         if checks:
             self._store_check_rows(conn, checks)
         self._notify(conn, stored[-1][0].run_id, stored[-1][1])
@@ -184,11 +189,17 @@ class EventBatches:
             return []
         from dagster._core.storage.event_log.schema import SqlEventLogStorageTable as Events
 
-        rows = [self._event_to_row(event) for event in events]  # type: ignore[attr-defined]
-        ids = [row[0] for row in conn.execute(Events.insert().returning(Events.c.id, sort_by_parameter_order=True),
-                                              rows)]
+        rows = [self._event_to_row(event) for event in events]
+        if conn.dialect.name == "sqlite":
+            # One statement; SQLite numbers a statement's rows in order under the transaction's
+            # write lock, so the ids sorted are the rows'. (SQLAlchemy would send a statement per
+            # row to return them in order: SQLite has no ordering it can rely on.)
+            ids = sorted(row[0] for row in conn.execute(Events.insert().returning(Events.c.id), rows))
+        else:
+            ids = [row[0] for row in conn.execute(
+                Events.insert().returning(Events.c.id, sort_by_parameter_order=True), rows)]
         for event, event_id in zip(events, ids, strict=True):
-            if event.dagster_event.event_type_value == "ASSET_MATERIALIZATION":
+            if event.dagster_event.event_type_value == _MATERIALIZATION:
                 targets[(event.dagster_event.asset_key, event.dagster_event.partition)] = _target(
                     event_id, event.run_id, event.timestamp)
         return [(event, event_id, row["event"]) for event, event_id, row in zip(events, ids, rows, strict=True)]
@@ -197,7 +208,6 @@ class EventBatches:
         """The check executions' rows of run evaluations (event, id, serialized), as Dagster's
         ``_update_asset_check_evaluation`` writes each: the run's row of that check and partition
         (a planned one) updated, else a new one."""
-        import sqlalchemy as sa
         from dagster import DagsterInvariantViolationError
         from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable as Checks
 
@@ -227,7 +237,7 @@ class EventBatches:
             values = {
                 "execution_status": "SUCCEEDED" if evaluation.passed else "FAILED",
                 "evaluation_event": serialized,
-                "evaluation_event_timestamp": self._event_insert_timestamp(event),  # type: ignore[attr-defined]
+                "evaluation_event_timestamp": self._event_insert_timestamp(event),
                 "evaluation_event_storage_id": event_id,
                 "materialization_event_storage_id": target.storage_id if target else None,
                 "partition": evaluation.partition,
@@ -255,6 +265,9 @@ class EventBatches:
         found: dict[tuple[Any, str | None], Any] = {}
         for event in events:
             self.store_event_now(self.targeted(event, found))
+            dagster_event = event.dagster_event
+            if event.run_id and dagster_event is not None and dagster_event.event_type_value == _MATERIALIZATION:
+                found.pop((dagster_event.asset_key, dagster_event.partition), None)  # the latest now
 
     def _notify(self, conn: Any, run_id: str, last_id: int) -> None:
         """After a batch is stored: what the storage tells listeners (nothing, here)."""
@@ -262,6 +275,15 @@ class EventBatches:
     def store_event_now(self, event: Any) -> None:
         """Dagster's ``store_event`` of the storage, inside the current batch's transaction."""
         raise NotImplementedError
+
+    if TYPE_CHECKING:  # Dagster's SqlEventLogStorage's, which the storages this mixes into have
+        def _event_to_row(self, event: Any) -> dict[str, Any]: ...
+
+        def _store_asset_event_tags(self, conn: Any, events: Sequence[Any], event_ids: Sequence[int]) -> None: ...
+
+        def _store_asset_event(self, conn: Any, event: Any, event_id: int) -> None: ...
+
+        def _event_insert_timestamp(self, event: Any) -> Any: ...
 
     def _held_back(self, event: Any) -> bool:
         """Whether ``event`` joined this thread's open batch (else it is to be stored now). Only
@@ -312,6 +334,7 @@ class PooledSqliteEventLogStorage(EventBatches, ConsolidatedSqliteEventLogStorag
                 self._held.conn = None
 
     def store_event_now(self, event: Any) -> None:
+        """Dagster's own, in the batch's transaction (``EventBatches.store_each``)."""
         super().store_event(event)
 
     def _store_asset_event(self, conn: Any, event: Any, event_id: int) -> None:

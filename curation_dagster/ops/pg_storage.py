@@ -98,6 +98,7 @@ class _EventLogStorage(EventBatches, PostgresEventLogStorage):
                 self._held.conn = None
 
     def store_event_now(self, event: EventLogEntry) -> None:
+        """Dagster's own, in the batch's transaction (``EventBatches.store_each``)."""
         super().store_event(event)
 
     def _notify(self, conn: Connection, run_id: str, last_id: int) -> None:

@@ -92,8 +92,9 @@ class CrawlConfig(Config):
 
 
 class Launcher(Protocol):
-    """Runs partitions of one program and yields them as they finish: each list holds those
-    finished since the last was taken (at least one), which the step records together."""
+    """Runs partitions of one program and yields them as they finish, in lists the step records
+    together (at least one partition each): those finished since the last list was taken (the
+    pool, warm workers), or a pod's pack (Kubernetes)."""
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
             ) -> Iterator[list[Done]]: ...
@@ -423,13 +424,13 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
             received = time.perf_counter()
             # The partitions that finished while the last were recorded: their events in one
             # commit (each partition whole or not at all), so the more this process lags behind
-            # the workers, the less each partition costs it.
+            # the workers, the less each partition costs it. (A partition's overhead runs to its
+            # own materialization: the list's earlier ones recorded first are part of its wait.)
             with recorder.together(context.instance) as batched:
                 for done in finished:
                     name = partition_name(program, spec.crawl, done.source)
                     if done.outcome is None:
                         errors[done.source] = str(done.error)
-                        context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
                         continue
                     key = str(partition_key(spec.crawl, done.source))
                     yield recorder.materialization(done, key, received)
@@ -440,6 +441,10 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
                     yield from recorder.evaluations(done, key, target)
                     for check, verdict in done.blocking_failures():
                         blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
+            for done in finished:  # told after the batch, so the log keeps the order they finished in
+                if done.outcome is None:
+                    name = partition_name(program, spec.crawl, done.source)
+                    context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
             if listener is not None:
                 for done in finished:
                     listener.finished(done)

@@ -40,9 +40,13 @@ def transactions() -> Iterator[list[list[Row]]]:
         if found is None:
             return
         columns = [c.strip() for c in found.group(1).split(",")]
-        values = dict(zip(columns, params, strict=True)) if not isinstance(params, dict) else params
-        open_[id(conn.connection)].append((values["dagster_event_type"], values.get("asset_key"),
-                                           values.get("partition")))
+        if isinstance(params, dict):
+            rows = [params]
+        else:  # one row, or several in one statement (their values one after another)
+            rows = [dict(zip(columns, params[i:i + len(columns)], strict=True))
+                    for i in range(0, len(params), len(columns))]
+        open_[id(conn.connection)].extend((values["dagster_event_type"], values.get("asset_key"),
+                                           values.get("partition")) for values in rows)
 
     def commit(conn: Any) -> None:
         rows = open_.pop(id(conn.connection), [])
@@ -140,42 +144,62 @@ def _tables(db: Path) -> dict[str, list[tuple[Any, ...]]]:
     return out
 
 
+def replayed(batches: list[list[Any]]) -> list[list[Any]]:
+    """A real run's event batches (``captured``), and before and after them the batches no run
+    makes: a first one with two assets new to the event log (their rows made in the order they
+    came), two partitions in one, an evaluation stored twice (the second updates its check's row),
+    an evaluation before its partition's materialization and one after, a runless evaluation, a
+    planned materialization and a materialization of one asset either way round."""
+    from dagster import AssetCheckEvaluation
+
+    # (a materialization, the evaluation after it in its batch), whatever else the batch held
+    pairs = [b[i:i + 2] for b in batches for i in range(len(b) - 1) if [e.dagster_event_type for e in b[i:i + 2]]
+             == ["ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION"]]
+    assert len(pairs) >= 2 and len(batches) > len(PROGRAMS)
+    mat, check = pairs[0]
+    mats = [m for m, _ in pairs]
+    other = next(m for m in mats if m.dagster_event.asset_key != mat.dagster_event.asset_key)
+    again = next(m for m in mats if m.dagster_event.asset_key == mat.dagster_event.asset_key
+                 and m.dagster_event.partition != mat.dagster_event.partition)
+    twice = [mat, check, check._replace(timestamp=check.timestamp + 1)]
+    around = [check._replace(timestamp=mat.timestamp - 1), mat, check]
+    runless = pairs[1][1]._replace(run_id="")
+    assert isinstance(runless.dagster_event.event_specific_data, AssetCheckEvaluation)
+    (planned,) = [e for b in batches for e in b if e.dagster_event_type == "ASSET_MATERIALIZATION_PLANNED"
+                  and e.dagster_event.asset_key == mat.dagster_event.asset_key
+                  and e.dagster_event.partition == mat.dagster_event.partition]
+    later = planned._replace(timestamp=mat.timestamp + 2)  # what each leaves in the asset's row differs
+    return [[mat, other, again], *batches, pairs[0] + pairs[1], twice, around, [pairs[1][0], runless],
+            [mat, later], [later, mat]]
+
+
+def captured(storage: type, monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    """Where ``storage`` (an event-log class) is given batches from now on: each batch, kept."""
+    batches: list[list[Any]] = []
+    original = storage.store_event_batch
+
+    def keep(self: Any, events: Any) -> None:
+        batches.append(list(events))
+        original(self, events)
+
+    monkeypatch.setattr(storage, "store_event_batch", keep)
+    return batches
+
+
 def test_a_batch_writes_the_rows_dagster_writes_event_by_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
     """``store_together`` (a batch's few statements, asset rows upserted) leaves every table as
     Dagster's ``store_event`` of each event in turn does (``store_each``, with Dagster's asset
     rows): the batches of a real crawl run replayed both ways into fresh event logs, and batches
-    it did not make: two partitions in one, an evaluation stored twice (the second updates the
-    check's row), a runless event, a planned materialization and a materialization of one asset
-    either way round."""
-    from dagster import AssetCheckEvaluation
-
+    it did not make (``replayed``). A batch's events are one insert."""
     from curation_dagster.ops.event_log import ConsolidatedSqliteEventLogStorage, PooledSqliteEventLogStorage
 
-    batches: list[list[Any]] = []
-    original = PooledSqliteEventLogStorage.store_event_batch
-
-    def captured(self: PooledSqliteEventLogStorage, events: Any) -> None:
-        batches.append(list(events))
-        original(self, events)
-
-    monkeypatch.setattr(PooledSqliteEventLogStorage, "store_event_batch", captured)
-    crawl = spec(stages=["fuzzy"])
+    batches = captured(PooledSqliteEventLogStorage, monkeypatch)
     with fast_tmp(tmp_path / "w") as work:
-        run_crawl(work, work / "dagster", crawl, quiet=True, resource=CurationResource(workdir=str(work)))
+        run_crawl(work, work / "dagster", spec(stages=["fuzzy"]), quiet=True,
+                  resource=CurationResource(workdir=str(work)))
     monkeypatch.undo()
-    pairs = [b for b in batches if [e.dagster_event_type for e in b] == [
-        "ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION"]]
-    assert len(pairs) >= 2 and len(batches) > len(PROGRAMS)
-    twice = [*pairs[0], pairs[0][1]._replace(timestamp=pairs[0][1].timestamp + 1)]
-    runless = pairs[1][1]._replace(run_id="")
-    assert isinstance(runless.dagster_event.event_specific_data, AssetCheckEvaluation)
-    mat = pairs[0][0]
-    (planned,) = [e for b in batches for e in b if e.dagster_event_type == "ASSET_MATERIALIZATION_PLANNED"
-                  and e.dagster_event.asset_key == mat.dagster_event.asset_key
-                  and e.dagster_event.partition == mat.dagster_event.partition]
-    later = planned._replace(timestamp=mat.timestamp + 2)  # what each leaves in the asset's row differs
-    replayed = [*batches, pairs[0] + pairs[1], twice, [pairs[1][0], runless], [mat, later], [later, mat]]
+
     class Dagsters(PooledSqliteEventLogStorage):
         """Each event stored by Dagster's own code, asset rows included."""
 
@@ -183,8 +207,21 @@ def test_a_batch_writes_the_rows_dagster_writes_event_by_event(tmp_path: Path, m
 
     fast = PooledSqliteEventLogStorage(str(tmp_path / "fast"))
     each = Dagsters(str(tmp_path / "each"))
-    for events in replayed:
-        fast.store_event_batch(events)
+    inserts: list[str] = []
+
+    def executed(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().startswith("INSERT INTO event_logs"):
+            inserts.append(statement)
+
+    for events in replayed(batches):
+        sa.event.listen(fast.engine(), "before_cursor_execute", executed)
+        try:
+            fast.store_event_batch(events)
+        finally:
+            sa.event.remove(fast.engine(), "before_cursor_execute", executed)
+        planned = {e.dagster_event_type for e in events} == {"ASSET_MATERIALIZATION_PLANNED"}
+        assert len(inserts) == 1 or not planned, (len(events), len(inserts))  # a step's planned: one insert
+        inserts.clear()
         with each._connect() as conn:
             each._held.conn = conn
             try:

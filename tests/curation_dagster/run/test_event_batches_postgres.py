@@ -14,6 +14,7 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -128,3 +129,70 @@ def test_on_postgres_a_partitions_events_are_one_transaction_and_its_evaluations
     assert set(stored_with) == set(evaluations) == {i for i, _, kind, _, _ in rows if kind == "ASSET_CHECK_EVALUATION"}
     assert {i: m for i, (_, _, m) in evaluations.items()} == stored_with
 
+
+
+def _pg_tables(port: int, database: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the event log's tables that a batch writes, but the times the database set and
+    the asset rows' ids (an upsert takes a sequence number even where it updates: Dagster's, one
+    per event, takes more)."""
+    import psycopg2
+
+    conn = psycopg2.connect(host="127.0.0.1", port=port, user=PG_USER, password=PASSWORD, dbname=database)
+    out = {}
+    try:
+        with conn.cursor() as cur:
+            for table in ("event_logs", "asset_keys", "asset_event_tags", "asset_check_executions"):
+                cur.execute(f"SELECT * FROM {table}")
+                names = [d[0] for d in cur.description]
+                keep = [i for i, n in enumerate(names) if n not in ("create_timestamp", "updated_timestamp")
+                        and not (table == "asset_keys" and n == "id")]
+                out[table] = sorted((tuple(r[i] for i in keep) for r in cur.fetchall()), key=repr)
+    finally:
+        conn.close()
+    return out
+
+
+def test_on_postgres_a_batch_writes_the_rows_dagster_postgres_writes_event_by_event(
+    postgres_home: tuple[Path, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deployment's event log stores a batch in a few statements (``store_together``) with the
+    rows dagster-postgres's ``store_event`` writes event by event (``store_each``): a real crawl's
+    batches on two warm workers, replayed both ways into fresh databases with the batches no run
+    makes (``test_event_batches.replayed``)."""
+    import psycopg2
+
+    from curation_dagster.ops.pg_storage import _EventLogStorage
+    from tests.curation_dagster.run.test_event_batches import captured, replayed
+
+    home, port = postgres_home
+    batches = captured(_EventLogStorage, monkeypatch)
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    run_crawl(workdir, home, spec(stages=("fuzzy",)), quiet=True, resource=CurationResource(workdir=str(workdir)))
+    monkeypatch.undo()
+    admin = psycopg2.connect(host="127.0.0.1", port=port, user=PG_USER, password=PASSWORD, dbname=PG_USER)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute("CREATE DATABASE fast")
+        cur.execute("CREATE DATABASE each_event")
+    admin.close()
+    fast, each = (_EventLogStorage(f"postgresql+psycopg2://{PG_USER}:{PASSWORD}@127.0.0.1:{port}/{db}")
+                  for db in ("fast", "each_event"))
+    try:
+        for events in replayed(batches):
+            fast.store_event_batch(events)
+            with each._writing, each._held_or_new() as conn:
+                conn.exec_driver_sql("BEGIN")
+                each._held.conn = conn
+                try:
+                    each.store_each(events)
+                    conn.exec_driver_sql("COMMIT")
+                finally:
+                    each._held.conn = None
+    finally:
+        fast.dispose()
+        each.dispose()
+    got, want = _pg_tables(port, "fast"), _pg_tables(port, "each_event")
+    assert len(want["asset_check_executions"]) > 0 and len(want["asset_event_tags"]) > 0
+    for table in want:
+        assert got[table] == want[table], table
