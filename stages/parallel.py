@@ -69,7 +69,7 @@ def map_ordered(
 # Modules every forked worker would import itself, whatever it runs: pyarrow imports pandas at its
 # first conversion of Python objects (``pa.array``, ``pa.scalar``, ``pc.fill_null(x, False)``;
 # 0.2-0.3 s of CPU), and so does the process that forks them, a moment later. (The fork server of
-# ``curate run``'s pool imports it too: ``curation_dagster.run.pool.PRELOAD``.)
+# ``curate run``'s pool imports it too: ``curation_dagster.run.forkserver.PRELOAD``.)
 PRELOAD = ["pandas"]
 
 

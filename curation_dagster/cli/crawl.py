@@ -10,6 +10,7 @@ from curation_dagster.cli.common import (
     CliError,
     dataroot,
     print_stale_dependents,
+    read_config,
     spec_arguments,
     spec_from_args,
     where_arguments,
@@ -19,7 +20,22 @@ from curation_dagster.tools.report import print_report
 from stages.dataroot import DATA_ROOT_FILE
 
 
+def _pooled(args: argparse.Namespace) -> bool:
+    """Whether the crawl of ``run``'s arguments will run on the warm pool, as far as a look at them
+    tells: two sources or more named (``--source``, ``--config``), two cores, no Ray."""
+    import os
+
+    if args.executor == "ray" or args.ray_address or len(os.sched_getaffinity(0)) < 2:
+        return False
+    named = len(args.source or []) + len(read_config(args.config).get("sources") or {})
+    return named >= 2
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if _pooled(args):  # its imports beside this process's, not after them
+        from curation_dagster.run.forkserver import start
+
+        start()
     from curation_dagster.defs.resources import CurationResource
     from curation_dagster.ops.config import load_config
     from curation_dagster.run.in_process import RunFailed, run_crawl

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from curation_dagster.defs.resources import CurationResource
+from curation_dagster.run.forkserver import start as start_fork_server
 from curation_dagster.run.partition import finish, one_line, step_judge
 from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS
@@ -26,13 +27,6 @@ DIED = "its worker process died (out of memory?)"
 # A worker's resource, store and crawl, set by the pool's initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
 _STEPS = itertools.count()
-# What a worker has imported when the pool's fork server forks it: the executor and the programs;
-# and pandas, which pyarrow imports at a worker's first conversion of Python objects (0.2 s of CPU
-# in each worker otherwise; no thread starts with it). Not numba's implementations, imported at a
-# worker's first kernel loaded from the cache (0.2 s more): they import scipy.linalg, whose
-# OpenBLAS would start its threads in the fork server, with its settings, not the partition's.
-# The first partition may start ~0.1 s later (the fork server's imports; docs/profile.md).
-PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS), "pandas"]
 
 
 def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str]) -> None:
@@ -124,8 +118,8 @@ class PartitionPool:
         if self.workers >= 2 and self.execution.executor == "local" and resource.mode == "in_process":
             # Workers are forked from a fork server, a fresh process with the programs imported: not
             # from this one, whose kernels may have started OpenMP threads (fork is unsafe then).
+            start_fork_server()  # where ``curate run`` has not already
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(PRELOAD)
             # The data root and its options as resolved here, whatever the workers' environment.
             fields = {name: getattr(resource, name) for name in type(resource).model_fields}
             fields.update(data_root=resource.root(), storage_options=resource.options())

@@ -109,3 +109,22 @@ def test_python_m_curation_dagster_cli_is_the_curate_command() -> None:
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "bands=20 rows=13 hashes=260  threshold (1/b)^(1/r) = 0.7942"
+
+
+def test_curate_run_starts_the_pools_fork_server_first_only_for_a_pooled_crawl(tmp_path: Path) -> None:
+    """``curate run`` starts the warm pool's fork server before its own imports (they run side by
+    side) where its arguments name two sources or more and nothing else rules the pool out."""
+    config = tmp_path / "crawl.json"
+    config.write_text(json.dumps({"sources": {"a": {"url": "x"}, "b": {"url": "y"}}}))
+
+    def args(*extra: str) -> argparse.Namespace:
+        return cli.parser().parse_args(["run", "--workdir", str(tmp_path), "--crawl", "c", *extra])
+
+    cores = len(os.sched_getaffinity(0)) >= 2
+    assert crawl._pooled(args("--source", "a=x", "--source", "b=y")) is cores
+    assert crawl._pooled(args("--config", str(config))) is cores
+    assert crawl._pooled(args("--config", str(config), "--source", "c=z")) is cores
+    assert not crawl._pooled(args("--source", "a=x"))  # one source runs in the process
+    assert not crawl._pooled(args())  # the registered crawl's: the pool starts it when it is made
+    assert not crawl._pooled(args("--config", str(config), "--executor", "ray"))
+    assert not crawl._pooled(args("--config", str(config), "--ray-address", "auto"))
