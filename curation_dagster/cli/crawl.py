@@ -27,8 +27,11 @@ def _pooled(args: argparse.Namespace) -> bool:
 
     if args.executor == "ray" or args.ray_address or len(os.sched_getaffinity(0)) < 2:
         return False
-    named = len(args.source or []) + len(read_config(args.config).get("sources") or {})
-    return named >= 2
+    try:
+        sources = read_config(args.config).get("sources") or {}
+    except Exception:  # a bad file: told in its turn, after the workdir and its curate.yaml, as before
+        return False
+    return len(args.source or []) + len(sources) >= 2
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -128,3 +128,6 @@ def test_curate_run_starts_the_pools_fork_server_first_only_for_a_pooled_crawl(t
     assert not crawl._pooled(args())  # the registered crawl's: the pool starts it when it is made
     assert not crawl._pooled(args("--config", str(config), "--executor", "ray"))
     assert not crawl._pooled(args("--config", str(config), "--ray-address", "auto"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert not crawl._pooled(args("--config", str(bad)))  # its error is told in its turn, not here
