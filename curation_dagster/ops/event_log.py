@@ -225,7 +225,7 @@ class EventBatches:
                 key = (row[0], row[1], row[2], row[3])
                 existing[key] = existing.get(key, 0) + 1
         inserts: list[dict[str, Any]] = []
-        updates: list[dict[str, Any]] = []
+        updates: list[tuple[tuple[str, str, str, str | None], dict[str, Any]]] = []
         for event, event_id, serialized in checks:
             evaluation = event.dagster_event.event_specific_data
             key = at(event)
@@ -243,20 +243,17 @@ class EventBatches:
                 "partition": evaluation.partition,
             }
             if key in existing:
-                updates.append({**values, "k_asset_key": key[0], "k_check_name": key[1], "k_run_id": key[2],
-                                "k_partition": key[3]})
+                updates.append((key, values))
             else:
                 inserts.append({**values, "asset_key": key[0], "check_name": key[1], "run_id": key[2]})
                 existing[key] = 1  # a later evaluation of it in this batch updates this row
         if inserts:
             conn.execute(Checks.insert(), inserts)
-        for update in updates:  # one by one: the partition's null needs its own comparison
-            partition = Checks.c.partition.is_(None) if update["k_partition"] is None else \
-                Checks.c.partition == update["k_partition"]
+        for (asset_key, check_name, run_id, partition), values in updates:  # a null partition: its own comparison
             conn.execute(Checks.update().where(
-                Checks.c.asset_key == update["k_asset_key"], Checks.c.check_name == update["k_check_name"],
-                Checks.c.run_id == update["k_run_id"], partition,
-            ).values(**{k: v for k, v in update.items() if not k.startswith("k_")}))
+                Checks.c.asset_key == asset_key, Checks.c.check_name == check_name, Checks.c.run_id == run_id,
+                Checks.c.partition.is_(None) if partition is None else Checks.c.partition == partition,
+            ).values(**values))
 
     def store_each(self, events: Sequence[Any]) -> None:
         """The events one by one, each as Dagster's ``store_event`` stores it (in the current

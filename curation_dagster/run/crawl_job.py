@@ -441,12 +441,11 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
                     yield from recorder.evaluations(done, key, target)
                     for check, verdict in done.blocking_failures():
                         blocked.setdefault(done.source, f"{name}: check {check} failed: {verdict.description}")
-            for done in finished:  # told after the batch, so the log keeps the order they finished in
+            for done in finished:  # failures told after the batch: the log keeps the order they finished in
                 if done.outcome is None:
                     name = partition_name(program, spec.crawl, done.source)
                     context.log.error(f"{name} failed: {done.error}\n{done.trace}".rstrip())
-            if listener is not None:
-                for done in finished:
+                if listener is not None:
                     listener.finished(done)
     finally:
         if owned is not None:

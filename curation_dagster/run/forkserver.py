@@ -13,13 +13,14 @@ import multiprocessing
 import multiprocessing.forkserver
 
 from stages.catalog import PROGRAMS
+from stages.parallel import PRELOAD as FORKED_PRELOAD
 
-# What a worker has imported when the pool's fork server forks it: the executor and the programs;
-# and pandas, which pyarrow imports at a worker's first conversion of Python objects (0.2 s of CPU
-# in each worker otherwise; no thread starts with it). Not numba's implementations, imported at a
-# worker's first kernel loaded from the cache (0.2 s more): they import scipy.linalg, whose
-# OpenBLAS would start its threads in the fork server, with its settings, not the partition's.
-PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS), "pandas"]
+# What a worker has imported when the pool's fork server forks it: the executor and the programs,
+# and what any forked worker would import itself (``stages.parallel.PRELOAD``: pandas, 0.2 s of
+# CPU in each worker otherwise). Not numba's implementations, imported at a worker's first kernel
+# loaded from the cache (0.2 s more): they import scipy.linalg, whose OpenBLAS would start its
+# threads in the fork server, with its settings, not the partition's.
+PRELOAD = ["curation_dagster.run.pool", *(f"stages.programs.{name}" for name in PROGRAMS), *FORKED_PRELOAD]
 
 
 def start() -> None:
