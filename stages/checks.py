@@ -108,8 +108,8 @@ class NotMaterialized(Exception):
 
 
 # The manifests read within ``manifests_read_once``: (store, spec, program, source) -> manifest, and
-# the store and spec objects whose ids the keys hold (kept alive, so no id is reused meanwhile).
-_HELD: ContextVar[tuple[dict[tuple[int, int, str, str | None], Manifest], list[object]] | None] = \
+# the store and spec objects whose ids the keys hold, by id (kept alive, so no id is reused meanwhile).
+_HELD: ContextVar[tuple[dict[tuple[int, int, str, str | None], Manifest], dict[int, object]] | None] = \
     ContextVar("manifests_held", default=None)
 
 
@@ -120,7 +120,7 @@ def manifests_read_once() -> Iterator[None]:
     ``empty_result`` each read every source's ingestion and earlier removals: 600 manifests at
     200 sources, and the partition keys for each); a committed manifest does not change under
     them, but may between two evaluations, so nothing is held beyond the block."""
-    token = _HELD.set(({}, []))
+    token = _HELD.set(({}, {}))
     try:
         with keys_held():  # and the partition keys each manifest's folder is named by
             yield
@@ -136,7 +136,7 @@ def _manifest(store: Store, spec: CrawlSpec, program: str, source: str | None) -
         m = DataRoot(store).manifest(spec, program, source)
         if held is not None and m is not None:
             held[0][key] = m
-            held[1].extend((store, spec))
+            held[1].update({id(store): store, id(spec): spec})
     if m is None:
         raise NotMaterialized(f"{partition_name(program, spec.crawl, source)} has no committed output for its current "
                               "parameters")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -38,9 +38,7 @@ def removed_ids(inputs: Inputs, program: str, source: str) -> pa.Array:
     empty list (most are: a disabled stage writes one) is known from its manifest, no part read."""
     crawl_wide = PROGRAMS[program].level != "source"
     pdir = inputs.dir(program, None if crawl_wide else source)
-    manifest = inputs.store.read_manifest(pdir)
-    if manifest is None:
-        raise FileNotFoundError(f"no committed output at {pdir} (its upstream has not run)")
+    manifest = inputs.manifest(program, None if crawl_wide else source)
     names = manifest.tables.get("removed", [])
     if not names or manifest.rows.get("removed") == 0:
         return pa.array([], pa.string())
@@ -113,6 +111,12 @@ def removal_lists(inputs: Inputs, source: str) -> dict[str, pa.Array]:
     return {name: removed_ids(inputs, name, source) for name in applied_programs(inputs)}
 
 
+def dropped_ids(lists: Iterable[pa.Array]) -> pa.Array:
+    """The doc_ids of all ``lists`` (string arrays) in one string array, in their order."""
+    drop = list(lists)
+    return pa.chunked_array(drop, type=pa.string()).combine_chunks() if drop else pa.array([], pa.string())
+
+
 def survivors(
     inputs: Inputs, source: str, columns: list[str] | None, batch_rows: int = 20_000,
     progress: Progress | None = None, removed: dict[str, pa.Array] | None = None,
@@ -121,8 +125,7 @@ def survivors(
     (``removed``: the lists, where the caller has read them: ``removal_lists``).
     With ``progress``, the survivors are expected and each batch advances it (documents, and
     UTF-8 bytes of ``text`` where it is read): a program's main pass over its documents."""
-    drop = list((removal_lists(inputs, source) if removed is None else removed).values())
-    dropped = pa.chunked_array(drop, type=pa.string()).combine_chunks() if drop else pa.array([], pa.string())
+    dropped = dropped_ids((removal_lists(inputs, source) if removed is None else removed).values())
     raw = inputs.dir("raw_documents", source)
     if progress is not None:
         # Each removed document is in one list only, and in this source's raw rows: a subtraction.

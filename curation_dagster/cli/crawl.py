@@ -23,9 +23,9 @@ from stages.dataroot import DATA_ROOT_FILE
 def _pooled(args: argparse.Namespace) -> bool:
     """Whether the crawl of ``run``'s arguments will run on the warm pool, as far as a look at them
     tells: two sources or more named (``--source``, ``--config``), two cores, no Ray."""
-    import os
+    from stages.parallel import usable_cores
 
-    if args.executor == "ray" or args.ray_address or len(os.sched_getaffinity(0)) < 2:
+    if args.executor == "ray" or args.ray_address or usable_cores() < 2:
         return False
     try:
         sources = read_config(args.config).get("sources") or {}

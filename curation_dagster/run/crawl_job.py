@@ -19,7 +19,7 @@ The launchers differ only in where a partition's ``stages.execute.execute`` runs
 - warm ``python -m stages serve`` workers speaking Dagster Pipes (``mode="pipes"``: ``curate
   deploy``), the stage pod's entry point, each serving partitions one after another for the whole
   run, or a Kubernetes pod through ``PipesK8sClient`` per partition or pack (``mode="k8s"``): at
-  most ``CurationResource.fan_out`` partitions of a step at once.
+  most ``CurationResource.fan_out_now()`` partitions of a step at once.
 
 A partition's checks are evaluated where it is described (``curation_dagster.run.partition``: the
 pool worker, else the run worker).
@@ -101,7 +101,7 @@ class Launcher(Protocol):
 
 
 class Fanout:
-    """Partitions outside this process, at most ``CurationResource.fan_out`` at once, each
+    """Partitions outside this process, at most ``CurationResource.fan_out_now()`` at once, each
     described here as it ends: on warm ``python -m stages serve`` workers (``mode="pipes"``:
     ``workers``, kept for the run, each serving partitions one after another in a Pipes session
     per step), or as pods through ``PipesK8sClient`` (``mode="k8s"``), small ones packed several to
@@ -123,7 +123,7 @@ class Fanout:
     def packs(self, program: str, sources: list[str | None]) -> list[list[str | None]]:
         """``sources`` in packs, in order: as many as fit ``pack_documents`` (a source's documents:
         its ingested ``raw_documents``, 0 before it is ingested), never more than an even share of
-        ``fan_out`` processes, so packing never leaves a process idle."""
+        ``fan_out_now()`` processes, so packing never leaves a process idle."""
         limit = self.resource.pack_documents
         if limit <= 0 or len(sources) < 2 or PROGRAMS[program].level != "source":
             return [[s] for s in sources]
@@ -181,7 +181,7 @@ class Fanout:
             if manifest is None or manifest.data_version != reported.get("data_version"):
                 return Done(program, source, error="its process ended without committing its output")
             outcome = Outcome(manifest, bool(reported["skipped"]), float(reported["seconds"]))
-            done = describe(self.resource, self.spec, program, source, outcome, t0, self.checks, self.judge)
+            done = describe(self.resource, self.spec, program, source, outcome, t0, self.checks, self.judge, self.store)
         except Exception as exc:
             return Done(program, source, error=one_line(exc), trace=traceback.format_exc())
         if packed > 1:  # the pack's process time outside its programs, shared by its partitions

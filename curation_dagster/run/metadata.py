@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run.recorder import TIMINGS
 from curation_dagster.tools.examples import COLUMNS, EXAMPLE_COLUMNS, pick, removal_examples
 from curation_dagster.tools.lineage import (
@@ -31,15 +30,11 @@ from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
 
 
-def _lineage(store: Store, program: str, spec: CrawlSpec, source: str | None,
-             manifest: Manifest | None = None) -> dict[str, Any]:
+def _lineage(store: Store, program: str, spec: CrawlSpec, manifest: Manifest) -> dict[str, Any]:
     """Extra metadata that explains a shrinking source: the kept fraction of a curated partition,
     the source x stage waterfall (table and chart) of the crawl's ledger (``manifest``: the
-    partition's committed one, else read)."""
+    partition's committed one)."""
     if program not in ("curated_documents", "removal_ledger"):
-        return {}
-    manifest = manifest or DataRoot(store).manifest(spec, program, source)
-    if manifest is None:
         return {}
     if program == "curated_documents":
         cur = read_as(manifest, CuratedDocumentsReport)
@@ -65,17 +60,16 @@ def _column_type(t: Any) -> str:
     return str(t)
 
 
-def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | None,
-                   manifest: Manifest | None = None) -> dict[str, Any]:
+def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | None, manifest: Manifest
+                   ) -> dict[str, Any]:
     """``dagster/row_count`` and ``dagster/column_schema`` of the partition's main table (its
-    documents, its ledger, or its removal list), from its manifest (``manifest``: the committed
-    one, else read) and one part file's Parquet footer; none where the partition holds no table."""
+    documents, its ledger, or its removal list), from its committed manifest and one part file's
+    Parquet footer; none where the partition holds no table."""
     import pyarrow.parquet as pq
     from dagster import TableColumn, TableSchema
 
     pdir = DataRoot(store).output_dir(spec, program, source)
-    manifest = manifest or store.read_manifest(pdir)
-    if manifest is None or not manifest.tables:
+    if not manifest.tables:
         return {}
     table = next((t for t in MAIN_TABLES if t in manifest.tables), sorted(manifest.tables)[0])
     meta: dict[str, Any] = {"dagster/row_count": int(manifest.rows.get(table, 0))}
@@ -111,19 +105,16 @@ def per_source_counts(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def asset_metadata(
-    curation: CurationResource, program: str, spec: CrawlSpec, source: str | None, meta: dict[str, Any],
-    store: Store | None = None, manifest: Manifest | None = None,
+    store: Store, program: str, spec: CrawlSpec, source: str | None, meta: dict[str, Any], manifest: Manifest,
 ) -> dict[str, Any]:
     """A partition's materialization metadata: ``meta`` (``stages.execute.metadata`` and the
     profile's ``overhead_s``) after the lineage that explains a shrinking source, the waterfall
     first: it is what the materialization's page shows at the top. A source x crawl partition's
     counts are one table (``per_source_counts``). An asset step and a crawl step record the same
     (``curation_dagster.run.crawl_job``). ``spec``: the crawl's, as the partition ran it (not read
-    again from the data root for each partition); ``store``: the resource's, where the caller has
-    it (opening one costs a third of a millisecond, paid by every partition otherwise);
-    ``manifest``: the partition's committed one, where the caller has it (else read, twice)."""
-    store = store or curation.store()
-    out = {**_lineage(store, program, spec, source, manifest), **table_metadata(store, program, spec, source, manifest),
+    again from the data root for each partition); ``store``: the resource's (the caller's: opening
+    one costs a third of a millisecond); ``manifest``: the partition's committed one."""
+    out = {**_lineage(store, program, spec, manifest), **table_metadata(store, program, spec, source, manifest),
            **meta}
     return per_source_counts(out) if source is not None else out
 

@@ -27,10 +27,10 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
     materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
     evaluator of the crawl that a step's partitions share; ``store``: the resource's, if at hand)."""
     verdicts = []
-    # The metadata and the checks look up the same committed state (a crawl-wide partition's, every
-    # source's manifests and keys): once, within one block.
+    # The checks look up committed state (a crawl-wide partition's, every source's manifests): each
+    # manifest once, within one block; the metadata takes the partition's from its outcome.
     with manifests_read_once():
-        meta = asset_metadata(resource, program, spec, source, metadata(outcome), store, outcome.manifest)
+        meta = asset_metadata(store or resource.store(), program, spec, source, metadata(outcome), outcome.manifest)
         if checks:
             judge = judge or evaluator(resource, spec.crawl)
             verdicts = [(kind.name, kind.blocking, judge(kind, program, source))

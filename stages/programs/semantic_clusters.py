@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from stages.backend import resolve
 from stages.params import ExecutionParams, SemanticClustersParams
-from stages.removal import removal_lists
+from stages.removal import dropped_ids, removal_lists
 from stages.reports import SemanticClustersReport
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
@@ -42,8 +42,7 @@ def clusters_schema(embedding: pa.DataType) -> pa.Schema:
 
 def removed_before(inputs: Inputs, source: str) -> pa.Array:
     """doc_ids of ``source`` removed by the removers among the task's inputs (string array)."""
-    drop = list(removal_lists(inputs, source).values())
-    return pa.chunked_array(drop, type=pa.string()).combine_chunks() if drop else pa.array([], pa.string())
+    return dropped_ids(removal_lists(inputs, source).values())
 
 
 def surviving_embeddings(inputs: Inputs) -> tuple[pa.Table, int]:
