@@ -174,8 +174,13 @@ class EventBatches:
             for n, (event, event_id) in enumerate(assets):
                 first.setdefault(event.dagster_event.asset_key, n)
                 last[(event.dagster_event.asset_key, event.dagster_event.event_type_value)] = (n, event, event_id)
-            for _, event, event_id in sorted(last.values(), key=lambda x: (first[x[1].dagster_event.asset_key], x[0])):
-                self._store_asset_event(conn, event, event_id)
+            self._batches.serialized = {event_id: row for _, event_id, row in stored}
+            try:
+                for _, event, event_id in sorted(last.values(),
+                                                 key=lambda x: (first[x[1].dagster_event.asset_key], x[0])):
+                    self._store_asset_event(conn, event, event_id)
+            finally:
+                self._batches.serialized = None
         checks = [(e, i, row) for e, i, row in stored if e.dagster_event.event_type_value == _EVALUATION]
         if checks:
             self._store_check_rows(conn, checks)
@@ -204,6 +209,26 @@ class EventBatches:
                     event_id, event.run_id, event.timestamp)
         return [(event, event_id, row["event"]) for event, event_id, row in zip(events, ids, rows, strict=True)]
 
+    def _get_asset_entry_values(self, event: Any, event_id: int, has_asset_key_index_cols: bool) -> dict[str, Any]:
+        """Dagster's values of an asset's row for ``event``; a materialization's record (its event
+        and its id, ``EventLogRecord``) made from the event as its row holds it, when the batch
+        stored it, not serialized again (a tenth of storing a partition). Dagster serializes with
+        sorted keys, so the record's text is its event's text in place."""
+        serialized = getattr(self._batches, "serialized", None) or {}
+        dagster_event = event.dagster_event
+        if event_id not in serialized or not dagster_event.is_step_materialization:
+            return super()._get_asset_entry_values(event, event_id, has_asset_key_index_cols)  # type: ignore[misc, no-any-return]
+        from dagster._time import datetime_from_timestamp
+
+        values: dict[str, Any] = {
+            "last_materialization": (f'{{"__class__": "EventLogRecord", "event_log_entry": {serialized[event_id]}, '
+                                     f'"storage_id": {int(event_id)}}}'),
+            "last_run_id": event.run_id,
+        }
+        if has_asset_key_index_cols:
+            values["last_materialization_timestamp"] = datetime_from_timestamp(event.timestamp)
+        return values
+
     def _store_check_rows(self, conn: Any, checks: list[tuple[Any, int, str]]) -> None:
         """The check executions' rows of run evaluations (event, id, serialized), as Dagster's
         ``_update_asset_check_evaluation`` writes each: the run's row of that check and partition
@@ -218,9 +243,17 @@ class EventBatches:
         keys = {at(event) for event, _, _ in checks}
         existing: dict[tuple[str, str, str, str | None], int] = {}
         for run_id in {key[2] for key in keys}:
+            ours = [key for key in keys if key[2] == run_id]
+            # The batch's partitions only: a crawl run holds a row per check and partition, so
+            # without them each batch read back every row its step had written so far (a fifth of
+            # storing a batch at 200 sources, growing with the sources).
+            named = {key[3] for key in ours} - {None}
+            within: sa.ColumnElement[bool] = Checks.c.partition.in_(named)
+            if any(key[3] is None for key in ours):
+                within = sa.or_(Checks.c.partition.is_(None), within) if named else Checks.c.partition.is_(None)
             query = sa.select(Checks.c.asset_key, Checks.c.check_name, Checks.c.run_id, Checks.c.partition).where(
-                Checks.c.run_id == run_id, Checks.c.asset_key.in_({key[0] for key in keys if key[2] == run_id}),
-                Checks.c.check_name.in_({key[1] for key in keys if key[2] == run_id}))
+                Checks.c.run_id == run_id, Checks.c.asset_key.in_({key[0] for key in ours}),
+                Checks.c.check_name.in_({key[1] for key in ours}), within)
             for row in conn.execute(query):
                 key = (row[0], row[1], row[2], row[3])
                 existing[key] = existing.get(key, 0) + 1
