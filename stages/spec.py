@@ -76,6 +76,13 @@ class CrawlSpec(BaseModel):
         if bad:
             raise ValueError(f"params for unknown program(s) {sorted(bad)}; known: {', '.join(PROGRAMS)}")
 
+    def switched_off(self, program: str) -> bool:
+        """Whether ``program`` belongs to a stage this crawl leaves out (``--stages``): its
+        partitions write empty outputs, whatever its resources ask for."""
+        prog = PROGRAMS[program]
+        stage = prog.stage or prog.part_of
+        return stage is not None and stage not in self.stages
+
     def program_params(self, program: str, source: str | None = None) -> P.ProgramParams:
         prog = PROGRAMS[program]
         if program == "raw_documents":
@@ -83,7 +90,7 @@ class CrawlSpec(BaseModel):
             return self.sources[source]
         values = dict(self.params.get(program, {}))
         if prog.stage is not None or prog.part_of is not None:
-            values["enabled"] = (prog.stage or prog.part_of) in self.stages
+            values["enabled"] = not self.switched_off(program)
         return prog.params(**values)
 
     def partitions(self, program: str) -> list[str | None]:

@@ -243,6 +243,45 @@ def test_only_a_warm_pool_starts_a_worker_before_it_is_used(tmp_path: Path) -> N
         assert warm._pool is not None and warm._pool._processes
 
 
+def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition alone (a crawl-wide program's) runs on the pool, whose workers have the programs
+    imported and their kernels loaded: on every core's threads but with no processes of its own (a
+    worker that ran an OpenMP kernel, the signatures', cannot fork: its children die at their
+    first), its progress lines passed on as they come. A switched-off stage's partitions go to
+    the pool whatever its program asks for (a GPU, memory): they write empty outputs."""
+    import curation_dagster.run.pool as pool_module
+    from curation_dagster.run.pool import PartitionPool
+
+    crawl = spec(stages=["fuzzy"])
+    steps = [p for wave in waves() for p in wave]
+    with fast_tmp(tmp_path / "w") as work:
+        (work / "curate.yaml").write_text("execution: {progress_interval_s: 0.000001}\n")
+        resource = CurationResource(workdir=str(work), workers=2)
+        resource.dataroot().register(crawl)
+        with PartitionPool(resource, crawl) as pool:
+            assert pool.side_by_side("lsh_buckets", 1) == 1
+            assert pool.side_by_side("document_embeddings", len(crawl.sources)) == 2  # switched off
+            on = PartitionPool(resource, spec(stages=["fuzzy", "semantic"]))
+            assert on.side_by_side("document_embeddings", len(crawl.sources)) == 0  # backend auto: a GPU's
+            on.close()
+
+            def here(*args: object, **kwargs: object) -> None:
+                raise AssertionError("ran in the pool's process")
+
+            monkeypatch.setattr(pool_module, "finish", here)  # not in the workers, forked before
+            told: dict[str, list[str]] = {}
+            for program in steps[:steps.index("lsh_buckets") + 1]:
+                told[program] = []
+                done = [d for finished in pool.run(program, crawl.partitions(program), emit=told[program].append)
+                        for d in finished]
+                assert sorted(d.source or "" for d in done) == sorted(s or "" for s in crawl.partitions(program))
+                assert all(d.error is None for d in done), [d.trace for d in done]
+    # the partitions side by side tell nothing (as before); the one alone its lines, then its end
+    assert told["minhash_signatures"] == [] and told["lsh_buckets"], told
+    assert told["lsh_buckets"][-1].startswith(f"lsh_buckets[{CRAWL}]: done, "), told["lsh_buckets"]
+
+
 def test_a_steps_plan_derives_the_crawls_keys_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Planning a step resolves each of its partitions; the crawl's keys they are named by are
     derived once for the whole step (checking that cached keys still hold validates every
