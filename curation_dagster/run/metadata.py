@@ -68,15 +68,17 @@ def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | No
     import pyarrow.parquet as pq
     from dagster import TableColumn, TableSchema
 
-    pdir = DataRoot(store).output_dir(spec, program, source)
     if not manifest.tables:
         return {}
     table = next((t for t in MAIN_TABLES if t in manifest.tables), sorted(manifest.tables)[0])
     meta: dict[str, Any] = {"dagster/row_count": int(manifest.rows.get(table, 0))}
     parts = manifest.tables[table]
+    schema = manifest.schema(table)  # a table with no rows has no part
     if parts:
+        pdir = DataRoot(store).output_dir(spec, program, source)
         with store.fs.open(f"{pdir}/{parts[0]}", "rb") as fh:
             schema = pq.read_schema(fh)
+    if schema is not None:
         meta["dagster/column_schema"] = TableSchema(columns=[
             TableColumn(f.name, _column_type(f.type), f"{table}.{f.name}") for f in schema])
     return meta

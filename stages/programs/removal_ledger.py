@@ -121,7 +121,8 @@ def _removed(inputs: Inputs, program: str, sources: list[str], columns: list[str
                 continue  # an empty list (a switched-off stage's, at every source): not read
             pdir = inputs.dir(program, s)
             names = manifest.tables.get("removed", [])
-            tables.append(inputs.store.read_parts(pdir, names, sorted({*columns, "source"})).select(columns))
+            tables.append(inputs.store.read_parts(pdir, names, sorted({*columns, "source"}), manifest.schema("removed"))
+                          .select(columns))
         return pa.concat_tables(tables)
     t = inputs.read(program, "removed", columns=columns)
     rank = pc.index_in(t["source"], value_set=pa.array(sources, pa.string()))

@@ -64,3 +64,49 @@ def test_a_commit_fsyncs_only_the_parts_its_manifest_names(tmp_path: Path, monke
     parts = w.tables["first"]
     assert synced[:len(parts) + 1] == [*parts, pdir.rsplit("/", 1)[-1]]
     assert synced[len(parts) + 1].startswith(f".{MANIFEST}.") and len(synced) == len(parts) + 3 == w.fsyncs
+
+
+def test_a_table_with_no_rows_has_no_part_and_reads_with_its_schema(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table that gets no rows writes no Parquet file and costs no fsync: the manifest holds its
+    schema, and reading it gives an empty table of that schema, whole or by columns. Rows written
+    after an empty write are parts as before; a schema that is not one is a damaged manifest."""
+    from stages.errors import DamagedFile
+
+    store = Store(str(tmp_path / "root"))
+    pdir = store.partition_dir("p", "k", "c", "s")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    w = store.writer(pdir)
+    w.write("removed", _docs(0))
+    w.write("removed", _docs(0))
+    assert w.read("removed", ["doc_id"]).equals(_docs(0).select(["doc_id"]))
+    w.commit(_manifest())
+    assert sorted(os.listdir(pdir)) == [MANIFEST] and w.fsyncs == 2 == len(synced)  # the temporary, the folder
+    manifest = store.read_manifest(pdir)
+    assert manifest is not None and manifest.tables == {"removed": []} and manifest.rows == {"removed": 0}
+    assert manifest.schema("removed") == _docs(0).schema
+    assert store.read_table(pdir, "removed").equals(_docs(0))
+    assert store.read_table(pdir, "removed", ["text"]).schema == _docs(0).select(["text"]).schema
+    assert list(store.iter_batches(pdir, "removed")) == []
+
+    w = store.writer(pdir)
+    w.write("documents", _docs(0))
+    w.write("documents", _docs(3))
+    w.write("removed", _docs(0))
+    w.commit(_manifest())
+    manifest = store.read_manifest(pdir)
+    assert manifest is not None and len(manifest.tables["documents"]) == 1 and manifest.tables["removed"] == []
+    assert set(manifest.schemas) == {"removed"} and store.read_table(pdir, "documents").equals(_docs(3))
+    monkeypatch.undo()
+
+    path = Path(pdir) / MANIFEST
+    path.write_text(path.read_text().replace(manifest.schemas["removed"], "bm90IGEgc2NoZW1h"))
+    with pytest.raises(DamagedFile, match="schema of table 'removed' is not an Arrow schema"):
+        store.read_manifest(pdir)

@@ -157,9 +157,10 @@ def test_removal_ledger_reads_no_empty_removal_list_but_the_first(tmp_path: Path
     read: list[str] = []
     real = Store.read_parts
 
-    def counted(self: Store, pdir: str, names: list[str], columns: list[str] | None = None) -> object:
+    def counted(self: Store, pdir: str, names: list[str], columns: list[str] | None = None,
+                schema: object = None) -> object:
         read.append(pdir.removeprefix(store.root + "/").split("/")[0])
-        return real(self, pdir, names, columns)
+        return real(self, pdir, names, columns, schema)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Store, "read_parts", counted)
     execute(store, spec, "removal_ledger", None, ExecutionParams(workers=1), force=True)
