@@ -121,6 +121,11 @@ def rensa_child(folder: Path, out: Path) -> None:
     out.write_text("\n".join(ids[i] for i in sorted(removed)))
 
 
+# -P: not the current folder first on sys.path. Run from the checkout, ``python -m`` imported the
+# checkout's curation_dagster ahead of ``PYTHONPATH``: ``--baseline`` ran this tree twice.
+CURATE = [sys.executable, "-P", "-m", "curation_dagster.cli"]
+
+
 def _timed(cmd: list[str], cwd: Path | None = None, tree: Path | None = None) -> tuple[float, str]:
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     t0 = time.perf_counter()
@@ -136,7 +141,7 @@ def removed_ids(wd: Path, tree: Path | None) -> list[str]:
     compare two trees' outputs on the same files."""
     import pyarrow.parquet as pq
 
-    _timed([sys.executable, "-m", "curation_dagster.cli", "ledger", "--workdir", str(wd), "--crawl", "bench",
+    _timed([*CURATE, "ledger", "--workdir", str(wd), "--crawl", "bench",
             "--out", str(wd / "ledger.parquet")], tree=tree)
     ledger = pq.read_table(wd / "ledger.parquet", columns=["doc_id", "stage"])
     return sorted(f"{r['doc_id']} {r['stage']}" for r in ledger.to_pylist())
@@ -149,9 +154,8 @@ def run_curate(work: Path, name: str, tree: Path | None) -> tuple[float, Path, f
     wd.mkdir()
     # The corpus is copies of copies by construction: lift the over-deletion guard for it.
     (wd / "curate.yaml").write_text("checks:\n  over_deletion:\n    max_removed_fraction: 1.0\n")
-    curate = [sys.executable, "-m", "curation_dagster.cli"]
     launched = time.time()
-    wall, _ = _timed([*curate, "run", "--workdir", str(wd), "--crawl", "bench", "--config", str(work / "curate.json"),
+    wall, _ = _timed([*CURATE, "run", "--workdir", str(wd), "--crawl", "bench", "--config", str(work / "curate.json"),
                       "--stages", "fuzzy", "--quiet"], tree=tree)
     return wall, wd, first_partition_start(wd) - launched
 
@@ -180,8 +184,7 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
         before = {"baseline_s": round(base_s, 2), "baseline_to_first_s": round(base_first, 2),
                   "baseline_removed": removed_ids(base_wd, baseline)}
     ours, wd, to_first = run_curate(work, "wd", None)
-    curate = [sys.executable, "-m", "curation_dagster.cli"]
-    _, out = _timed([*curate, "profile", "--workdir", str(wd), "--crawl", "bench", "--json"])
+    _, out = _timed([*CURATE, "profile", "--workdir", str(wd), "--crawl", "bench", "--json"])
     profile = json.loads(out)
     rows = {f"{program}[{part}]": p for program, parts in profile["programs"].items() for part, p in parts.items()}
     overhead = [p["overhead_s"] for p in rows.values() if p.get("overhead_s") is not None]

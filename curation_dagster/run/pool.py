@@ -52,7 +52,7 @@ def _work(program: str, source: str | None, execution: ExecutionParams, force: b
         return Done(program, source, error=_WORKER["error"])
     # A partition alone has every core for its kernels' threads, but no processes of its own
     # (``workers`` 1): its worker may have run an OpenMP kernel, and a process forked after that
-    # dies at its first one (GNU OpenMP is not fork-safe).
+    # dies at its first one (GNU OpenMP is not fork-safe; ``PartitionPool.side_by_side``).
     cores = threads or execution.resolved_workers()
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # libraries not loaded yet
         os.environ[name] = str(cores)
@@ -73,7 +73,7 @@ def _work(program: str, source: str | None, execution: ExecutionParams, force: b
 def _release() -> None:
     """Give the memory a finished partition freed back to the OS: Arrow's pool (mimalloc) and
     glibc's heap keep it otherwise, and an idle worker then holds its last partition's peak while
-    the crawl-wide steps run in the parent beside it. 1M documents, 4 sources, fuzzy: peak PSS
+    a crawl-wide step runs beside it (on the other worker, or in the parent). 1M documents, 4 sources, fuzzy: peak PSS
     of the process tree 1.48-1.52 → 1.23-1.31 GiB, wall time unchanged (docs/profile.md).
     ~0.02 ms where there is nothing to give back."""
     import ctypes
@@ -112,7 +112,10 @@ class PartitionPool:
     partitions runs at most as many at once as the memory available when the pool started holds
     of its program's requested memory (``Program.resources.memory_gib``: one at a time, in this
     process, where that is under two), and gives each ``cores // (partitions at once)`` cores:
-    its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads.
+    its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads. A
+    step of one partition (a crawl-wide program's) runs it on a worker with every core's threads
+    and no process pool of its own, where the pool has a worker per core (``side_by_side``).
+    Finished partitions are handed to the step in lists, gathered for up to ``_GATHER_S``.
     ``warm``: start the fork server and a first worker at once (``curate run``'s pool, for the
     whole run), not when the first partitions are handed over."""
 
@@ -158,13 +161,19 @@ class PartitionPool:
 
     def side_by_side(self, program: str, partitions: int) -> int:
         """How many partitions of ``program`` run at once on the pool (0: here, in turn). One
-        alone (a crawl-wide program's) runs on the pool too: its worker has the programs imported
-        and their kernels loaded, which this process would do first (0.3-0.5 s of the run's
-        critical path for each of ``exact_duplicates`` and ``lsh_buckets`` at 200 sources). A
-        switched-off stage's partitions write empty outputs: no GPU, little memory."""
+        alone (a crawl-wide program's) runs on the pool too, where the pool has a worker per core:
+        its worker has the programs imported and their kernels loaded, which this process would do
+        first (0.3-0.5 s of the run's critical path for each of ``exact_duplicates`` and
+        ``lsh_buckets`` at 200 sources). It runs its kernels on threads there, and a worker that
+        has run an OpenMP kernel must not fork (GNU OpenMP is not fork-safe: the children die at
+        their first kernel); with a worker per core no partition of a step forks processes of its
+        own, a narrower pool's do. A switched-off stage's partitions write empty outputs: no GPU,
+        little memory."""
         resources = PROGRAMS[program].resources
         off = self.spec.switched_off(program)
         if self._pool is None or not partitions or (resources.gpu > 0 and self.execution.backend != "cpu" and not off):
+            return 0
+        if partitions == 1 and self.workers < self.cores and not off:
             return 0
         fit = self.workers
         if self.memory is not None and not off:

@@ -265,6 +265,11 @@ def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
             on = PartitionPool(resource, spec(stages=["fuzzy", "semantic"]))
             assert on.side_by_side("document_embeddings", len(crawl.sources)) == 0  # backend auto: a GPU's
             on.close()
+            # a pool narrower than the cores: its partitions fork pools of their own, so no worker
+            # runs a crawl-wide program's OpenMP kernels before them (a switched-off one runs none)
+            with PartitionPool(resource.model_copy(update={"workers": 2 * len(crawl.sources)}), crawl) as narrow:
+                assert narrow.workers < narrow.cores and narrow.side_by_side("lsh_buckets", 1) == 0
+                assert narrow.side_by_side("exact_duplicates", 1) == 1
 
             def here(*args: object, **kwargs: object) -> None:
                 raise AssertionError("ran in the pool's process")
