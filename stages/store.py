@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import os
 import re
@@ -170,7 +171,14 @@ class Manifest:
     def schema(self, table: str) -> pa.Schema | None:
         """The schema of ``table`` where it has no part (no rows), else None."""
         text = self.schemas.get(table)
-        return None if text is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
+        return None if text is None else _decoded_schema(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _decoded_schema(text: str) -> pa.Schema:
+    """A manifest's schema text decoded (immutable; a crawl's manifests hold a few distinct
+    ones, and each manifest read checks its own: 0.4 ms a partition at 200 sources otherwise)."""
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
 
 
 def encode_schema(schema: pa.Schema) -> str:
