@@ -53,10 +53,17 @@ def map_ordered(
     if workers <= 1:
         yield from map(fn, items)
         return
+    import multiprocessing
     from concurrent.futures import Future, ProcessPoolExecutor
 
     preload()  # before the fork: each worker inherits them instead of importing them itself
-    with ProcessPoolExecutor(workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+    # Forked, whatever this process's default: in a process started by a fork server (a worker of
+    # ``curate run``'s pool) the default is the fork server's, whose children are not this
+    # process's, so ``die_with_parent`` ended each at once and the pool broke. A forked child must
+    # not run an OpenMP kernel where this process has run one (GNU OpenMP is not fork-safe): a
+    # program whose calls run a multi-threaded kernel takes ``kernel_cpus`` and runs them here.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         pending: deque[Future[R]] = deque()
         for item in items:
             pending.append(pool.submit(fn, item))

@@ -45,15 +45,12 @@ def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict
 
 
 def _work(program: str, source: str | None, execution: ExecutionParams, force: bool, step: int,
-          tell: bool = False, threads: int = 0) -> Done:
+          tell: bool = False) -> Done:
     """One partition on this worker; ``tell``: its progress lines to the pool's process, as they
     come (``PartitionPool.run``)."""
     if "error" in _WORKER:
         return Done(program, source, error=_WORKER["error"])
-    # A partition alone has every core for its kernels' threads, but no processes of its own
-    # (``workers`` 1): its worker may have run an OpenMP kernel, and a process forked after that
-    # dies at its first one (GNU OpenMP is not fork-safe; ``PartitionPool.side_by_side``).
-    cores = threads or execution.resolved_workers()
+    cores = execution.resolved_workers()
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # libraries not loaded yet
         os.environ[name] = str(cores)
     limit_threads(cores)
@@ -113,8 +110,8 @@ class PartitionPool:
     of its program's requested memory (``Program.resources.memory_gib``: one at a time, in this
     process, where that is under two), and gives each ``cores // (partitions at once)`` cores:
     its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads. A
-    step of one partition (a crawl-wide program's) runs it on a worker with every core's threads
-    and no process pool of its own, where the pool has a worker per core (``side_by_side``).
+    step of one partition (a crawl-wide program's) runs it on a worker with every core, where the
+    pool has a worker per core (``side_by_side``).
     Finished partitions are handed to the step in lists, gathered for up to ``_GATHER_S``.
     ``warm``: start the fork server and a first worker at once (``curate run``'s pool, for the
     whole run), not when the first partitions are handed over."""
@@ -161,14 +158,15 @@ class PartitionPool:
 
     def side_by_side(self, program: str, partitions: int) -> int:
         """How many partitions of ``program`` run at once on the pool (0: here, in turn). One
-        alone (a crawl-wide program's) runs on the pool too, where the pool has a worker per core:
-        its worker has the programs imported and their kernels loaded, which this process would do
-        first (0.3-0.5 s of the run's critical path for each of ``exact_duplicates`` and
-        ``lsh_buckets`` at 200 sources). It runs its kernels on threads there, and a worker that
-        has run an OpenMP kernel must not fork (GNU OpenMP is not fork-safe: the children die at
-        their first kernel); with a worker per core no partition of a step forks processes of its
-        own, a narrower pool's do. A switched-off stage's partitions write empty outputs: no GPU,
-        little memory."""
+        alone (a crawl-wide program's) runs on the pool too, with every core, where the pool has
+        a worker per core: its worker has the programs imported and their kernels loaded, which
+        this process would do first (0.3-0.5 s of the run's critical path for each of
+        ``exact_duplicates`` and ``lsh_buckets`` at 200 sources). There it starts OpenMP's
+        threads in that worker (numba's kernels), and a process the worker forks later must not
+        run an OpenMP kernel (GNU OpenMP is not fork-safe): in a pool with a worker per core, the
+        source partitions of the later steps get one core each and fork nothing; in a narrower
+        one they fork pools of their own, so it runs here. A switched-off stage's partitions
+        write empty outputs: no GPU, little memory."""
         resources = PROGRAMS[program].resources
         off = self.spec.switched_off(program)
         if self._pool is None or not partitions or (resources.gpu > 0 and self.execution.backend != "cpu" and not off):
@@ -195,9 +193,6 @@ class PartitionPool:
             return
         assert self._pool is not None
         execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
-        threads = execution.workers if at_once == 1 else 0
-        if at_once == 1:
-            execution = execution.model_copy(update={"workers": 1})
         # All at once when the pool's size is the bound (its queue keeps every worker busy while
         # this process records), else ``at_once`` in flight.
         in_flight = len(sources) if at_once >= self.workers else at_once
@@ -211,7 +206,7 @@ class PartitionPool:
             while queue and len(pending) < in_flight:
                 source = queue.pop(0)
                 try:
-                    future = self._pool.submit(_work, program, source, execution, self.force, step, tell, threads)
+                    future = self._pool.submit(_work, program, source, execution, self.force, step, tell)
                     pending[future] = source
                 except BrokenProcessPool as exc:  # a worker died in an earlier step
                     yield [Done(program, source, error=f"{DIED}: {one_line(exc)}")]

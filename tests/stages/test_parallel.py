@@ -1,11 +1,13 @@
 """What a worker process of ``stages.parallel.map_ordered`` starts with: the modules every worker
 would otherwise import itself (pyarrow imports pandas at its first conversion of Python objects,
-0.2-0.3 s of CPU a process), imported once in the process that forks the workers."""
+0.2-0.3 s of CPU a process), imported once in the process that forks the workers; and that it is
+forked from the process that calls it, wherever that process was started."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 # A fresh interpreter (pytest's own has imported pandas long ago): the workers report whether
 # pandas was loaded when their first item came, before anything in them could import it.
@@ -21,3 +23,32 @@ print(list(map_ordered(eval, ["'pandas' in __import__('sys').modules"] * 4, Exec
 def test_forked_workers_inherit_what_pyarrow_would_import_in_each() -> None:
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[True, True, True, True]"
+
+
+# A process started by a fork server, as ``curate run``'s pool starts its workers: its default
+# start method is the fork server's, whose children are not its own.
+SERVED = """
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from stages.parallel import map_ordered
+from stages.params import ExecutionParams
+
+
+def fanned(items):
+    return multiprocessing.get_start_method(), list(map_ordered(abs, items, ExecutionParams(workers=2)))
+
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        print(pool.submit(fanned, [-1, -2, -3, -4]).result())
+"""
+
+
+def test_a_process_a_fork_server_started_fans_out_on_forked_workers(tmp_path: Path) -> None:
+    """Its pool's workers were its fork server's children: each ended at once (``die_with_parent``
+    saw another parent) and the pool broke. Fanned out by a pool worker of ``curate run`` (a
+    crawl-wide program on the pool, a source partition of a narrow pool), the partition failed."""
+    script = tmp_path / "served.py"
+    script.write_text(SERVED)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "('forkserver', [1, 2, 3, 4])"

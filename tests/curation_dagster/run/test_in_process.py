@@ -246,10 +246,10 @@ def test_only_a_warm_pool_starts_a_worker_before_it_is_used(tmp_path: Path) -> N
 def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A partition alone (a crawl-wide program's) runs on the pool, whose workers have the programs
-    imported and their kernels loaded: on every core's threads but with no processes of its own (a
-    worker that ran an OpenMP kernel, the signatures', cannot fork: its children die at their
-    first), its progress lines passed on as they come. A switched-off stage's partitions go to
-    the pool whatever its program asks for (a GPU, memory): they write empty outputs."""
+    imported and their kernels loaded, with every core (``lsh_buckets`` forks its band pass's
+    pool from the worker), its progress lines passed on as they come. A switched-off stage's
+    partitions go to the pool whatever its program asks for (a GPU, memory): they write empty
+    outputs."""
     import curation_dagster.run.pool as pool_module
     from curation_dagster.run.pool import PartitionPool
 
