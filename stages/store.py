@@ -128,7 +128,9 @@ class Manifest:
     schemas: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True, indent=1)
+        # No ``schemas`` where no table is empty: earlier versions refuse a field they do not know
+        # (a damaged manifest), so only manifests that need it carry it.
+        return json.dumps({k: v for k, v in self.__dict__.items() if k != "schemas" or v}, sort_keys=True, indent=1)
 
     @classmethod
     def from_json(cls, blob: str, path: str = MANIFEST) -> Manifest:
@@ -342,8 +344,9 @@ class Store:
         parts (``PartitionWriter.read``, a task reading some of its attempt's parts); committed
         tables are read by name with ``read_table``. No names: ``schema``'s empty table (an empty
         table's, ``Manifest.schema``), else a table with no columns."""
-        if not names and schema is not None:
-            return schema.empty_table().select(columns) if columns is not None else schema.empty_table()
+        if not names and schema is not None:  # the columns it has, as a Parquet file's read gives them
+            empty = schema.empty_table()
+            return empty.select([c for c in columns if c in schema.names]) if columns is not None else empty
         tables = []
         with timed("read") as clock:
             for name in names:

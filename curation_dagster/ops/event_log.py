@@ -144,8 +144,9 @@ class EventBatches:
         planned materialization, in their order: Dagster's each overwrites what the earlier ones
         wrote; dagster-postgres's own batch writes the last event alone), and the checks' rows
         one select and an insert or update each. An evaluation with no target targets the batch's
-        materialization of its partition, whose id the insert returned. A batch with any other
-        event (or a runless one) is stored event by event, as Dagster's."""
+        materialization of its partition, whose id the insert returned (on SQLite, the id it was
+        numbered before: ``_insert_numbered``). A batch with any other event (or a runless one)
+        is stored event by event, as Dagster's."""
         if not events:
             return
         if not all(event.run_id and event.dagster_event is not None
@@ -153,7 +154,11 @@ class EventBatches:
             self.store_each(events)
             return
         targets: dict[tuple[Any, str | None], Any] = {}
-        stored = self._insert_numbered(conn, events, targets) if conn.dialect.name == "sqlite" else None
+        materialized = {(e.dagster_event.asset_key, e.dagster_event.partition) for e in events
+                        if e.dagster_event.event_type_value == _MATERIALIZATION}
+        judged = any((evaluation.asset_key, evaluation.partition) in materialized
+                     for evaluation in map(_untargeted, events) if evaluation is not None)
+        stored = self._insert_numbered(conn, events, targets) if judged and conn.dialect.name == "sqlite" else None
         if stored is None:
             stored = []  # event, its id, its serialized form
             segment: list[Any] = []

@@ -26,7 +26,7 @@ from stages.store import Store
 
 DIED = "its worker process died (out of memory?)"
 _LINES_S = 0.5  # how often a partition's progress lines are passed on while it runs
-_GATHER_S = 0.1  # the least time between two lists of finished partitions (``PartitionPool.run``)
+_GATHER_S = 0.1  # the longest a list of finished partitions waits for more (``PartitionPool.run``)
 # A worker's resource, store and crawl, set by the pool's initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
 _STEPS = itertools.count()
@@ -70,9 +70,9 @@ def _work(program: str, source: str | None, execution: ExecutionParams, force: b
 def _release() -> None:
     """Give the memory a finished partition freed back to the OS: Arrow's pool (mimalloc) and
     glibc's heap keep it otherwise, and an idle worker then holds its last partition's peak while
-    a crawl-wide step runs beside it (on the other worker, or in the parent). 1M documents, 4 sources, fuzzy: peak PSS
-    of the process tree 1.48-1.52 → 1.23-1.31 GiB, wall time unchanged (docs/profile.md).
-    ~0.02 ms where there is nothing to give back."""
+    a crawl-wide step runs beside it (on another worker, or in the parent). 1M documents, 4
+    sources, fuzzy: peak PSS of the process tree 1.48-1.52 → 1.23-1.31 GiB, wall time unchanged
+    (docs/profile.md). ~0.02 ms where there is nothing to give back."""
     import ctypes
 
     import pyarrow as pa
@@ -149,6 +149,7 @@ class PartitionPool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+            self._lines.close()
 
     def __enter__(self) -> PartitionPool:
         return self
@@ -199,6 +200,8 @@ class PartitionPool:
         step = next(_STEPS)  # the workers' evaluators are per step
         # A partition alone tells its progress, as it did when it ran in this process.
         tell = at_once == 1 and emit is not None
+        while tell and not self._lines.empty():  # an abandoned partition's last lines: not this one's
+            self._lines.get()
         queue = list(sources)
         pending: dict[Future[Done], str | None] = {}
         taken = time.monotonic()

@@ -133,12 +133,12 @@ def test_a_ledger_whose_parts_are_not_whole_is_never_shown(work: Path, damage: s
     assert "curate run" in line and not out and not (work / "l.parquet").exists()
 
 
-@pytest.mark.parametrize("damage", ["report", "schema"])
+@pytest.mark.parametrize("damage", ["report", "schema", "missing"])
 def test_a_damaged_decontamination_output_is_one_line_naming_it(work: Path, damage: str) -> None:
     """``decontam-report`` showed the committed report whatever its parts, and a report that was
     not a decontamination report ended in pydantic's error naming no file. The tiny corpus holds
-    no contamination: its removal list is empty, a schema in the manifest and no part (a deleted
-    part: ``test_a_damaged_partition_is_recomputed_by_curate_run``)."""
+    no contamination: its removal list is empty, a schema in the manifest and no part; a part the
+    manifest names that is not there (deleted) is named."""
     store, spec = Store(str(work / "data")), load_spec(work, CRAWL)
     pdir = Path(output_dir(store, spec, "contaminated_documents"))
     path = pdir / MANIFEST
@@ -146,8 +146,11 @@ def test_a_damaged_decontamination_output_is_one_line_naming_it(work: Path, dama
     assert manifest["tables"]["removed"] == [] and "removed" in manifest["schemas"]
     if damage == "report":
         path.write_text(json.dumps({**manifest, "report": {"enabled": "nonsense"}}))
-    else:
+    elif damage == "schema":
         path.write_text(json.dumps({**manifest, "schemas": {"removed": "bm90IGEgc2NoZW1h"}}))
+    else:
+        path.write_text(json.dumps({**manifest, "tables": {"removed": ["removed-gone-00000.parquet"]}}))
+        path = pdir / "removed-gone-00000.parquet"
     code, out, err = curate("decontam-report", "--workdir", str(work), "--crawl", CRAWL)
     one_line_error(code, err, str(path))
     assert not out

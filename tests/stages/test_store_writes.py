@@ -110,3 +110,22 @@ def test_a_table_with_no_rows_has_no_part_and_reads_with_its_schema(tmp_path: Pa
     path.write_text(path.read_text().replace(manifest.schemas["removed"], "bm90IGEgc2NoZW1h"))
     with pytest.raises(DamagedFile, match="schema of table 'removed' is not an Arrow schema"):
         store.read_manifest(pdir)
+
+
+def test_a_manifest_written_before_schemas_reads_its_empty_parts(tmp_path: Path) -> None:
+    """Before a table with no rows had no part, it had an empty one and the manifest no
+    ``schemas``: read with that part's schema. A manifest without an empty table writes no
+    ``schemas`` (earlier versions refuse a field they do not know)."""
+    store = Store(str(tmp_path / "root"))
+    pdir = store.partition_dir("p", "k", "c", "s")
+    os.makedirs(pdir)
+    pq.write_table(_docs(0), f"{pdir}/removed-old-00000.parquet")
+    old = _manifest()
+    old.tables, old.rows = {"removed": ["removed-old-00000.parquet"]}, {"removed": 0}
+    text = old.to_json()
+    assert '"schemas"' not in text
+    (Path(pdir) / MANIFEST).write_text(text)
+    manifest = store.read_manifest(pdir)
+    assert manifest is not None and manifest.schemas == {} and manifest.schema("removed") is None
+    assert store.read_table(pdir, "removed").equals(_docs(0))
+    assert store.read_table(pdir, "removed", ["doc_id", "gone"]).column_names == ["doc_id"]
