@@ -25,6 +25,19 @@ def _docs(n: int) -> pa.Table:
     })
 
 
+def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files and folders fsynced from now on, in order."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
 def test_intermediates_and_outputs_get_their_codecs_and_long_columns_no_dictionary(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "root"))
     pdir = store.partition_dir("p", "k", "c", "s")
@@ -46,14 +59,7 @@ def test_intermediates_and_outputs_get_their_codecs_and_long_columns_no_dictiona
 def test_a_commit_fsyncs_only_the_parts_its_manifest_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = Store(str(tmp_path / "root"))
     pdir = store.partition_dir("p", "k", "c", "s")
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = _fsyncs(monkeypatch)
     w = store.writer(pdir)
     w.write("first", _docs(3))  # rewritten below: never named by a manifest
     w.write("first", _docs(3))
@@ -75,14 +81,7 @@ def test_a_table_with_no_rows_has_no_part_and_reads_with_its_schema(tmp_path: Pa
 
     store = Store(str(tmp_path / "root"))
     pdir = store.partition_dir("p", "k", "c", "s")
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = _fsyncs(monkeypatch)
     w = store.writer(pdir)
     w.write("removed", _docs(0))
     w.write("removed", _docs(0))
