@@ -43,7 +43,7 @@ def removed_ids(inputs: Inputs, program: str, source: str) -> pa.Array:
     if not names or manifest.rows.get("removed") == 0:
         return pa.array([], pa.string())
     if not crawl_wide:
-        return inputs.store.read_parts(pdir, names, ["doc_id"])["doc_id"].combine_chunks()
+        return inputs.store.read_table(pdir, "removed", ["doc_id"], manifest)["doc_id"].combine_chunks()
     return crawl_removed_ids(inputs.store, pdir, manifest, source)
 
 
@@ -73,9 +73,7 @@ def crawl_removed_ids(store: Store, pdir: str, manifest: Manifest, source: str) 
             _BY_SOURCE.move_to_end(key)
     if held is not None:
         return held[1].get(source, pa.array([], pa.string()))
-    table = store.read_parts(pdir, names, ["doc_id", "source"])
-    if not table.num_columns:  # no part: nothing removed
-        return pa.array([], pa.string())
+    table = store.read_table(pdir, "removed", ["doc_id", "source"], manifest)
     size = table["doc_id"].nbytes
     if size > BY_SOURCE_BYTES:
         return table.filter(pc.equal(table["source"], source))["doc_id"].combine_chunks()

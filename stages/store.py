@@ -308,9 +308,11 @@ class Store:
         retry(put)
         self.fs.invalidate_cache(folder)
 
-    def read_table(self, pdir: str, table: str, columns: list[str] | None = None) -> pa.Table:
-        """All rows of one committed table (empty tables keep their schema)."""
-        manifest = self.read_manifest(pdir)
+    def read_table(self, pdir: str, table: str, columns: list[str] | None = None,
+                   manifest: Manifest | None = None) -> pa.Table:
+        """All rows of one committed table, an empty one with its schema (``manifest``: the
+        partition's committed one, where the caller has read it; else read here)."""
+        manifest = manifest if manifest is not None else self.read_manifest(pdir)
         if manifest is None:
             raise FileNotFoundError(f"no committed output at {pdir} (its upstream has not run)")
         return self.read_parts(pdir, manifest.tables.get(table, []), columns, manifest.schema(table))
@@ -518,8 +520,7 @@ class PartitionWriter:
     def write(self, table: str, data: pa.Table) -> None:
         """Append one part to ``table`` (call repeatedly to stream). Rows only: a table that gets
         none has no part, and the manifest holds its schema (``Manifest.schemas``)."""
-        self.tables.setdefault(table, [])
-        names = self.tables[table]
+        names = self.tables.setdefault(table, [])
         self.rows[table] = self.rows.get(table, 0) + data.num_rows
         self.schemas.setdefault(table, data.schema)
         if data.num_rows == 0:

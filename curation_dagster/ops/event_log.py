@@ -76,7 +76,7 @@ _MATERIALIZATION, _EVALUATION = "ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION
 
 # The events of a partition (its materialization, its check evaluations) and a step's planned
 # materializations: what ``curation_dagster.run.recorder.together`` batches.
-_BATCHED = frozenset({"ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION", "ASSET_MATERIALIZATION_PLANNED"})
+_BATCHED = frozenset({_MATERIALIZATION, _EVALUATION, "ASSET_MATERIALIZATION_PLANNED"})
 
 
 class EventBatches:
@@ -160,18 +160,7 @@ class EventBatches:
                      for evaluation in map(_untargeted, events) if evaluation is not None)
         stored = self._insert_numbered(conn, events, targets) if judged and conn.dialect.name == "sqlite" else None
         if stored is None:
-            stored = []  # event, its id, its serialized form
-            segment: list[Any] = []
-            for event in events:
-                evaluation = _untargeted(event)
-                if evaluation is not None and any(
-                        e.dagster_event.event_type_value == _MATERIALIZATION
-                        and (e.dagster_event.asset_key, e.dagster_event.partition)
-                        == (evaluation.asset_key, evaluation.partition) for e in segment):
-                    stored += self._insert_events(conn, segment, targets)  # its target's id first
-                    segment = []
-                segment.append(self.targeted(event, targets) if evaluation is not None else event)
-            stored += self._insert_events(conn, segment, targets)
+            stored = self._insert_in_turn(conn, events, targets)
         assets = [(event, event_id) for event, event_id, _ in stored if event.dagster_event.asset_key
                   and event.dagster_event.event_type_value != _EVALUATION]
         if assets:
@@ -208,7 +197,7 @@ class EventBatches:
         numbered: dict[tuple[Any, str | None], Any] = dict(targets)
         prepared: list[Any] = []
         for n, event in enumerate(events, start=start):
-            prepared.append(self.targeted(event, numbered) if _untargeted(event) is not None else event)
+            prepared.append(self.targeted(event, numbered))
             if event.dagster_event.event_type_value == _MATERIALIZATION:
                 numbered[(event.dagster_event.asset_key, event.dagster_event.partition)] = _target(
                     n, event.run_id, event.timestamp)
@@ -219,6 +208,24 @@ class EventBatches:
         conn.execute(Events.delete().where(Events.c.id.in_(ids)))
         targets.clear()
         return None
+
+    def _insert_in_turn(self, conn: Any, events: Sequence[Any], targets: dict[tuple[Any, str | None], Any]
+                        ) -> list[tuple[Any, int, str]]:
+        """The events' rows in as few inserts as their targets allow: an evaluation of a
+        partition whose materialization waits in the current insert starts the next one (its
+        target's id is known only once that insert has run)."""
+        stored: list[tuple[Any, int, str]] = []  # event, its id, its serialized form
+        segment: list[Any] = []
+        waiting: set[tuple[Any, str | None]] = set()  # the segment's materializations
+        for event in events:
+            evaluation = _untargeted(event)
+            if evaluation is not None and (evaluation.asset_key, evaluation.partition) in waiting:
+                stored += self._insert_events(conn, segment, targets)
+                segment, waiting = [], set()
+            segment.append(self.targeted(event, targets))
+            if event.dagster_event.event_type_value == _MATERIALIZATION:
+                waiting.add((event.dagster_event.asset_key, event.dagster_event.partition))
+        return stored + self._insert_events(conn, segment, targets)
 
     def _next_id(self, conn: Any) -> int:
         """The id SQLite gives the next event row, the write lock taken (``_insert_numbered``)."""

@@ -157,6 +157,13 @@ class PartitionPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _pass_lines(self, emit: Callable[[str], None] | None) -> None:
+        """The progress lines the workers have written so far, to ``emit`` (None: dropped)."""
+        while not self._lines.empty():
+            line = self._lines.get()
+            if emit is not None:
+                emit(line)
+
     def side_by_side(self, program: str, partitions: int) -> int:
         """How many partitions of ``program`` run at once on the pool (0: here, in turn). One
         alone (a crawl-wide program's) runs on the pool too, with every core, where the pool has
@@ -200,8 +207,8 @@ class PartitionPool:
         step = next(_STEPS)  # the workers' evaluators are per step
         # A partition alone tells its progress, as it did when it ran in this process.
         tell = at_once == 1 and emit is not None
-        while tell and not self._lines.empty():  # an abandoned partition's last lines: not this one's
-            self._lines.get()
+        if tell:
+            self._pass_lines(None)  # an abandoned partition's last lines: not this one's
         queue = list(sources)
         pending: dict[Future[Done], str | None] = {}
         taken = time.monotonic()
@@ -217,9 +224,7 @@ class PartitionPool:
                 continue
             finished, _ = wait(pending, timeout=_LINES_S if tell else None, return_when=FIRST_COMPLETED)
             if tell:
-                assert emit is not None
-                while not self._lines.empty():
-                    emit(self._lines.get())
+                self._pass_lines(emit)
             if not finished:
                 continue
             # Every partition handed over (the workers never wait on this process): those that

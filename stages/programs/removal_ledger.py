@@ -119,10 +119,8 @@ def _removed(inputs: Inputs, program: str, sources: list[str], columns: list[str
             manifest = inputs.manifest(program, s)
             if tables and manifest.rows.get("removed") == 0:
                 continue  # an empty list (a switched-off stage's, at every source): not read
-            pdir = inputs.dir(program, s)
-            names = manifest.tables.get("removed", [])
-            tables.append(inputs.store.read_parts(pdir, names, sorted({*columns, "source"}), manifest.schema("removed"))
-                          .select(columns))
+            tables.append(inputs.store.read_table(inputs.dir(program, s), "removed", sorted({*columns, "source"}),
+                                                  manifest).select(columns))
         return pa.concat_tables(tables)
     t = inputs.read(program, "removed", columns=columns)
     rank = pc.index_in(t["source"], value_set=pa.array(sources, pa.string()))
