@@ -24,7 +24,7 @@ from stages.execute import execute, execute_crawl
 from stages.keep import fixed_ids, pick_survivors, source_priorities
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.spec import CrawlSpec
-from stages.store import Store
+from stages.store import Manifest, Store
 
 DOCS = 60_000
 
@@ -37,9 +37,10 @@ class CountingStore(Store):
         self.whole: list[str] = []
         self.streamed: list[str] = []
 
-    def read_table(self, pdir: str, table: str, columns: list[str] | None = None) -> pa.Table:
+    def read_table(self, pdir: str, table: str, columns: list[str] | None = None,
+                   manifest: Manifest | None = None) -> pa.Table:
         self.whole.append(table)
-        return super().read_table(pdir, table, columns)
+        return super().read_table(pdir, table, columns, manifest)
 
     def iter_batches(self, pdir: str, table: str, columns: list[str] | None = None,
                      batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
