@@ -4,8 +4,8 @@ Runs after every other remover and before the curated output, so nothing contami
 mixed or upsampled (the "late decontamination" failure mode). The benchmark sets
 (``stages.decontam_sets``) become one ``NgramIndex`` of 64-bit n-gram hashes, 12 bytes per
 distinct (n-gram, example): memory grows with the benchmarks, never with the crawl, which is
-streamed in batches (tested under 100 bytes a document, measured 34-66, the allocator's pages
-for batches: tests/stages/programs/test_crawl_memory.py); per document of a source, only the
+streamed in batches (tested under 30 bytes a document, measured 13-16:
+tests/stages/programs/test_crawl_memory.py); per document of a source, only the
 ids the earlier stages removed from it (~36 bytes each) while it is read.
 
 Each removed document gets a ``removed`` row with

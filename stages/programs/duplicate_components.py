@@ -6,7 +6,7 @@ cuts the false-positive chains LSH builds through boilerplate; members whose anc
 true partner are compared with a bounded number of bucket-mates (``max_leaders``). Memory is
 bounded: candidate edges are read one band at a time (only the distinct pairs are held) and the
 texts of the documents in them through ``stages.pair_texts`` (at most ``text_block_bytes``).
-Per document (tested under 520 bytes, measured 322-425 with a third of the documents in
+Per document (tested under 330 bytes, measured 208-225 with a third of the documents in
 candidate pairs: tests/stages/programs/test_crawl_memory.py): ``nodes`` (~55), the sorted ids
 of the candidates, labels and component sizes (8 each), and those candidates' texts.
 """

@@ -10,7 +10,7 @@ boilerplate pages linear). Bands are independent: pass 2 runs one task per group
 each reading only its band columns from the ``band_keys`` parts this attempt wrote. Edges are
 written band by band in band order whichever executor ran them, so the output is identical.
 
-Memory per document (tested under 420 bytes, measured 235-333: tests/stages/programs/
+Memory per document (tested under 370 bytes, measured 239-251: tests/stages/programs/
 test_crawl_memory.py): the ``nodes`` table (~55 bytes) and its sort, then the sorted ids (32)
 and their order (8) that number each batch's documents by binary search (``IdIndex``; a hash
 table of every id per batch cost O(documents) a batch); pass 2 holds its 4 band columns (8

@@ -12,8 +12,8 @@ time, so its memory is bounded by the largest cluster.
 Memory per document, at ``dim`` dimensions: the stored embeddings (2 * dim as float16) and ids,
 one float32 matrix (4 * dim: 1.5 GB per million documents at 384 dimensions; on the GPU when
 the backend is one), k-means' labels and similarities, and its assignment tile (16,384 rows x
-one float per cluster); the output is taken a part at a time. Tested under 1,600 bytes at 64
-dimensions, measured 810-1,170 (tests/stages/programs/test_crawl_memory.py).
+one float per cluster); the output is taken a part at a time. Tested under 900 bytes at 64
+dimensions, measured 590-604 (tests/stages/programs/test_crawl_memory.py).
 """
 
 from __future__ import annotations
