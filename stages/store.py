@@ -256,11 +256,17 @@ class Store:
                               f"{len(manifest.parts())} parts); `curate run` recomputes its partition")
         return manifest
 
-    def current_manifest(self, pdir: str, version: str) -> Manifest | None:
+    def current_manifest(self, pdir: str, version: str | Callable[[], str]) -> Manifest | None:
         """The partition's manifest when it is committed for data version ``version`` and whole
-        (``is_whole``), else None: the partition is to be computed (again)."""
+        (``is_whole``), else None: the partition is to be computed (again). ``version`` may be
+        the function that gives it, called only where a manifest is committed: a data version
+        reads every input's manifest, and in a crawl's first run no partition has one."""
         manifest = self.read_manifest(pdir)
-        if manifest is None or manifest.data_version != version or not self.is_whole(pdir, manifest):
+        if manifest is None:
+            return None
+        if callable(version):
+            version = version()
+        if manifest.data_version != version or not self.is_whole(pdir, manifest):
             return None
         return manifest
 

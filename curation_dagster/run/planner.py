@@ -62,7 +62,7 @@ class Planner:
             task = resolve_task(self.store, self.spec, program, source)
             # Committed for its inputs' versions now, every part it names whole (a deleted or
             # truncated part is recomputed, never served).
-            if self.store.current_manifest(task.output_dir, data_version(self.store, task)) is None:
+            if self.store.current_manifest(task.output_dir, lambda: data_version(self.store, task)) is None:
                 return False
         except FileNotFoundError:  # an input not committed yet
             return False

@@ -49,6 +49,15 @@ def test_commit_records_each_parts_size_and_a_whole_partition_is_current(store: 
     assert store.is_whole(pdir, m)
     assert store.current_manifest(pdir, "v") == m
     assert store.current_manifest(pdir, "other version") is None
+    assert store.current_manifest(pdir, lambda: "v") == m
+
+
+def test_a_partition_never_committed_asks_no_data_version(store: Store) -> None:
+    """The planner passes the data version as a function: a crawl's first run reads no input's
+    manifest for a partition with no manifest of its own."""
+    asked = []
+    assert store.current_manifest(f"{store.root}/never", lambda: asked.append(1) or "v") is None
+    assert asked == []
 
 
 def test_a_deleted_part_is_not_whole(store: Store) -> None:
