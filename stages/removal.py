@@ -115,6 +115,15 @@ def dropped_ids(lists: Iterable[pa.Array]) -> pa.Array:
     return pa.chunked_array(drop, type=pa.string()).combine_chunks() if drop else pa.array([], pa.string())
 
 
+def survivor_count(inputs: Inputs, source: str, removed: dict[str, pa.Array] | None = None) -> int:
+    """How many rows ``survivors`` yields, from the manifests and removal lists without reading
+    the documents: ids are unique within a source (a collision is an ingestion error), and each
+    removed document is in one list only, among this source's raw rows."""
+    manifest = inputs.store.read_manifest(inputs.dir("raw_documents", source))
+    lists = (removal_lists(inputs, source) if removed is None else removed).values()
+    return (manifest.rows.get("documents", 0) if manifest is not None else 0) - sum(len(ids) for ids in lists)
+
+
 def survivors(
     inputs: Inputs, source: str, columns: list[str] | None, batch_rows: int = 20_000,
     progress: Progress | None = None, removed: dict[str, pa.Array] | None = None,
@@ -123,13 +132,11 @@ def survivors(
     (``removed``: the lists, where the caller has read them: ``removal_lists``).
     With ``progress``, the survivors are expected and each batch advances it (documents, and
     UTF-8 bytes of ``text`` where it is read): a program's main pass over its documents."""
-    dropped = dropped_ids((removal_lists(inputs, source) if removed is None else removed).values())
-    raw = inputs.dir("raw_documents", source)
+    removed = removal_lists(inputs, source) if removed is None else removed
+    dropped = dropped_ids(removed.values())
     if progress is not None:
-        # Each removed document is in one list only, and in this source's raw rows: a subtraction.
-        manifest = inputs.store.read_manifest(raw)
-        progress.expect(docs=(manifest.rows.get("documents", 0) if manifest is not None else 0) - len(dropped))
-    for batch in inputs.store.iter_batches(raw, "documents", columns, batch_rows):
+        progress.expect(docs=survivor_count(inputs, source, removed))
+    for batch in inputs.store.iter_batches(inputs.dir("raw_documents", source), "documents", columns, batch_rows):
         table = pa.Table.from_batches([batch])
         if len(dropped):
             table = kept_rows(table, ~np.asarray(pc.is_in(table["doc_id"], value_set=dropped)))

@@ -27,7 +27,7 @@ from stages.cache import RowCache
 from stages.kernels import language as L
 from stages.parallel import map_ordered
 from stages.params import DocumentLanguagesParams, ExecutionParams, language_model_path
-from stages.removal import REMOVED, removal_table, survivors
+from stages.removal import REMOVED, removal_table, survivor_count, survivors
 from stages.reports import DocumentLanguagesReport
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
@@ -128,7 +128,7 @@ def run(
         # No languages: the heuristics then judge every document by the full rule set.
         output.write("languages", LANGUAGES.empty_table())
         output.write("removed", REMOVED.empty_table())
-        n = sum(t.num_rows for t in survivors(inputs, source, ["doc_id"], execution.batch_rows))
+        n = survivor_count(inputs, source)
         return DocumentLanguagesReport(enabled=False, input=n, kept=n, removed=0, removed_per_reason={})
     table, cached = _identified(params, inputs, partition, execution)
     language = np.asarray(table["language"].to_pylist(), dtype=object)

@@ -33,7 +33,7 @@ from stages.backend import resolve
 from stages.cache import RowCache, text_keys
 from stages.kernels import quality as Q
 from stages.params import ExecutionParams, QualityClassifier, QualityScoresParams
-from stages.removal import REMOVED, removal_table, survivors
+from stages.removal import REMOVED, removal_table, survivor_count, survivors
 from stages.reports import ClassifierStats, QualityScoresReport
 from stages.store import PartitionWriter, Store
 from stages.task import Inputs, Partition
@@ -199,7 +199,7 @@ def run(
         _empty(output, [])
         return QualityScoresReport(enabled=False, input=0, kept=0, removed=0, removed_per_reason={})
     if not params.classifiers:
-        n = sum(t.num_rows for t in survivors(inputs, source, ["doc_id"], execution.batch_rows))
+        n = survivor_count(inputs, source)
         _empty(output, [])
         return QualityScoresReport(enabled=True, note=NO_MODEL, input=n, kept=n, removed=0, removed_per_reason={})
 

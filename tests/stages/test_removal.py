@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from stages.removal import kept_rows, removal_table, removed_ids, split_by_source
+from stages.removal import kept_rows, removal_table, removed_ids, split_by_source, survivor_count, survivors
 from stages.store import Manifest, Store
 from stages.task import Inputs
 
@@ -90,3 +90,23 @@ def test_split_by_source_is_the_filter_of_each_source() -> None:
     assert sorted(split) == ["s1", "s2", "s3"]
     for name, ids in split.items():
         assert ids.equals(t.filter(pc.equal(t["source"], name))["doc_id"].combine_chunks())
+
+
+def test_the_survivor_count_is_the_rows_survivors_yields(tmp_path: Path) -> None:
+    """A switched-off stage reports its input from the manifests (``survivor_count``), without
+    reading the documents: the same number as reading them, with and without removals."""
+    store = Store(str(tmp_path))
+    raw = store.partition_dir("raw_documents", "k", "c", "s1")
+    writer = store.writer(raw)
+    for a in range(0, 250, 100):
+        writer.write("documents", _table(250).slice(a, 100))
+    writer.commit(Manifest(program="raw_documents", params_key="k", data_version="v", crawl="c", source="s1",
+                           params={}))
+    writer.close()
+    ids = _table(250)["doc_id"].to_pylist()
+    for removed in ([], ids[3:40:7], ids[:250]):
+        pdir = store.partition_dir("fuzzy_duplicates", f"k{len(removed)}", "c")
+        _commit_removed(store, pdir, [(d, "s1") for d in removed] + [(f"{i:032x}x", "s2") for i in range(5)])
+        inputs = Inputs(store, {"raw_documents": {"s1": raw}, "fuzzy_duplicates": {None: pdir}})
+        got = survivor_count(inputs, "s1")
+        assert got == sum(t.num_rows for t in survivors(inputs, "s1", ["doc_id"], 64)) == 250 - len(removed)
