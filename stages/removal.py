@@ -119,9 +119,8 @@ def survivor_count(inputs: Inputs, source: str, removed: dict[str, pa.Array] | N
     """How many rows ``survivors`` yields, from the manifests and removal lists without reading
     the documents: ids are unique within a source (a collision is an ingestion error), and each
     removed document is in one list only, among this source's raw rows."""
-    manifest = inputs.store.read_manifest(inputs.dir("raw_documents", source))
     lists = (removal_lists(inputs, source) if removed is None else removed).values()
-    return (manifest.rows.get("documents", 0) if manifest is not None else 0) - sum(len(ids) for ids in lists)
+    return inputs.manifest("raw_documents", source).rows.get("documents", 0) - sum(len(ids) for ids in lists)
 
 
 def survivors(

@@ -49,7 +49,7 @@ def peak_over_start(script: str, *args: str, timeout_s: float = 600) -> float:
     allocation by its own mapping is fixed (128 KiB, its default start): glibc raises it each
     time such a mapping is freed, after which batch-sized buffers come from the heap, whose freed
     pages stay resident and grow with the number of batches read until they level off (a
-    streamed read's peak rose by 8-13 MB from 8 to 38 batches, 30-110 bytes "a document" of a
+    streamed read's peak rose by 8-13 MB from 8 to 38 batches, 34-107 bytes "a document" of a
     crawl-wide program that holds none; flat at a fixed threshold)."""
     proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout_s,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "ARROW_DEFAULT_MEMORY_POOL": "system",

@@ -7,7 +7,7 @@ kernels, imports): the peak over the RSS the run started at. The slope between t
 the memory per document; fixed costs (one batch's buffers) cancel. glibc serves buffers of 128 KiB
 and more from mappings of their own, as its default does before it moves that threshold
 (``tests.support.peak_rss.peak_over_start``): with the moving threshold, the heap pages that
-freed batches left grew with the batches read, 30-110 bytes "a document" of a program that holds
+freed batches left grew with the batches read, 34-107 bytes "a document" of a program that holds
 none, and the same run varied by half. The bounds (docs/guarantees.md, "Bounded resources") are
 about 1.5x what was measured, so a regression that holds a copy of a column per document more
 (36 bytes an id, 4 x dim an embedding) fails.
@@ -72,8 +72,9 @@ module = importlib.import_module(f"stages.programs.{program}")
 if program == "semantic_clusters":
     import torch  # its start-up is not the program's
 spec = CrawlSpec(crawl="c1", sources={})
-# batches of 4000 rows: the batch-sized buffers (and the allocator's pages for them) reach their
-# peak within the small corpus, so that the slope is the per-document part alone
+# batches of 4000 rows: the batch-sized buffers reach their peak within the small corpus, so that
+# the slope is the per-document part alone (with glibc's mmap threshold held: with it moving, the
+# heap pages freed batches left kept growing past the small corpus)
 EXECUTION = ExecutionParams(workers=1, batch_rows=4000)
 
 def measured(n):
