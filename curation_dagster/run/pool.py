@@ -4,6 +4,7 @@ partition's kernels on its share of the cores and memory (``PartitionPool``)."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import multiprocessing
 import os
@@ -42,6 +43,10 @@ def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict
         _WORKER.update(resource=resource, store=resource.store(), spec=spec)
     except Exception as exc:
         _WORKER["error"] = f"the worker process could not start: {one_line(exc)}"
+    # What the fork server imported lives as long as the worker: out of the cyclic collector's
+    # reach, so its full collections no longer walk Dagster's and the programs' modules (0.33-0.38
+    # s of each worker's CPU in five collections at 200 sources).
+    gc.freeze()
 
 
 def _work(program: str, source: str | None, execution: ExecutionParams, force: bool, step: int,

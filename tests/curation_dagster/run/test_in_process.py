@@ -5,6 +5,7 @@ recorded, and the rerun runs it alone."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pyarrow as pa
@@ -241,6 +242,8 @@ def test_only_a_warm_pool_starts_a_worker_before_it_is_used(tmp_path: Path) -> N
         assert cold._pool is not None and not cold._pool._processes
     with PartitionPool(resource, crawl, warm=True) as warm:
         assert warm._pool is not None and warm._pool._processes
+        # what the fork server imported is out of the worker's cyclic collector's reach
+        assert warm._pool.submit(gc.get_freeze_count).result() > 100_000
 
 
 def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
