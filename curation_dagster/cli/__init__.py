@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", module="dagster")
     warnings.filterwarnings("ignore", message=".*is currently in beta.*")
     args = parser().parse_args(argv)
+    # No argv: the console script's own process, one command and its exit; a command may then
+    # act on the whole process (``curate run``'s gc.freeze), which a caller's would keep.
+    args.own_process = argv is None
     try:
         return int(args.fn(args))
     except (CliError, StageError, UnknownCrawl, NoDataRoot, StalePrior, FilterError, CredentialInURL, SpecError,

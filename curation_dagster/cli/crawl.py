@@ -44,11 +44,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from curation_dagster.ops.config import load_config
     from curation_dagster.run.in_process import RunFailed, run_crawl
 
-    # The modules just imported (Dagster's above all) live as long as this process: out of the
-    # cyclic collector's reach, so its full collections walk only what the run makes (0.33-0.41 s
-    # of this process's CPU in five collections at 200 sources, 0.18 s after). Here, not in
-    # run_crawl: a process that calls that many times (the tests) would keep every cycle it held.
-    gc.freeze()
+    if args.own_process:
+        # The modules just imported (Dagster's above all) live as long as this process: out of
+        # the cyclic collector's reach, so its full collections walk only what the run makes
+        # (0.33-0.41 s of this process's CPU in five collections at 200 sources, 0.18 s after).
+        # Only in the console script's process: a caller of many runs (the tests call
+        # ``cli.main``) would keep every cycle it held, the instances' open files among them.
+        gc.freeze()
 
     workdir, home = workdir_paths(args.workdir)
     load_config(workdir)  # a bad curate.yaml fails here in one line naming it, not inside the first Dagster run

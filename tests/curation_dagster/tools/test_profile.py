@@ -3,6 +3,7 @@ the orchestration overhead from the Dagster event log, and ``curate size`` check
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Iterator
@@ -102,8 +103,11 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with fast_tmp(tmp_path_factory.mktemp("profile")) as folder:
         config = write_config(folder / "curate.json", stages=FUZZY)
         work = folder / "work"
+        frozen = gc.get_freeze_count()
         code, out, err = curate("run", "--workdir", str(work), "--crawl", CRAWL, "--config", str(config), "--quiet")
         assert code == 0, err + out
+        # gc.freeze is the console script's alone: a caller's process keeps collecting its cycles
+        assert gc.get_freeze_count() == frozen
         yield work
 
 
