@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.own_process:
         # The modules just imported (Dagster's above all) live as long as this process: out of
         # the cyclic collector's reach, so its full collections walk only what the run makes
-        # (0.33-0.41 s of this process's CPU in five collections at 200 sources, 0.18 s after).
+        # (0.33-0.41 s of this process's CPU in five collections at 200 sources, 0.18-0.23 s after).
         # Only in the console script's process: a caller of many runs (the tests call
         # ``cli.main``) would keep every cycle it held, the instances' open files among them.
         gc.freeze()
