@@ -220,24 +220,33 @@ def _gather(
     index = IdIndex(doc_ids.take(pa.array(wanted)))
     gathered = _Gathered(budget, tmp, reserve)
     try:
-        for pdir in raw_dirs(inputs):
-            for batch in inputs.store.iter_batches(pdir, "documents", ["doc_id", "text"], batch_rows):
-                pos = index.find(batch.column(0))
-                rows = np.flatnonzero(pos >= 0)
-                if not rows.shape[0]:
+        for block in inputs.store.iter_blocks(raw_dirs(inputs), "documents", ["doc_id", "text"], batch_rows):
+            pos = index.find(block.column(0).combine_chunks())
+            rows = np.flatnonzero(pos >= 0)
+            if not rows.shape[0]:
+                continue
+            node = wanted[pos[rows]]
+            # the first copy of a document wins (an earlier crawl can hold the same doc_id)
+            node, first = np.unique(node, return_index=True)
+            fresh = ~found[node]
+            rows, node = rows[first[fresh]], node[fresh]
+            if not rows.shape[0]:
+                continue
+            found[node] = True
+            # Taken chunk by chunk (a source's batch each): Arrow's take on the chunked column
+            # would join every text of the block first, a fresh copy of them all for each block.
+            order = np.argsort(rows, kind="stable")
+            rows, node = rows[order], node[order]
+            texts = block.column(1)
+            starts = np.cumsum([0, *(len(chunk) for chunk in texts.chunks)])
+            cuts = np.searchsorted(rows, starts)
+            for chunk, start, lo, hi in zip(texts.chunks, starts, cuts, cuts[1:], strict=False):
+                if lo == hi:
                     continue
-                node = wanted[pos[rows]]
-                # the first copy of a document wins (an earlier crawl can hold the same doc_id)
-                node, first = np.unique(node, return_index=True)
-                fresh = ~found[node]
-                rows, node = rows[first[fresh]], node[fresh]
-                if not rows.shape[0]:
-                    continue
-                found[node] = True
-                text = batch.column(1).take(pa.array(rows)).cast(pa.large_string())
+                text = chunk.take(pa.array(rows[lo:hi] - start)).cast(pa.large_string())
                 nbytes = pc.binary_length(text).to_numpy().astype(np.int64)
-                size[node] = nbytes
-                gathered.add(pa.record_batch([pa.array(node), text], schema=_ROWS), int(nbytes.sum()))
+                size[node[lo:hi]] = nbytes
+                gathered.add(pa.record_batch([pa.array(node[lo:hi]), text], schema=_ROWS), int(nbytes.sum()))
     finally:
         gathered.close()
     missing = int(wanted.shape[0] - found[wanted].sum())

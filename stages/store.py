@@ -22,7 +22,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -331,8 +331,43 @@ class Store:
         if manifest is None:
             raise FileNotFoundError(f"no committed output at {pdir}")
         for name in manifest.tables.get(table, []):
-            with self._part(f"{pdir}/{name}"), self.fs.open(f"{pdir}/{name}", "rb") as fh:
-                yield from timed_iter(pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns))
+            with self._part(f"{pdir}/{name}"), self._open(f"{pdir}/{name}") as fh:
+                yield from timed_iter(self._batches(pq.ParquetFile(fh), columns, batch_rows))
+
+    def iter_blocks(self, pdirs: Iterable[str], table: str, columns: list[str] | None = None,
+                    batch_rows: int = 20_000) -> Iterator[pa.Table]:
+        """One committed table of every partition in ``pdirs``, in their order, in blocks of at
+        most ``batch_rows`` rows that span partitions (a longer batch alone; a block ends where
+        the schema changes): a scan of many small sources processes a few blocks, not a batch
+        per source, whose fixed cost was most of a crawl-wide gather's time at 200 sources.
+        Memory: one block and one batch. The blocks' columns are chunked (no copy)."""
+        held: list[pa.RecordBatch] = []
+        rows = 0
+        for pdir in pdirs:
+            for batch in self.iter_batches(pdir, table, columns, batch_rows):
+                if held and (rows + batch.num_rows > batch_rows or batch.schema != held[0].schema):
+                    yield pa.Table.from_batches(held)
+                    held, rows = [], 0
+                held.append(batch)
+                rows += batch.num_rows
+        if held:
+            yield pa.Table.from_batches(held)
+
+    @staticmethod
+    def _batches(part: pq.ParquetFile, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """A part's rows in batches of at most ``batch_rows``; a part no longer than that read
+        whole: the batch reader's set-up cost twice the read of a small part's columns (0.44
+        against 0.26 ms a part at 200 sources of 79 documents), paid by every program for every
+        source it reads."""
+        if part.metadata.num_rows > batch_rows:
+            yield from part.iter_batches(batch_size=batch_rows, columns=columns)
+            return
+        yield from part.read(columns=columns).to_batches()
+
+    def _open(self, path: str) -> Any:
+        """A part file opened for reading: locally with the built-in ``open`` (fsspec's costs 0.1
+        ms more a file, paid per part read)."""
+        return open(path, "rb") if self.is_local else self.fs.open(path, "rb")
 
     @contextmanager
     def _part(self, path: str) -> Iterator[None]:
@@ -358,7 +393,7 @@ class Store:
         tables = []
         with timed("read") as clock:
             for name in names:
-                with self._part(f"{pdir}/{name}"), self.fs.open(f"{pdir}/{name}", "rb") as fh:
+                with self._part(f"{pdir}/{name}"), self._open(f"{pdir}/{name}") as fh:
                     # ParquetFile.read, not pq.read_table: read_table's dataset scanner drops its
                     # read-ahead state (holding buffers of this Python file) on an Arrow I/O thread
                     # after it returns; at interpreter exit that thread's wait for the GIL ends in

@@ -81,14 +81,13 @@ def _record_ids(inputs: Inputs, wanted: np.ndarray, batch_rows: int) -> pa.Array
     for group in groups:
         if not missing.any():
             break
-        for pdir in group:
-            for batch in inputs.store.iter_batches(pdir, "documents", ["doc_id", "record_id"], batch_rows):
-                pos = _positions(*_ids32(batch.column(0)), wanted)
-                hit = pos < len(wanted)
-                hit[hit] = missing[pos[hit]]
-                if hit.any():
-                    positions.append(pos[hit])
-                    values.append(batch.column(1).filter(pa.array(hit)))
+        for block in inputs.store.iter_blocks(group, "documents", ["doc_id", "record_id"], batch_rows):
+            pos = _positions(*_ids32(block.column(0)), wanted)
+            hit = pos < len(wanted)
+            hit[hit] = missing[pos[hit]]
+            if hit.any():
+                positions.append(pos[hit])
+                values.append(block.column(1).filter(pa.array(hit)).combine_chunks())
         for pos in positions:
             missing[pos] = False
     found = pa.concat_arrays([*[v.cast(pa.string()) for v in values], pa.nulls(1, pa.string())])

@@ -115,6 +115,28 @@ def test_the_manifest_is_written_last(store: Store, monkeypatch: pytest.MonkeyPa
     assert store.read_manifest(pdir) is not None
 
 
+def test_blocks_span_partitions_in_order_and_hold_at_most_batch_rows(store: Store) -> None:
+    """``iter_blocks``: every row of every partition once, in the partitions' order; a block
+    spans partitions up to ``batch_rows`` rows, a longer batch stands alone, and a block ends
+    where the schema changes (a table of other columns is never joined to the one before)."""
+    pdirs = []
+    for i, (sizes, typ) in enumerate([([2], pa.int64()), ([1, 3], pa.int64()), ([0], pa.int64()),
+                                       ([5], pa.int64()), ([1], pa.int32()), ([2], pa.int32())]):
+        pdir = store.partition_dir("p", "k", "c", f"s{i}")
+        w = store.writer(pdir)
+        start = 10 * i
+        for n in sizes:
+            w.write("t", table(n, start).cast(pa.schema([("x", typ)])))
+            start += n
+        w.commit(manifest())
+        pdirs.append(pdir)
+    blocks = list(store.iter_blocks(pdirs, "t", batch_rows=4))
+    assert [b.num_rows for b in blocks] == [3, 3, 4, 1, 3]  # 2+1 | 3 | 4+1 over 4 (4, then 1) | int32: 1+2
+    assert [b.schema.field("x").type for b in blocks][-1] == pa.int32()
+    rows = [x for b in blocks for x in b["x"].to_pylist()]
+    assert rows == [0, 1, 10, 11, 12, 13, 30, 31, 32, 33, 34, 40, 50, 51]
+
+
 def test_an_uncommitted_writer_leaves_nothing_visible(store: Store) -> None:
     pdir = store.partition_dir("p", "k", "c", "s")
     dead = store.writer(pdir)
