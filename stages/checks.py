@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,7 +46,7 @@ from stages.reports import (
     read_as,
 )
 from stages.spec import CrawlSpec, keys_held
-from stages.store import Manifest, Store
+from stages.store import Manifest, Store, manifests_held
 
 
 @dataclass(frozen=True)
@@ -107,36 +106,20 @@ class NotMaterialized(Exception):
     """An input of the check has no committed output for the crawl's current parameters."""
 
 
-# The manifests read within ``manifests_read_once``: (store, spec, program, source) -> manifest, and
-# the store and spec objects whose ids the keys hold, by id (kept alive, so no id is reused meanwhile).
-_HELD: ContextVar[tuple[dict[tuple[int, int, str, str | None], Manifest], dict[int, object]] | None] = \
-    ContextVar("manifests_held", default=None)
-
-
 @contextmanager
 def manifests_read_once() -> Iterator[None]:
-    """Within: each partition's manifest is read once, whichever checks read it. The checks of one
-    partition read the same committed manifests (a crawl-wide remover's ``over_deletion`` and
-    ``empty_result`` each read every source's ingestion and earlier removals: 600 manifests at
-    200 sources, and the partition keys for each); a committed manifest does not change under
+    """Within: each partition's manifest is read once (``stages.store.manifests_held``) and the
+    partition keys each manifest's folder is named by derived once (``keys_held``), whichever
+    checks read them. The checks of one partition read the same committed manifests (a crawl-wide
+    remover's ``over_deletion`` and ``empty_result`` each read every source's ingestion and
+    earlier removals: 600 manifests at 200 sources); a committed manifest does not change under
     them, but may between two evaluations, so nothing is held beyond the block."""
-    token = _HELD.set(({}, {}))
-    try:
-        with keys_held():  # and the partition keys each manifest's folder is named by
-            yield
-    finally:
-        _HELD.reset(token)
+    with keys_held(), manifests_held():
+        yield
 
 
 def _manifest(store: Store, spec: CrawlSpec, program: str, source: str | None) -> Manifest:
-    held = _HELD.get()
-    key = (id(store), id(spec), program, source)
-    m = held[0].get(key) if held is not None else None
-    if m is None:
-        m = DataRoot(store).manifest(spec, program, source)
-        if held is not None and m is not None:
-            held[0][key] = m
-            held[1].update({id(store): store, id(spec): spec})
+    m = DataRoot(store).manifest(spec, program, source)
     if m is None:
         raise NotMaterialized(f"{partition_name(program, spec.crawl, source)} has no committed output for its current "
                               "parameters")

@@ -17,7 +17,7 @@ from stages.progress import Progress
 from stages.reports import read
 from stages.resolve import data_version, load_program, resolve_task
 from stages.spec import CrawlSpec
-from stages.store import Manifest, Store
+from stages.store import Manifest, Store, manifests_held
 from stages.task import Inputs, Partition
 from stages.timing import clocked, figures, timing_report
 
@@ -35,7 +35,16 @@ def execute(
     execution: P.ExecutionParams | None = None, force: bool = False, emit: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Run one partition unless an up-to-date committed output exists; commit it atomically.
-    ``emit`` receives the partition's progress lines (``stages.progress``), if given."""
+    ``emit`` receives the partition's progress lines (``stages.progress``), if given. Each
+    manifest it reads is read once (``stages.store.manifests_held``)."""
+    with manifests_held():
+        return _execute(store, spec, program, source, execution, force, emit)
+
+
+def _execute(
+    store: Store, spec: CrawlSpec, program: str, source: str | None,
+    execution: P.ExecutionParams | None, force: bool, emit: Callable[[str], None] | None,
+) -> Outcome:
     t0 = time.perf_counter()
     execution = execution or P.ExecutionParams()
     task = resolve_task(store, spec, program, source)

@@ -15,7 +15,7 @@ from stages.catalog import PROGRAMS
 from stages.checks import CHECK_KINDS, ChecksConfig, NotMaterialized, evaluate_over_deletion
 from stages.params import RawDocumentsParams
 from stages.spec import CrawlSpec
-from stages.store import Manifest, Store
+from stages.store import MANIFEST, Store
 from tests.support.counting import count_params_validations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,21 +93,21 @@ def test_a_partitions_checks_read_each_manifest_once_within_manifests_read_once(
     ingestion and earlier removals: within ``manifests_read_once`` once for both (the same
     verdicts), outside it and after it as often as before (a manifest may change between evaluations)."""
     from stages.checks import manifests_read_once
-    from stages.dataroot import DataRoot
     from stages.execute import execute_crawl
     from stages.params import ExecutionParams
 
     spec = _crawl(tmp_path)
     store = Store(str(tmp_path / "data"))
     execute_crawl(store, spec, ExecutionParams(workers=1))
-    reads: list[tuple[str, str | None]] = []
-    real = DataRoot.manifest
+    reads: list[str] = []  # the manifest files read from the data root
+    real = Store.read_text
 
-    def counted(self: DataRoot, spec: CrawlSpec, program: str, source: str | None = None) -> Manifest | None:
-        reads.append((program, source))
-        return real(self, spec, program, source)
+    def counted(self: Store, path: str) -> str | None:
+        if path.endswith(MANIFEST):
+            reads.append(path)
+        return real(self, path)
 
-    monkeypatch.setattr(DataRoot, "manifest", counted)
+    monkeypatch.setattr(Store, "read_text", counted)
     kinds = [k for k in CHECK_KINDS if k.name in ("over_deletion", "empty_result")]
 
     def judged() -> list[object]:

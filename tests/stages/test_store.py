@@ -137,6 +137,39 @@ def test_blocks_span_partitions_in_order_and_hold_at_most_batch_rows(store: Stor
     assert rows == [0, 1, 10, 11, 12, 13, 30, 31, 32, 33, 34, 40, 50, 51]
 
 
+def test_within_manifests_held_a_manifest_is_read_once_and_a_commit_read_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``manifests_held``: a partition's repeated reads of a manifest (none committed, or one)
+    read the data root once; a manifest committed in the block (by this process) is read again,
+    and nothing is held beyond the block (another process may commit meanwhile)."""
+    from stages.store import manifests_held
+
+    pdir = store.partition_dir("p", "k", "c", "s")
+    reads: list[str] = []
+    real = Store.read_text
+
+    def counted(self: Store, path: str) -> str | None:
+        reads.append(path)
+        return real(self, path)
+
+    monkeypatch.setattr(Store, "read_text", counted)
+    with manifests_held():
+        assert store.read_manifest(pdir) is None and store.read_manifest(pdir) is None
+        assert len(reads) == 1
+        w = store.writer(pdir)
+        w.write("t", table(2))
+        w.commit(manifest(n=2))
+        first = store.read_manifest(pdir)
+        assert first is not None and first.report == {"n": 2} and len(reads) == 2
+        assert store.read_manifest(pdir) is first and len(reads) == 2
+    w = store.writer(pdir)  # a commit outside the block, as another process's
+    w.write("t", table(3))
+    w.commit(manifest(n=3))
+    again = store.read_manifest(pdir)
+    assert again is not None and again.report == {"n": 3}
+
+
 def test_an_uncommitted_writer_leaves_nothing_visible(store: Store) -> None:
     pdir = store.partition_dir("p", "k", "c", "s")
     dead = store.writer(pdir)
