@@ -23,7 +23,7 @@ from tests.support.tiny_corpus import fast_tmp
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc: Linux")
 ROOT = str(Path(__file__).resolve().parents[3])
 SLEEPER = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGINT, lambda *_: sys.exit(0)); "
-           "time.sleep(600)"]
+           "print('ready', flush=True); time.sleep(600)"]
 
 
 def gone(pid: int, within: float = 10.0) -> bool:
@@ -85,7 +85,12 @@ def test_the_next_deploy_stops_what_a_killed_one_left_and_nothing_else(tmp_path:
     leftover = subprocess.Popen([*SLEEPER, "code-server"], start_new_session=True)
     stranger = subprocess.Popen([*SLEEPER, "someone else's"], start_new_session=True)  # reused a recorded pid
     # A postmaster the state does not name (killed before it was recorded): found by its own pid file.
-    postmaster = subprocess.Popen([*SLEEPER, "-D", str(base / "postgres")], start_new_session=True)
+    postmaster = subprocess.Popen([*SLEEPER, "-D", str(base / "postgres")], start_new_session=True,
+                                  stdout=subprocess.PIPE, text=True)
+    assert postmaster.stdout is not None
+    # Its SIGINT handler in place before it is stopped: a SIGINT during the interpreter's start
+    # (a loaded machine) ends it by the signal, not by its fast shutdown.
+    assert postmaster.stdout.readline() == "ready\n"
     (base / "postgres" / "postmaster.pid").write_text(f"{postmaster.pid}\n{base / 'postgres'}\n")
     (base / "deployment.json").write_text(json.dumps({
         "pid": dead_pid(), "processes": {"code-server": leftover.pid, "daemon": stranger.pid},
