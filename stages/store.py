@@ -39,19 +39,25 @@ from stages.timing import timed, timed_iter
 
 
 def _arrow_memory_pool() -> None:
-    """Arrow's buffers from jemalloc, not its default mimalloc, unless the environment names a
-    pool (``ARROW_DEFAULT_MEMORY_POOL``, which processes started from this one then inherit).
-    mimalloc's segments take transparent huge pages (THP ``madvise``, the common setting): a
-    first touch anywhere in 2 MB faults all of it in, and in a virtual machine such a fault
-    took 10 ms (70 MB of fresh buffers: 320-465 ms of system time, 30-60 ms from jemalloc's 4 KB
-    pages). A 200-source crawl faulted in 2,050 huge pages (4 GB) a run with mimalloc, none with
-    jemalloc, and took 6-15% less wall with it (docs/profile.md)."""
-    if "ARROW_DEFAULT_MEMORY_POOL" in os.environ:
+    """Arrow's buffers from jemalloc, not its default mimalloc. ``stages/__init__`` names it in
+    the environment before pyarrow's first import, which sets Arrow's C++ default pool in this
+    process and the processes started from it; where pyarrow was imported first (by the caller),
+    pyarrow's own default (what its functions allocate from unless told otherwise) is set here,
+    and the C++ kernels that take no pool (Acero's group-by) stay on mimalloc. mimalloc's
+    segments take transparent huge pages (THP ``madvise``, the common setting): a first touch
+    anywhere in 2 MB faults all of it in, and in a virtual machine such a fault took 10 ms (70 MB
+    of fresh buffers: 320-465 ms of system time, 30-60 ms from jemalloc's 4 KB pages). A
+    200-source crawl faulted in 2,050 huge pages (4 GB) a run with mimalloc, none with jemalloc,
+    and took 6-15% less wall with it (docs/profile.md). A pool the environment names otherwise
+    stays, and a pyarrow without jemalloc keeps its default."""
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL", "jemalloc") != "jemalloc":
         return
     try:
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
+        pool = pa.jemalloc_memory_pool()
     except NotImplementedError:  # a pyarrow built without it
         return
+    if pa.default_memory_pool().backend_name != "jemalloc":
+        pa.set_memory_pool(pool)
     os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
 
 
@@ -127,9 +133,10 @@ def check_name(kind: str, name: str) -> str:
 
 # The manifests read within ``manifests_held`` (``Store.read_manifest``), by URL; None where none
 # is committed. One partition's run and description read its inputs' manifests many times over (a
-# switched-off source stage 10 times, removal_ledger 2,766 at 200 sources; 40 us each), and a
-# committed manifest does not change under it; one this process writes (``write_atomic``) is
-# read again.
+# switched-off source stage 10 times, removal_ledger 2,766 at 200 sources; 40 us each), and its
+# inputs' committed manifests do not change under it. Read again: one this process writes
+# (``write_atomic``), and one whose partition this process takes or gives back (a
+# ``PartitionWriter``: a score cache other attempts save while it runs).
 _MANIFESTS: ContextVar[dict[str, Manifest | None] | None] = ContextVar("manifests_held", default=None)
 
 
@@ -271,6 +278,12 @@ class Store:
         if held is not None:
             held[url] = manifest
         return manifest
+
+    def forget_manifest(self, pdir: str) -> None:
+        """Read the partition's manifest again when next asked (``manifests_held``)."""
+        held = _MANIFESTS.get()
+        if held is not None:
+            held.pop(self.url(f"{pdir}/{MANIFEST}"), None)
 
     def url(self, path: str) -> str:
         """``path`` as its user knows it: the local path, else with its protocol (``s3://...``)."""
@@ -533,6 +546,9 @@ class PartitionWriter:
             except LeaseBusy as exc:
                 raise PartitionBusy(str(exc)) from None
             self._lease = lease
+        # Under the lock, what is committed now: another process may have committed since this
+        # one read the manifest (a shared score cache, saved by attempts of other partitions).
+        store.forget_manifest(pdir)
         try:
             store.fs.makedirs(pdir, exist_ok=True)
             if self._lock is not None or self._lease is not None:
@@ -600,7 +616,9 @@ class PartitionWriter:
         return fd
 
     def close(self) -> None:
-        """Release the partition (after ``commit``, or when the attempt is abandoned)."""
+        """Release the partition (after ``commit``, or when the attempt is abandoned): another
+        process may commit it from now on, so its manifest is read again when asked."""
+        self.store.forget_manifest(self.pdir)
         if self._lock is not None and os.getpid() == self._pid:
             _HELD_LOCKS.discard(self._lock)
             os.close(self._lock)  # closing the last descriptor drops the flock

@@ -294,6 +294,47 @@ def test_row_cache_keeps_a_key_once_when_two_attempts_add_it(tmp_path: Path) -> 
     assert [scores[k] for k in text_keys(["a", "b", "c", "d"]).to_pylist()] == [0.0, 1.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("others", [1, 2])
+def test_a_cache_saved_by_another_attempt_during_a_partition_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, others: int
+) -> None:
+    """A partition runs within ``manifests_held`` (each manifest read once) while another
+    attempt saves the shared cache: this one's save, under the cache's lock, adopts what is
+    committed now, not the manifest it read at start. One other save appends a part (which
+    the stale manifest would have this save delete as a leftover); two compact the cache (whose
+    deleted parts the stale manifest would have it name). The other attempt runs on a thread
+    of its own: no context, as another process."""
+    import threading
+
+    import stages.cache
+    from stages.store import manifests_held
+
+    monkeypatch.setattr(stages.cache, "MAX_PARTS", 3)
+    store = Store(str(tmp_path / "data"))
+    for i, text in enumerate(["a", "b"]):
+        first = _cache(store)
+        first.add(_rows(first, [text], float(i)))
+        assert first.save() is True
+
+    def another_attempt(text: str) -> None:
+        cache = _cache(store)
+        cache.add(_rows(cache, [text], 9.0))
+        assert cache.save() is True
+
+    with manifests_held():
+        one = _cache(store)
+        for text in ["x", "y"][:others]:
+            thread = threading.Thread(target=another_attempt, args=(text,))
+            thread.start()
+            thread.join()
+        one.add(_rows(one, ["c"], 2.0))
+        assert one.save() is True
+    final = _cache(store)
+    keys = final.table["text_hash"].to_pylist()
+    assert sorted(keys) == sorted(text_keys(["a", "b", "c", "x", "y"][:3 + others]).to_pylist())
+    assert sorted(p.name for p in Path(one.dir).iterdir()) == sorted([*_parts(store, final), "_manifest.json"])
+
+
 def test_row_cache_compacts_its_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past ``MAX_PARTS`` parts a save rewrites the cache as one, so a read stays a few files;
     the content is the same."""
