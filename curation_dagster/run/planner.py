@@ -63,11 +63,8 @@ class Planner:
             # Committed for its inputs' versions now, every part it names whole (a deleted or
             # truncated part is recomputed, never served). The version is worked out only where
             # the partition has a manifest (it reads every input's; in a crawl's first run none
-            # has one), but for ingestion's: it lists the source's files, and so refuses a file
-            # of no known format before any run.
-            version = data_version(self.store, task) if program == "raw_documents" \
-                else (lambda: data_version(self.store, task))
-            if self.store.current_manifest(task.output_dir, version) is None:
+            # has one); a source that cannot be fingerprinted fails its partition when it runs.
+            if self.store.current_manifest(task.output_dir, lambda: data_version(self.store, task)) is None:
                 return False
         except FileNotFoundError:  # an input not committed yet
             return False
