@@ -121,23 +121,13 @@ def _nodes_of(index: IdIndex, ids: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 def _signature_blocks(inputs: Inputs, batch_rows: int) -> Iterator[tuple[pa.ChunkedArray, pa.ChunkedArray]]:
     """(doc_id, signature) of every source's signatures, in source order, in blocks of at most
-    ``batch_rows`` rows (or one batch) that span sources: a crawl of many small sources makes one
-    kernel call and one ``band_keys`` part per block, not per source (at 200 sources of 43
-    documents, 200 parts each written, fsynced and read again by every band group)."""
-    ids: list[pa.Array] = []
-    sigs: list[pa.Array] = []
-    rows = 0
-    for source in inputs.sources("minhash_signatures"):
-        pdir = inputs.dir("minhash_signatures", source)
-        for batch in inputs.store.iter_batches(pdir, "signatures", None, batch_rows):
-            if rows and rows + batch.num_rows > batch_rows:
-                yield pa.chunked_array(ids), pa.chunked_array(sigs)
-                ids, sigs, rows = [], [], 0
-            ids.append(batch.column(0))
-            sigs.append(batch.column(1))
-            rows += batch.num_rows
-    if ids:
-        yield pa.chunked_array(ids), pa.chunked_array(sigs)
+    ``batch_rows`` rows (or one batch) that span sources (``Store.iter_blocks``): a crawl of many
+    small sources makes one kernel call and one ``band_keys`` part per block, not per source (at
+    200 sources of 43 documents, 200 parts each written, fsynced and read again by every band
+    group)."""
+    pdirs = [inputs.dir("minhash_signatures", s) for s in inputs.sources("minhash_signatures")]
+    for block in inputs.store.iter_blocks(pdirs, "signatures", None, batch_rows):
+        yield block.column(0), block.column(1)
 
 
 def run(
