@@ -134,9 +134,9 @@ def check_name(kind: str, name: str) -> str:
 # The manifests read within ``manifests_held`` (``Store.read_manifest``), by URL; None where none
 # is committed. One partition's run and description read its inputs' manifests many times over (a
 # switched-off source stage 10 times, removal_ledger 2,766 at 200 sources; 40 us each), and its
-# inputs' committed manifests do not change under it. Read again: one this process writes
-# (``write_atomic``), and one whose partition this process takes or gives back (a
-# ``PartitionWriter``: a score cache other attempts save while it runs).
+# inputs' committed manifests do not change under it. Read again: one whose partition this
+# process takes or gives back (a ``PartitionWriter``, which commits it, or a score cache other
+# attempts save while it runs).
 _MANIFESTS: ContextVar[dict[str, Manifest | None] | None] = ContextVar("manifests_held", default=None)
 
 
@@ -360,9 +360,6 @@ class Store:
         ``.<name>.<random>`` beside it, fsynced, then renamed; on object storage one PUT (no rename
         there; one PUT replaces an object whole), retried: the same bytes again."""
         folder, name = path.rsplit("/", 1)
-        held = _MANIFESTS.get()
-        if held is not None:  # read again when asked: a manifest this process commits
-            held.pop(self.url(path), None)
         if self.is_local:
             os.makedirs(folder, exist_ok=True)
             tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}"
