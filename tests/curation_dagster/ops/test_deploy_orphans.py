@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,9 +124,13 @@ def test_a_sigkilled_curate_deploy_leaves_nothing_and_the_next_one_starts() -> N
         import dagster_postgres  # noqa: F401
     except (DeployError, ImportError) as exc:
         pytest.skip(str(exc))
-    with fast_tmp(Path(tempfile.mkdtemp(prefix="curate-deploy-"))) as tmp_path:
-        tmp_path.chmod(0o711)  # PostgreSQL runs as its own user under root: it must enter the workdir
-        _sigkill_and_restart(tmp_path, free_port)
+    fallback = Path(tempfile.mkdtemp(prefix="curate-deploy-"))  # pytest's tmp folders are private to root
+    try:
+        with fast_tmp(fallback) as tmp_path:
+            tmp_path.chmod(0o711)  # PostgreSQL runs as its own user under root: it must enter the workdir
+            _sigkill_and_restart(tmp_path, free_port)
+    finally:
+        shutil.rmtree(fallback, ignore_errors=True)  # fast_tmp removes only the folder it made itself
 
 
 def _sigkill_and_restart(tmp_path: Path, free_port: Callable[[], int]) -> None:
