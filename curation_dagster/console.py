@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from stages.parallel import exit_process
+from stages.parallel import collector_paused, exit_process
 
 # Top-level modules that an extra brings (pyproject.toml) -> that extra.
 EXTRA_OF = {
@@ -28,6 +28,10 @@ EXTRA_OF = {
 def main(argv: list[str] | None = None) -> int:
     """The ``curate`` console script (``argv`` None: the process's own arguments; the process
     ends here, through ``exit_process``); with ``argv``, the exit code, for callers in-process."""
+    if argv is None:  # before the CLI's imports: ``curate run``'s pool imports beside them
+        from curation_dagster.run.forkserver import start_for
+
+        start_for(sys.argv[1:])
     code = _main(argv)
     if argv is None:
         exit_process(code)
@@ -36,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     try:
-        from curation_dagster.cli import main as cli_main
+        with collector_paused(freeze=argv is None):  # the process is the console script's own
+            from curation_dagster.cli import main as cli_main
 
         return cli_main(argv)
     except ModuleNotFoundError as exc:

@@ -4,14 +4,12 @@ spec only, for a deployment to pick up)."""
 from __future__ import annotations
 
 import argparse
-import gc
 from typing import Any, Literal
 
 from curation_dagster.cli.common import (
     CliError,
     dataroot,
     print_stale_dependents,
-    read_config,
     spec_arguments,
     spec_from_args,
     where_arguments,
@@ -19,38 +17,23 @@ from curation_dagster.cli.common import (
 from curation_dagster.ops.location import workdir_paths
 from curation_dagster.tools.report import print_report
 from stages.dataroot import DATA_ROOT_FILE
-
-
-def _pooled(args: argparse.Namespace) -> bool:
-    """Whether the crawl of ``run``'s arguments will run on the warm pool, as far as a look at them
-    tells: two sources or more named (``--source``, ``--config``), two cores, no Ray."""
-    from stages.parallel import usable_cores
-
-    if args.executor == "ray" or args.ray_address or usable_cores() < 2:
-        return False
-    try:
-        sources = read_config(args.config).get("sources") or {}
-    except Exception:  # a bad file: told in its turn, after the workdir and its curate.yaml, as before
-        return False
-    return len(args.source or []) + len(sources) >= 2
+from stages.parallel import collector_paused
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if _pooled(args):  # its imports beside this process's, not after them
-        from curation_dagster.run.forkserver import start
+    from curation_dagster.run.forkserver import pooled, start
 
-        start()
-    from curation_dagster.defs.resources import CurationResource
-    from curation_dagster.ops.config import load_config
-    from curation_dagster.run.in_process import RunFailed, run_crawl
-
-    if args.own_process:
-        # The modules just imported (Dagster's above all) live as long as this process: out of
-        # the cyclic collector's reach, so its full collections walk only what the run makes
-        # (0.33-0.41 s of this process's CPU in five collections at 200 sources, 0.18-0.23 s after).
-        # Only in the console script's process: a caller of many runs (the tests call
-        # ``cli.main``) would keep every cycle it held, the instances' open files among them.
-        gc.freeze()
+    if pooled(args.config, args.source, args.executor, args.ray_address):  # the console script started it
+        start()  # already; a caller in-process (``main(argv)``) starts it here, beside its imports
+    # The modules imported here (Dagster's above all) live as long as the process. In the console
+    # script's own process they leave the cyclic collector's reach, so its full collections walk
+    # only what the run makes (0.33-0.41 s of this process's CPU in five collections at 200
+    # sources, 0.18-0.23 s after). Not for a caller of many runs (the tests call ``cli.main``): it
+    # would keep every cycle it held, the instances' open files among them.
+    with collector_paused(freeze=args.own_process):
+        from curation_dagster.defs.resources import CurationResource
+        from curation_dagster.ops.config import load_config
+        from curation_dagster.run.in_process import RunFailed, run_crawl
 
     workdir, home = workdir_paths(args.workdir)
     load_config(workdir)  # a bad curate.yaml fails here in one line naming it, not inside the first Dagster run

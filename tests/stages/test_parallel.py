@@ -52,3 +52,28 @@ def test_a_process_a_fork_server_started_fans_out_on_forked_workers(tmp_path: Pa
     script.write_text(SERVED)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "('forkserver', [1, 2, 3, 4])"
+
+
+def test_collector_paused_turns_the_collector_off_and_back_and_freezes_only_when_asked() -> None:
+    """A fresh process: ``collector_paused`` leaves the collector off inside, on after (off where
+    it was off), and moves what the process holds out of its reach only with ``freeze``."""
+    probe = """
+import gc
+from stages.parallel import collector_paused
+
+seen = []
+with collector_paused():
+    seen.append(gc.isenabled())
+seen += [gc.isenabled(), gc.get_freeze_count()]
+with collector_paused(freeze=True):
+    junk = [[i] for i in range(1000)]
+seen += [gc.isenabled(), gc.get_freeze_count() >= 1000]
+gc.disable()
+with collector_paused():
+    pass
+seen.append(gc.isenabled())
+print(seen)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[False, True, 0, True, True, False]"

@@ -113,23 +113,61 @@ def test_python_m_curation_dagster_cli_is_the_curate_command() -> None:
 
 def test_curate_run_starts_the_pools_fork_server_first_only_for_a_pooled_crawl(tmp_path: Path) -> None:
     """``curate run`` starts the warm pool's fork server before its own imports (they run side by
-    side) where its arguments name two sources or more and nothing else rules the pool out."""
+    side) where its arguments name two sources or more and nothing else rules the pool out; the
+    console script's lenient look at its arguments (``wanted``) agrees with the CLI's parse."""
+    from curation_dagster.run.forkserver import pooled, wanted
+
     config = tmp_path / "crawl.json"
     config.write_text(json.dumps({"sources": {"a": {"url": "x"}, "b": {"url": "y"}}}))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
 
-    def args(*extra: str) -> argparse.Namespace:
-        return cli.parser().parse_args(["run", "--workdir", str(tmp_path), "--crawl", "c", *extra])
+    def told(*extra: str) -> bool:
+        argv = ["run", "--workdir", str(tmp_path), "--crawl", "c", *extra]
+        args = cli.parser().parse_args(argv)
+        decision = pooled(args.config, args.source, args.executor, args.ray_address)
+        assert wanted(argv) is decision
+        return decision
 
     from stages.parallel import usable_cores
 
     cores = usable_cores() >= 2
-    assert crawl._pooled(args("--source", "a=x", "--source", "b=y")) is cores
-    assert crawl._pooled(args("--config", str(config))) is cores
-    assert crawl._pooled(args("--config", str(config), "--source", "c=z")) is cores
-    assert not crawl._pooled(args("--source", "a=x"))  # one source runs in the process
-    assert not crawl._pooled(args())  # the registered crawl's: the pool starts it when it is made
-    assert not crawl._pooled(args("--config", str(config), "--executor", "ray"))
-    assert not crawl._pooled(args("--config", str(config), "--ray-address", "auto"))
-    bad = tmp_path / "bad.json"
-    bad.write_text("{")
-    assert not crawl._pooled(args("--config", str(bad)))  # its error is told in its turn, not here
+    assert told("--source", "a=x", "--source", "b=y") is cores
+    assert told("--config", str(config)) is cores
+    assert told("--config", str(config), "--source", "c=z") is cores
+    assert told("--stages", "fuzzy", "--config", str(config), "--quiet") is cores
+    assert not told("--source", "a=x")  # one source runs in the process
+    assert not told()  # the registered crawl's: the pool starts it when it is made
+    assert not told("--config", str(config), "--executor", "ray")
+    assert not told("--config", str(config), "--ray-address", "auto")
+    assert not told("--config", str(bad))  # its error is told in its turn, not here
+    assert not wanted(["run", "--config"])  # malformed: the CLI says so, nothing is printed here
+    assert not wanted(["report", "--config", str(config)])
+    assert not wanted([])
+
+
+def test_the_console_script_starts_the_fork_server_before_importing_dagster(tmp_path: Path) -> None:
+    """The console script's process starts the fork server before the CLI's imports (Dagster's),
+    so that the two import side by side."""
+    config = tmp_path / "crawl.json"
+    config.write_text(json.dumps({"sources": {"a": {"url": "x"}, "b": {"url": "y"}}}))
+    probe = """
+import sys
+from multiprocessing import forkserver
+from curation_dagster import console
+
+def seen(argv):
+    started = forkserver._forkserver._forkserver_pid is not None
+    print(started, "dagster" in sys.modules)
+    return 0
+
+console._main = seen
+sys.argv = ["curate", "run", "--workdir", sys.argv[1], "--crawl", "c", "--config", sys.argv[2]]
+console.main()
+"""
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "w"), str(config)], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    from stages.parallel import usable_cores
+
+    assert done.stdout.split() == [str(usable_cores() >= 2), "False"]
