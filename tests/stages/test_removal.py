@@ -110,3 +110,35 @@ def test_the_survivor_count_is_the_rows_survivors_yields(tmp_path: Path) -> None
         inputs = Inputs(store, {"raw_documents": {"s1": raw}, "fuzzy_duplicates": {None: pdir}})
         got = survivor_count(inputs, "s1")
         assert got == sum(t.num_rows for t in survivors(inputs, "s1", ["doc_id"], 64)) == 250 - len(removed)
+
+
+def test_a_switched_off_heuristic_stage_judges_nothing_and_counts_its_input(tmp_path: Path) -> None:
+    """``filtered_documents`` of a crawl without the heuristic stage: an empty decisions table
+    and removal list (no part file: the schemas are in the manifest), and its input, every
+    document that survives the stages before it, counted from their manifests."""
+    import json
+
+    from stages.dataroot import DataRoot
+    from stages.execute import execute_crawl
+    from stages.params import ExecutionParams
+    from stages.programs.filtered_documents import DECISIONS
+    from stages.spec import CrawlSpec
+
+    folder = tmp_path / "in" / "s0"
+    folder.mkdir(parents=True)
+    lines = [json.dumps({"id": f"d{i}", "text": f"text {i % 3} of a source " * 5}) for i in range(7)]
+    (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
+    spec = CrawlSpec(crawl="c1", sources={"s0": {"url": str(folder), "id_field": "id"}},  # type: ignore[arg-type]
+                     stages=("exact",))
+    store = Store(str(tmp_path / "data"))
+    execute_crawl(store, spec, ExecutionParams(workers=1))
+    pdir = DataRoot(store).output_dir(spec, "filtered_documents", "s0")
+    manifest = store.read_manifest(pdir)
+    assert manifest is not None and manifest.parts() == []
+    decisions = store.read_table(pdir, "decisions")
+    assert decisions.num_rows == 0 and decisions.schema == DECISIONS
+    assert store.read_table(pdir, "removed").num_rows == 0
+    report = manifest.report
+    assert (report["enabled"], report["input"], report["kept"], report["removed"]) == (False, 7, 7, 0)
+    curated = store.read_table(DataRoot(store).output_dir(spec, "curated_documents", "s0"), "documents")
+    assert curated.num_rows == 3  # exact dedup alone removed: 3 distinct texts of 7
