@@ -7,9 +7,15 @@ from __future__ import annotations
 import gzip
 import json
 import resource
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+# The ``curate`` console script's entry point (``curation_dagster.console:main``), as a user runs
+# it: ``python -m curation_dagster.cli`` imports the whole CLI before its first line, and so is not
+# what a user waits for. -P: not the current folder first on sys.path. Run from the checkout, the
+# checkout's curation_dagster came ahead of ``PYTHONPATH``: a ``--baseline`` tree ran this one.
+CURATE = [sys.executable, "-P", "-c", "from curation_dagster.console import main; main()"]
 SHINGLE = 24  # code points per shingle, the project's default (docs/minhash.md §2)
 SKIPPED_SOURCES = ("scraps", "benchmarks")  # `curate sample`'s broken records and its benchmark
 

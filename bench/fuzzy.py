@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import char_shingles, components, peak_self_kib, sample_texts
+from common import CURATE, char_shingles, components, peak_self_kib, sample_texts
 
 SHINGLE, NUM_PERM, BANDS, THRESHOLD = 24, 260, 20, 0.8
 
@@ -169,11 +169,11 @@ def run_ours_dagster(folder: Path, work: Path) -> dict[str, Any]:
     # The corpus is copies of copies by construction: lift the over-deletion guard for it.
     (work / "wd").mkdir()
     (work / "wd" / "curate.yaml").write_text("checks:\n  over_deletion:\n    max_removed_fraction: 1.0\n")
-    subprocess.run([sys.executable, "-m", "curation_dagster.cli", "run", "--workdir", str(work / "wd"),
+    subprocess.run([*CURATE, "run", "--workdir", str(work / "wd"),
                     "--crawl", "bench", "--config", str(work / "cfg.json"), "--stages", "fuzzy", "--quiet"],
                    check=True, stdout=subprocess.DEVNULL)
     report = json.loads(subprocess.run(
-        [sys.executable, "-m", "curation_dagster.cli", "report", "--workdir", str(work / "wd"), "--crawl", "bench",
+        [*CURATE, "report", "--workdir", str(work / "wd"), "--crawl", "bench",
          "--json"], check=True, capture_output=True, text=True).stdout)
     return {"removed": sum(r["removed"].get("fuzzy", 0) for r in report["sources"].values())}
 

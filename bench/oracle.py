@@ -43,7 +43,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import time
@@ -57,7 +56,7 @@ import numpy as np
 import orjson
 import pyarrow.parquet as pq
 import xxhash
-from common import char_shingles, components
+from common import CURATE, char_shingles, components
 
 K, THRESHOLD, CRAWL = 24, 0.8, "c1"
 LONG_MAX_BYTES = 4 << 20
@@ -325,7 +324,7 @@ def true_pairs(hashes: list[np.ndarray]) -> tuple[list[tuple[int, int, float]], 
 def run_pipeline(folders: dict[str, Path], work: Path) -> tuple[float, Path]:
     """Fresh ``curate run --stages exact,fuzzy``; returns (wall seconds, ledger path)."""
     shutil.rmtree(work, ignore_errors=True)
-    curate = [sys.executable, "-m", "curation_dagster.cli"]
+    curate = CURATE
     work.mkdir(parents=True)
     config = work.parent / "oracle-crawl.json"  # --source NAME=URL has no id_field; the ledger needs record_id
     config.write_text(json.dumps({"sources": {s: {"url": str(f), "text_field": "text", "id_field": "id"}

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import char_shingles, sample_texts
+from common import CURATE, char_shingles, sample_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 SHINGLE, NUM_PERM, BANDS, THRESHOLD = 24, 260, 20, 0.8
@@ -121,11 +121,6 @@ def rensa_child(folder: Path, out: Path) -> None:
     out.write_text("\n".join(ids[i] for i in sorted(removed)))
 
 
-# The ``curate`` console script's entry point (``curation_dagster.console:main``), as a user runs
-# it: ``python -m curation_dagster.cli`` imports the whole CLI before its first line, and so is not
-# what a user waits for. -P: not the current folder first on sys.path. Run from the checkout, the
-# checkout's curation_dagster came ahead of ``PYTHONPATH``: ``--baseline`` ran this tree twice.
-CURATE = [sys.executable, "-P", "-c", "from curation_dagster.console import main; main()"]
 
 
 def _timed(cmd: list[str], cwd: Path | None = None, tree: Path | None = None) -> tuple[float, str]:

@@ -29,13 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     """The ``curate`` console script (``argv`` None: the process's own arguments; the process
     ends here, through ``exit_process``); with ``argv``, the exit code, for callers in-process."""
     if argv is None:  # before the CLI's imports: ``curate run``'s pool imports beside them
-        from curation_dagster.run.forkserver import start_for
+        from curation_dagster.run.forkserver import start_for, stop
 
         start_for(sys.argv[1:])
-    code = _main(argv)
-    if argv is None:
+        try:
+            code = _main(argv)
+        finally:  # argparse's exits too (a usage error, --help)
+            stop()
         exit_process(code)
-    return code
+    return _main(argv)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -63,7 +63,7 @@ _MIDDLE: tuple[Program, ...] = (
     # read filtered_documents' survivors also read the language removal list.
     Program(
         "filtered_documents", "source", P.FilteredDocumentsParams, ("raw_documents", "document_languages"),
-        "Heuristic scores (Gopher quality/repetition, C4 lines) and the keep decision per document.",
+        "Heuristic scores (Gopher quality/repetition, C4 lines) and the keep decision per document (none when off).",
         group="filter", stage="heuristic",
     ),
     Program(

@@ -4,7 +4,10 @@ executor (``curation_dagster.run.pool``), every program, and what any forked wor
 itself (``stages.parallel.PRELOAD``: pandas, 0.2 s of CPU in each worker otherwise). Not numba's
 implementations, imported at a worker's first kernel loaded from the cache (0.2 s more): they
 import scipy.linalg, whose OpenBLAS would start its threads in the fork server, with its
-settings, not the partition's."""
+settings, not the partition's.
+
+Importing it freezes what the importing process then holds (``gc.freeze``: the fork server's
+workers collect only their own objects): import it in the fork server alone."""
 
 from __future__ import annotations
 

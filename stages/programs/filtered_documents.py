@@ -1,4 +1,5 @@
-"""filtered_documents[source, crawl]: heuristic scores and the keep decision per document.
+"""filtered_documents[source, crawl]: heuristic scores and the keep decision per document (none
+where the heuristic stage is switched off: it judged nothing).
 
 It sees only the survivors of the language stage, and its rule set follows their language
 (``stages.kernels.heuristics.exemptions``: no word rules for Chinese, Japanese, Thai...; the
@@ -214,7 +215,9 @@ def run(
     if not params.enabled:
         # No decisions: the stage judged nothing, as a switched-off language stage identifies
         # nothing. (It listed every document, kept: at 200 sources a read of every source's ids, a
-        # part and two fsyncs a partition, 0.3 s of the crawl; no program reads the table.)
+        # part and two fsyncs a partition, 0.3 s of the crawl.) No params version bump: no program
+        # reads this table, and a bump would re-key every later output of every crawl; partitions
+        # written before keep their full table.
         output.write("decisions", DECISIONS.empty_table())
         output.write("removed", REMOVED.empty_table())
         n = survivor_count(inputs, partition.source)

@@ -120,7 +120,7 @@ def test_a_switched_off_heuristic_stage_judges_nothing_and_counts_its_input(tmp_
 
     from stages.dataroot import DataRoot
     from stages.execute import execute_crawl
-    from stages.params import ExecutionParams
+    from stages.params import ExecutionParams, RawDocumentsParams
     from stages.programs.filtered_documents import DECISIONS
     from stages.spec import CrawlSpec
 
@@ -128,8 +128,7 @@ def test_a_switched_off_heuristic_stage_judges_nothing_and_counts_its_input(tmp_
     folder.mkdir(parents=True)
     lines = [json.dumps({"id": f"d{i}", "text": f"text {i % 3} of a source " * 5}) for i in range(7)]
     (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
-    spec = CrawlSpec(crawl="c1", sources={"s0": {"url": str(folder), "id_field": "id"}},  # type: ignore[arg-type]
-                     stages=("exact",))
+    spec = CrawlSpec(crawl="c1", sources={"s0": RawDocumentsParams(url=str(folder), id_field="id")}, stages=("exact",))
     store = Store(str(tmp_path / "data"))
     execute_crawl(store, spec, ExecutionParams(workers=1))
     pdir = DataRoot(store).output_dir(spec, "filtered_documents", "s0")

@@ -141,9 +141,16 @@ def test_curate_run_starts_the_pools_fork_server_first_only_for_a_pooled_crawl(t
     assert not told("--config", str(config), "--executor", "ray")
     assert not told("--config", str(config), "--ray-address", "auto")
     assert not told("--config", str(bad))  # its error is told in its turn, not here
-    assert not wanted(["run", "--config"])  # malformed: the CLI says so, nothing is printed here
+    assert not wanted(["run", "--config"])  # malformed: the CLI says so
+    assert not wanted(["run", "--crawl", "c", "--config", str(config)])  # no --workdir: the CLI's usage error
+    assert not wanted(["run", "--workdir", "w", "--crawl", "c", "--config", str(config), "--help"])
+    assert not wanted(["run", "--workdir", "w", "--crawl", "c", "--conf", str(config)])  # the CLI's to resolve
     assert not wanted(["report", "--config", str(config)])
     assert not wanted([])
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"sources": 5}))  # the CLI tells what is wrong with it, not a traceback here
+    assert not told("--config", str(odd))
+    assert not pooled("/dev/null", ["a=x"], None, None)  # a file that is no config: one source named
 
 
 def test_the_console_script_starts_the_fork_server_before_importing_dagster(tmp_path: Path) -> None:
@@ -171,3 +178,59 @@ console.main()
     from stages.parallel import usable_cores
 
     assert done.stdout.split() == [str(usable_cores() >= 2), "False"]
+
+
+def test_the_console_script_ends_the_fork_server_it_started_when_the_command_stops_early(tmp_path: Path) -> None:
+    """A pooled ``curate run`` that stops at its usage error ends the fork server it started
+    with it (``forkserver.stop``), at once: the server's imports would otherwise hold the
+    command's output open, a reader of it (a pipe) waiting on them."""
+    from stages.parallel import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("no fork server where the crawl runs in one process")
+    config = tmp_path / "crawl.json"
+    config.write_text(json.dumps({"sources": {"a": {"url": "x"}, "b": {"url": "y"}}}))
+    probe = """
+import os, sys, time
+from multiprocessing import forkserver
+from curation_dagster import console
+from curation_dagster.run import forkserver as ours
+
+real = ours.stop
+
+def stop():
+    pid = forkserver._forkserver._forkserver_pid
+    t0 = time.monotonic()
+    real()
+    print(pid is not None, os.path.exists(f"/proc/{pid}"), time.monotonic() - t0 < 0.5, flush=True)
+
+def failing(argv):
+    raise SystemExit(2)  # as argparse does at a usage error
+
+ours.stop, console._main = stop, failing
+sys.argv = ["curate", "run", "--workdir", sys.argv[1], "--crawl", "c", "--config", sys.argv[2]]
+console.main()
+"""
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "w"), str(config)], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 2, done.stderr
+    # It had started; it is gone, reaped, within half a second: killed, not waited for (its
+    # imports take a second or more).
+    assert done.stdout.split() == ["True", "False", "True"], done.stdout + done.stderr
+
+
+def test_the_fork_servers_one_preload_imports_every_program_and_pandas() -> None:
+    """``run/worker_imports`` (the fork server's preload, whose ImportError multiprocessing would
+    swallow): the executor, every program and pandas imported, the collector on and what they
+    made frozen."""
+    probe = """
+import gc, sys
+import curation_dagster.run.worker_imports
+from stages.catalog import PROGRAMS
+print(all(f"stages.programs.{name}" in sys.modules for name in PROGRAMS), "curation_dagster.run.pool" in sys.modules,
+      "pandas" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 0)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"] * 5

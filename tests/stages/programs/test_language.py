@@ -227,4 +227,16 @@ def test_disabled_stage_writes_empty_tables_and_loads_nothing(tmp_path: Path) ->
                       "seconds": report["seconds"], "backend": report["backend"], "timing": report["timing"]}
 
 
+def test_a_switched_off_heuristic_stage_counts_what_the_language_stage_kept(tmp_path: Path) -> None:
+    """``filtered_documents`` with the heuristic stage off after a language stage that removes:
+    its input (``survivor_count``, from the manifests) is what the language stage kept."""
+    sources = _corpus(tmp_path / "in")
+    store = Store(str(tmp_path / "root"))
+    out = _run(store, _spec(sources, ("language",), languages=["en"]), upto="filtered_documents")
+    languages = out[("document_languages", "web")].manifest.report
+    filtered = out[("filtered_documents", "web")].manifest.report
+    assert 0 < languages["kept"] < languages["input"] == 16  # English kept, the others removed
+    assert (filtered["enabled"], filtered["input"], filtered["kept"]) == (False, languages["kept"], languages["kept"])
+
+
 # --------------------------------------------------------------------------- through Dagster
