@@ -192,14 +192,16 @@ class PartitionPool:
             fit = min(fit, int(self.memory // (max(resources.memory_gib, 0.25) * 2**30)))
         return min(fit, partitions) if fit >= min(partitions, 2) else 0
 
-    def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None
-            ) -> Iterator[list[Done]]:
+    def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None,
+            started: Callable[[], None] | None = None) -> Iterator[list[Done]]:
         """Every partition of ``program`` in ``sources``, as they finish: each list holds those
         finished since the last was taken (at least one). A worker process that dies (the OOM
         killer) breaks the pool: every partition of the step not done by then fails, and so do
         later steps' (a rerun resumes)."""
         at_once = self.side_by_side(program, len(sources))
         if not at_once:
+            if started is not None:
+                started()
             judge = step_judge(self.resource, self.spec.crawl) if sources else None
             for source in sources:
                 yield [finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit,
@@ -219,13 +221,19 @@ class PartitionPool:
         pending: dict[Future[Done], str | None] = {}
         taken = time.monotonic()
         while queue or pending:
+            broken: list[Done] = []
             while queue and len(pending) < in_flight:
                 source = queue.pop(0)
                 try:
                     future = self._pool.submit(_work, program, source, execution, self.force, step, tell)
                     pending[future] = source
                 except BrokenProcessPool as exc:  # a worker died in an earlier step
-                    yield [Done(program, source, error=f"{DIED}: {one_line(exc)}")]
+                    broken.append(Done(program, source, error=f"{DIED}: {one_line(exc)}"))
+            if started is not None:  # handed over: the workers run them meanwhile
+                started()
+                started = None
+            if broken:
+                yield broken
             if not pending:
                 continue
             finished, _ = wait(pending, timeout=_LINES_S if tell else None, return_when=FIRST_COMPLETED)

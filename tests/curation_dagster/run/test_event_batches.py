@@ -95,6 +95,12 @@ def test_a_partitions_events_are_one_transaction_and_a_steps_planned_ones_one(tm
     assert len(planned) == len(PROGRAMS) == len(per_step)
     assert all(len({a for _, a, _ in t}) == 1 for t in planned)
     assert {a.strip('["]'): n for a, n in per_step.items()} == {p: len(crawl.partitions(p)) for p in PROGRAMS}
+    # Stored once the step's partitions are handed over (``Launcher.run``'s ``started``), but
+    # before the first of them is recorded.
+    for asset in per_step:
+        at = [n for n, t in enumerate(committed) for e, a, _ in t if a == asset]
+        kinds = [e for t in committed for e, a, _ in t if a == asset]
+        assert kinds[0] == "ASSET_MATERIALIZATION_PLANNED" and at[0] < at[kinds.index("ASSET_MATERIALIZATION")]
 
 
 def test_events_stored_together_are_all_or_none(tmp_path: Path) -> None:
