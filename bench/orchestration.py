@@ -194,8 +194,12 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
     with sqlite3.connect(wd / "dagster" / "history" / "runs.db") as db:  # the SQLite instance's run table
         runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     rensa, _ = _timed([sys.executable, __file__, "--rensa", str(data), str(work / "rensa.txt")])
+    # Ingestion's rate, two ways: each partition's input file bytes over its wall time (for
+    # Parquet, compressed bytes), averaged; and the MB of text dealt over the partitions' summed
+    # wall time (MB of text per partition-second, whatever the format).
     raw_mb_s = [p["bytes"] / 1e6 / p["wall_s"] for n, p in rows.items()
                 if n.startswith("raw_documents[") and p.get("bytes") and p.get("wall_s")]
+    raw_wall = sum(p.get("wall_s") or 0.0 for n, p in rows.items() if n.startswith("raw_documents["))
     if before:
         removed = removed_ids(wd, None)
         before = {"baseline_s": before["baseline_s"], "baseline_ratio": round(rensa / before["baseline_s"], 2),
@@ -206,6 +210,7 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
         "rensa_s": round(rensa, 2), "ratio": round(rensa / ours, 2), **before, "runs": runs,
         "to_first_s": round(to_first, 2), "load_before": load, "load_after": os.getloadavg()[0],
         "raw_documents_mb_per_partition_s": round(sum(raw_mb_s) / len(raw_mb_s), 1) if raw_mb_s else None,
+        "raw_documents_text_mb_per_partition_s": round(written / raw_wall, 1) if raw_wall else None,
         "partitions": sum(len(parts) for parts in profile["programs"].values()),
         "steps_s": round(steps, 2),
         "overhead_mean_ms": round(1000 * sum(overhead) / len(overhead), 1) if overhead else None,
