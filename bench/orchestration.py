@@ -235,6 +235,8 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
         "format": fmt, "sources": sources, "docs": docs, "mb": round(written, 1), "curate_s": round(ours, 2),
         "rensa_s": round(rensa, 2), "ratio": round(statistics.median(ratios), 2),
         "ratio_worst": round(min(ratios), 2), "repeat": repeat,
+        "rounds": {"curate_s": [round(x, 2) for x in ours_s], "rensa_s": [round(x, 2) for x in rensa_s],
+                   **({"baseline_s": [round(x, 2) for x in base_s]} if base_s else {})},
         **before, "runs": runs,
         "to_first_s": round(to_first, 2), "load_before": load, "load_after": os.getloadavg()[0],
         "raw_documents_mb_per_partition_s": round(sum(raw_mb_s) / len(raw_mb_s), 1) if raw_mb_s else None,
