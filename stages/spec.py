@@ -8,8 +8,8 @@ parameter re-keys that output and everything below it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Any
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from stages import params as P
 from stages.catalog import PROGRAMS, STAGES
-from stages.store import check_name
+from stages.store import check_name, held_within
 
 # CrawlSpec.keys() of the most recently used specs, by their JSON (a few crawls at a time).
 _KEYS: dict[str, dict[tuple[str, str | None], str]] = {}
@@ -29,22 +29,14 @@ _KEYS_KEPT = 16
 _HELD: ContextVar[dict[str, Mapping[tuple[str, str | None], str]] | None] = ContextVar("keys_held", default=None)
 
 
-@contextmanager
-def keys_held() -> Iterator[None]:
+def keys_held() -> AbstractContextManager[None]:
     """Within: each spec's ``key_map`` is derived once (equal specs' once for all). Checking that
     the cached keys still hold validates every program's params again (0.5 ms a call); a
     crawl-wide partition's checks and metadata look up every source's partitions (600 lookups at
     200 sources). The params a key hashes (a model file's fingerprint) may change between two
     runs of a partition, not within one (its run and its description): nothing is held beyond
     the block. A block within another holds the outer one's keys."""
-    if _HELD.get() is not None:
-        yield
-        return
-    token = _HELD.set({})
-    try:
-        yield
-    finally:
-        _HELD.reset(token)
+    return held_within(_HELD)
 
 
 class CrawlSpec(BaseModel):

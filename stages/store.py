@@ -23,7 +23,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -141,18 +141,25 @@ _MANIFESTS: ContextVar[dict[str, Manifest | None] | None] = ContextVar("manifest
 
 
 @contextmanager
-def manifests_held() -> Iterator[None]:
-    """Within: each manifest is read once (``Store.read_manifest``); nothing is held beyond the
-    block (another process may commit a partition between two blocks). A block within another
-    holds the outer one's."""
-    if _MANIFESTS.get() is not None:
+def held_within(var: ContextVar[Any]) -> Iterator[None]:
+    """Within: ``var`` holds a dict, a memo for the block (``manifests_held``,
+    ``stages.spec.keys_held``): a fresh one, or in a block within another the outer one's.
+    Nothing is held beyond the outermost block."""
+    if var.get() is not None:
         yield
         return
-    token = _MANIFESTS.set({})
+    token = var.set({})
     try:
         yield
     finally:
-        _MANIFESTS.reset(token)
+        var.reset(token)
+
+
+def manifests_held() -> AbstractContextManager[None]:
+    """Within: each manifest is read once (``Store.read_manifest``); nothing is held beyond the
+    block (another process may commit a partition between two blocks). A block within another
+    holds the outer one's."""
+    return held_within(_MANIFESTS)
 
 
 @dataclass
