@@ -37,32 +37,6 @@ from stages.errors import DamagedFile, StageError
 from stages.lease import Lease, LeaseBusy, LeaseLost, checks_preconditions, supports_leases
 from stages.timing import timed, timed_iter
 
-
-def _arrow_memory_pool() -> None:
-    """Arrow's buffers from jemalloc, not its default mimalloc. ``stages/__init__`` names it in
-    the environment before pyarrow's first import, which sets Arrow's C++ default pool in this
-    process and the processes started from it; where pyarrow was imported first (by the caller),
-    pyarrow's own default (what its functions allocate from unless told otherwise) is set here,
-    and the C++ kernels that take no pool (Acero's group-by) stay on mimalloc. mimalloc's
-    segments take transparent huge pages (THP ``madvise``, the common setting): a first touch
-    anywhere in 2 MB faults all of it in, and in a virtual machine such a fault took 10 ms (70 MB
-    of fresh buffers: 320-465 ms of system time, 30-60 ms from jemalloc's 4 KB pages). A
-    200-source crawl faulted in 2,050 huge pages (4 GB) a run with mimalloc, none with jemalloc,
-    and took 6-15% less wall with it (docs/profile.md). A pool the environment names otherwise
-    stays, and a pyarrow without jemalloc keeps its default."""
-    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL", "jemalloc") != "jemalloc":
-        return
-    try:
-        pool = pa.jemalloc_memory_pool()
-    except NotImplementedError:  # a pyarrow built without it
-        return
-    if pa.default_memory_pool().backend_name != "jemalloc":
-        pa.set_memory_pool(pool)
-    os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
-
-
-_arrow_memory_pool()
-
 MANIFEST = "_manifest.json"
 # Parquet codecs, measured on raw_documents of 17k source files (71 MB of Arrow, docs/profile.md):
 # zstd-1 writes in 0.19 s of CPU, reads in 0.09 s, 13.7 MB; lz4 0.14 s, 0.04 s, 20.4 MB; none

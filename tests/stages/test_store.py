@@ -494,3 +494,29 @@ def test_params_are_strict_and_frozen() -> None:
         ExactDuplicatesParams(unknown=1)  # type: ignore[call-arg]  # a typo must not be ignored
     with pytest.raises(ValueError):
         ExactDuplicatesParams().lowercase = True  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("first", "named", "expected"), [
+    ("stages", None, "jemalloc"),  # the environment names it before pyarrow's import
+    ("pyarrow", None, "jemalloc"),  # pyarrow imported first: its default pool set
+    ("stages", "system", "system"),  # a pool the environment names stays
+    ("pyarrow", "system", "system"),
+])
+def test_importing_stages_makes_arrow_allocate_from_jemalloc(first: str, named: str | None, expected: str) -> None:
+    """``stages._arrow_allocator``, in a fresh process: pyarrow's default pool after ``stages``
+    is imported, and the environment its child processes inherit."""
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pytest.skip("this pyarrow has no jemalloc")
+    if sys.platform != "linux" and first == "stages" and named is None:
+        pytest.skip("named in the environment on Linux only")
+    probe = (f"import os, {first}, stages, pyarrow as pa; "
+             "print(pa.default_memory_pool().backend_name, os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if named:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = named
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [expected, expected]
