@@ -21,10 +21,13 @@ from stages.parallel import collector_paused
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from curation_dagster.run.forkserver import pooled, start
+    from curation_dagster.run.forkserver import pooled, running, start
 
-    if pooled(args.config, args.source, args.executor, args.ray_address):  # the console script started it
-        start()  # already; a caller in-process (``main(argv)``) starts it here, beside its imports
+    # The console script started it already where the crawl is pooled (not read again here); a
+    # caller in-process (``main(argv)``, ``python -m curation_dagster.cli``) starts it now, beside
+    # the imports below.
+    if not running() and pooled(args.config, args.source, args.executor, args.ray_address):
+        start()
     # The modules imported here (Dagster's above all) live as long as the process. In the console
     # script's own process they leave the cyclic collector's reach, so its full collections walk
     # only what the run makes (0.33-0.41 s of this process's CPU in five collections at 200

@@ -37,7 +37,7 @@ def stop() -> None:
     pool closed (its workers gone). A command that failed or only printed its usage before its
     pool was made would otherwise leave the server's imports holding the command's output open
     (a reader of that output waiting on them for a second or more)."""
-    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    pid = _pid()
     if pid is None:
         return
     try:
@@ -45,6 +45,16 @@ def stop() -> None:
         os.waitpid(pid, 0)
     except OSError:  # gone already, or not this process's child
         pass
+
+
+def running() -> bool:
+    """Whether this process has started its fork server (``start``)."""
+    return _pid() is not None
+
+
+def _pid() -> int | None:
+    """The fork server's process id, None before it is started (multiprocessing's own record)."""
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
 
 
 def pooled(config: str | None, sources: Sequence[str] | None, executor: str | None, ray_address: str | None) -> bool:
