@@ -22,7 +22,7 @@ from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS
 from stages.parallel import adopt_environment, die_with_parent, limit_threads, usable_cores
 from stages.params import ExecutionParams
-from stages.spec import CrawlSpec
+from stages.spec import CrawlSpec, adopt_keys
 from stages.store import Store
 
 DIED = "its worker process died (out of memory?)"
@@ -33,9 +33,11 @@ _WORKER: dict[str, Any] = {}
 _STEPS = itertools.count()
 
 
-def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str], lines: Any) -> None:
+def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str], lines: Any,
+                 keys: tuple[str, dict[tuple[str, str | None], str]]) -> None:
     die_with_parent(os.getppid())  # the fork server: it exits when the process that started it does
     _WORKER["lines"] = lines
+    adopt_keys(*keys)  # the pool's, for as long as they hold (``stages.spec.adopt_keys``)
     try:
         # The fork server's environment is that of the first pool of this process: take this one's.
         adopt_environment(environ)
@@ -145,7 +147,8 @@ class PartitionPool:
             # its result, so read here once it is done, none is left behind.
             self._lines = context.SimpleQueue()
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
-                                             initargs=(fields, spec, dict(os.environ), self._lines))
+                                             initargs=(fields, spec, dict(os.environ), self._lines,
+                                                       spec.derived_keys()))
             if warm:  # ``curate run``'s pool, for the whole run: start the fork server (its imports
                 # take a second or two) and a first worker now, on another core while this process
                 # starts the run and plans its first step (a step's own pool may never be used)

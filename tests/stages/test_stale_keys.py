@@ -259,3 +259,25 @@ def test_a_copy_with_other_parameters_has_its_own_keys() -> None:
     assert base.keys() == before and base.key_map()[("lsh_buckets", None)] == before[("lsh_buckets", None)]
     # The cache is no field: a spec that derived its keys equals the same spec read back.
     assert base == CrawlSpec.model_validate(base.model_dump()) and base != changed
+
+
+def test_adopted_keys_hold_only_while_what_they_were_derived_for_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool worker adopts its pool's keys (``adopt_keys``) instead of deriving them on its first
+    partition; a params version (or a model file, or the code) changed since means new keys,
+    derived here."""
+    from stages import spec as spec_module
+
+    base = base_spec(tmp_path)
+    ident, keys = base.derived_keys()
+    monkeypatch.setattr(spec_module, "_KEYS", {})  # another process: nothing derived yet
+    spec_module.adopt_keys(ident, keys)
+    derived: list[CrawlSpec] = []
+    real = CrawlSpec._derive_keys
+    monkeypatch.setattr(CrawlSpec, "_derive_keys", lambda self: derived.append(self) or real(self))
+    copy = CrawlSpec.model_validate(base.model_dump())  # as the worker unpickles it
+    assert copy.keys() == keys and not derived
+    monkeypatch.setattr(P.ExactDuplicatesParams, "version", P.ExactDuplicatesParams.version + 1)
+    after = copy.keys()
+    assert len(derived) == 1 and after[("exact_duplicates", None)] != keys[("exact_duplicates", None)]
