@@ -22,7 +22,10 @@ rensa's per-document cost shrinks and a per-document overhead of ours does not),
 of 2,000) that rensa reads with pyarrow. ``--baseline TREE`` runs a second checkout's
 ``curation_dagster`` (``PYTHONPATH=TREE``) on the same files in the same run, for before/after.
 
-Ratio = rensa's wall / ours (> 1: we are faster). Usage::
+Ratio = rensa's wall / ours (> 1: we are faster). Beside the wall time, each side's CPU seconds
+(user and system, the whole process tree) and ``cpu_ratio``, rensa's over ours: ``curate run``
+spreads its work over the cores, rensa runs on one, so the wall ratio holds on an idle machine and
+the CPU ratio is what is left of it where other work takes the other cores. Usage::
 
     python bench/orchestration.py                       # shapes 1:69,12:169 (sources:MB)
     python bench/orchestration.py --shapes 1000:20 --copies 4
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sqlite3
 import statistics
@@ -131,13 +135,24 @@ def rensa_child(folder: Path, out: Path) -> None:
 
 
 def _timed(cmd: list[str], cwd: Path | None = None, tree: Path | None = None) -> tuple[float, str]:
+    wall, out, _ = _timed_cpu(cmd, cwd, tree)
+    return wall, out
+
+
+def _timed_cpu(cmd: list[str], cwd: Path | None = None, tree: Path | None = None) -> tuple[float, str, float]:
+    """(wall seconds, stdout, CPU seconds) of a command: its user and system time, with every
+    process under it that was waited for (``curate run``'s fork server reaps its workers, and the
+    command reaps the fork server): what a busy machine takes away from, where the wall time hides
+    how many cores it ran on."""
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])}...: failed: {proc.stderr.strip()[-2000:]}")
-    return wall, proc.stdout
+    return wall, proc.stdout, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def removed_ids(wd: Path, tree: Path | None) -> list[str]:
@@ -151,17 +166,17 @@ def removed_ids(wd: Path, tree: Path | None) -> list[str]:
     return sorted(f"{r['doc_id']} {r['stage']}" for r in ledger.to_pylist())
 
 
-def run_curate(work: Path, name: str, tree: Path | None) -> tuple[float, Path, float]:
+def run_curate(work: Path, name: str, tree: Path | None) -> tuple[float, Path, float, float]:
     """Wall seconds of one fuzzy-only ``curate run`` of ``work``'s crawl (a fresh workdir), the
-    workdir, and the seconds from its launch to its first partition's start."""
+    workdir, the seconds from its launch to its first partition's start, and its CPU seconds."""
     wd = work / name
     wd.mkdir()
     # The corpus is copies of copies by construction: lift the over-deletion guard for it.
     (wd / "curate.yaml").write_text("checks:\n  over_deletion:\n    max_removed_fraction: 1.0\n")
     launched = time.time()
-    wall, _ = _timed([*CURATE, "run", "--workdir", str(wd), "--crawl", "bench", "--config", str(work / "curate.json"),
-                      "--stages", "fuzzy", "--quiet"], tree=tree)
-    return wall, wd, first_partition_start(wd) - launched
+    wall, _, cpu = _timed_cpu([*CURATE, "run", "--workdir", str(wd), "--crawl", "bench", "--config",
+                               str(work / "curate.json"), "--stages", "fuzzy", "--quiet"], tree=tree)
+    return wall, wd, first_partition_start(wd) - launched, cpu
 
 
 def first_partition_start(wd: Path) -> float:
@@ -186,26 +201,32 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
     # together, so a round's ratio compares like with like; the medians are reported, and the
     # worst round's ratio beside them.
     ours_s, firsts, rensa_s, base_s, base_firsts = [], [], [], [], []
+    ours_cpu, rensa_cpu, base_cpu = [], [], []
     base_removed: list[str] | None = None
     for k in range(repeat):
         if baseline is not None:  # first, so neither tree profits from the other's warm page cache alone
-            wall, base_wd, first = run_curate(work, f"wd-baseline{k}", baseline)
+            wall, base_wd, first, cpu = run_curate(work, f"wd-baseline{k}", baseline)
             base_s.append(wall)
+            base_cpu.append(cpu)
             base_firsts.append(first)
             if base_removed is None:
                 base_removed = removed_ids(base_wd, baseline)
             shutil.rmtree(base_wd)
         if k:  # the last round's workdir is profiled below; the others go (1M documents: gigabytes)
             shutil.rmtree(work / f"wd{k - 1}")
-        wall, wd, first = run_curate(work, f"wd{k}", None)
+        wall, wd, first, cpu = run_curate(work, f"wd{k}", None)
         ours_s.append(wall)
+        ours_cpu.append(cpu)
         firsts.append(first)
-        rensa_s.append(_timed([sys.executable, __file__, "--rensa", str(data), str(work / "rensa.txt")])[0])
+        wall, _, cpu = _timed_cpu([sys.executable, __file__, "--rensa", str(data), str(work / "rensa.txt")])
+        rensa_s.append(wall)
+        rensa_cpu.append(cpu)
     ours, to_first, rensa = statistics.median(ours_s), statistics.median(firsts), statistics.median(rensa_s)
     ratios = [r / o for r, o in zip(rensa_s, ours_s, strict=True)]
     before: dict[str, Any] = {}
     if baseline is not None:
         before = {"baseline_s": round(statistics.median(base_s), 2),
+                  "baseline_cpu_s": round(statistics.median(base_cpu), 2),
                   "baseline_to_first_s": round(statistics.median(base_firsts), 2), "baseline_removed": base_removed}
     _, out = _timed([*CURATE, "profile", "--workdir", str(wd), "--crawl", "bench", "--json"])
     profile = json.loads(out)
@@ -227,7 +248,7 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
     raw_wall = sum(p.get("wall_s") or 0.0 for n, p in rows.items() if n.startswith("raw_documents["))
     if before:
         removed = removed_ids(wd, None)
-        before = {"baseline_s": before["baseline_s"],
+        before = {"baseline_s": before["baseline_s"], "baseline_cpu_s": before["baseline_cpu_s"],
                   "baseline_ratio": round(statistics.median(r / b for r, b in zip(rensa_s, base_s, strict=True)), 2),
                   "baseline_to_first_s": before["baseline_to_first_s"],
                   "same_removals": removed == before["baseline_removed"], "removed": len(removed)}
@@ -235,7 +256,11 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
         "format": fmt, "sources": sources, "docs": docs, "mb": round(written, 1), "curate_s": round(ours, 2),
         "rensa_s": round(rensa, 2), "ratio": round(statistics.median(ratios), 2),
         "ratio_worst": round(min(ratios), 2), "repeat": repeat,
+        # CPU seconds (the process trees', medians): rensa's over ours is the ratio on one free core
+        "curate_cpu_s": round(statistics.median(ours_cpu), 2), "rensa_cpu_s": round(statistics.median(rensa_cpu), 2),
+        "cpu_ratio": round(statistics.median(r / o for r, o in zip(rensa_cpu, ours_cpu, strict=True)), 2),
         "rounds": {"curate_s": [round(x, 2) for x in ours_s], "rensa_s": [round(x, 2) for x in rensa_s],
+                   "curate_cpu_s": [round(x, 2) for x in ours_cpu], "rensa_cpu_s": [round(x, 2) for x in rensa_cpu],
                    **({"baseline_s": [round(x, 2) for x in base_s]} if base_s else {})},
         **before, "runs": runs,
         "to_first_s": round(to_first, 2), "load_before": load, "load_after": os.getloadavg()[0],
@@ -278,12 +303,14 @@ def main() -> None:
                      else ((f"doc{j}", t) for j, t in enumerate(sample_texts(root / "corpus"))))
             rows.append(run_shape(texts, root / f"shape{i}", sources, mb, args.format, args.baseline, args.repeat))
             print(json.dumps(rows[-1]), flush=True)
-    print(f"{'sources':>7} {'docs':>7} {'MB':>6} {'curate s':>9} {'rensa s':>8} {'ratio':>6} {'runs':>5} "
+    print(f"{'sources':>7} {'docs':>7} {'MB':>6} {'curate s':>9} {'rensa s':>8} {'ratio':>6} {'cpu s':>11} "
+          f"{'cpu ratio':>9} {'runs':>5} "
           f"{'partitions':>10} {'steps s':>8} {'overhead/partition ms (mean, max)':>34} {'beyond steps ms':>15} "
           f"{'to first s':>10} {'load':>9}  worst")
     for r in rows:
         print(f"{r['sources']:>7} {r['docs']:>7} {r['mb']:>6} {r['curate_s']:>9} {r['rensa_s']:>8} {r['ratio']:>6} "
-              f"{r['runs']:>5} {r['partitions']:>10} {r['steps_s']:>8} "
+              f"{str(r['curate_cpu_s']) + '/' + str(r['rensa_cpu_s']):>11} {r['cpu_ratio']:>9} {r['runs']:>5} "
+              f"{r['partitions']:>10} {r['steps_s']:>8} "
               f"{str(r['overhead_mean_ms']) + ', ' + str(r['overhead_max_ms']):>34} {r['beyond_steps_ms']:>15} "
               f"{r['to_first_s']:>10} {r['load_before']:>4.1f}-{r['load_after']:<4.1f}  {r['worst']}")
     ratios = [r["ratio"] for r in rows]
