@@ -9,9 +9,6 @@ as metadata.
 """
 
 import warnings
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
@@ -26,53 +23,11 @@ from dagster import (
 
 from curation_dagster.defs.partitions import CRAWL, partitions_for, refuse_outside, split_key
 from curation_dagster.defs.resources import CurationResource
-from curation_dagster.ops.config import load_config
+from curation_dagster.run.judge import Judge, evaluator
 from curation_dagster.run.recorder import AssetCheckEvaluationTargetMaterializationData, check_result, recorded
 from curation_dagster.run.recorder import evaluation as recorded_evaluation
 from stages.catalog import PROGRAMS, Program
-from stages.checks import CHECK_KINDS, CheckKind, NotMaterialized, Verdict
-from stages.spec import CrawlSpec
-from stages.store import Store
-
-
-def _would_remove(store: Store, spec: CrawlSpec, program: str, sources: list[str]) -> dict[str, Any]:
-    """The stopped stage's removal list as metadata; none where it cannot be read (the check's
-    verdict stands without it)."""
-    from curation_dagster.run.metadata import pending_metadata
-
-    try:
-        return pending_metadata(store, spec, program, sources)
-    except (OSError, KeyError, ValueError):
-        return {}
-
-
-Judge = Callable[[CheckKind, str, str | None], Verdict]
-
-
-def evaluator(curation: CurationResource, crawl: str) -> Judge:
-    """``(kind, program, source) -> Verdict`` for partitions of ``crawl`` with the workdir's bounds
-    and the crawl's spec as they are now, read once for every check it judges."""
-    root = curation.dataroot()
-    record = root.record(crawl)
-    checks = load_config(curation.workdir).checks
-
-    def judge(kind: CheckKind, program: str, source: str | None) -> Verdict:
-        if record is None:
-            return Verdict(False, f"crawl {crawl!r} is not registered in {root.url}", "WARN")
-        spec = record.spec
-        if source is not None and source not in spec.sources:
-            return Verdict(True, f"source {source!r} is not part of crawl {crawl!r}", metadata={"in_crawl": False})
-        try:
-            verdict = kind.evaluate(root.store, spec, program, source, checks)
-        except NotMaterialized as exc:
-            return Verdict(False, str(exc), "WARN", {"materialized": False})
-        if kind.name == "over_deletion" and not verdict.passed:
-            sources = [source] if source is not None else sorted(spec.sources)
-            verdict = replace(verdict, metadata={**verdict.metadata, **_would_remove(root.store, spec, program,
-                                                                                        sources)})
-        return verdict
-
-    return judge
+from stages.checks import CHECK_KINDS, CheckKind, Verdict
 
 
 def evaluate(curation: CurationResource, kind: CheckKind, program: str, crawl: str, source: str | None) -> Verdict:

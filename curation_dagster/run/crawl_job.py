@@ -64,16 +64,16 @@ from dagster import (
 )
 from pydantic import Field
 
-from curation_dagster.defs.checks import evaluator
 from curation_dagster.defs.launchers.pipes import Workers
 from curation_dagster.defs.partitions import CRAWL, SOURCE, partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import add_partitions
 from curation_dagster.run import recorder
+from curation_dagster.run.done import Done
+from curation_dagster.run.judge import evaluator
 from curation_dagster.run.partition import describe, finish, one_line, told
 from curation_dagster.run.planner import Planner
 from curation_dagster.run.pool import PartitionPool
-from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.dataroot import DataRoot
 from stages.execute import Outcome

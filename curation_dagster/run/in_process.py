@@ -32,9 +32,9 @@ from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops.instance import add_partitions, open_instance
 from curation_dagster.ops.location import run_origin
 from curation_dagster.run.crawl_job import CRAWL_JOB_DEF, CRAWL_TAG, attached
+from curation_dagster.run.done import Done
 from curation_dagster.run.planner import Planner
 from curation_dagster.run.pool import PartitionPool
-from curation_dagster.run.recorder import Done
 from stages.catalog import PROGRAMS, partition_name
 from stages.checks import Verdict
 from stages.dataroot import DataRoot

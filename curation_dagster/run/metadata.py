@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from curation_dagster.run.recorder import TIMINGS
+from curation_dagster.run import values
+from curation_dagster.run.done import TIMINGS
 from curation_dagster.tools.examples import COLUMNS, EXAMPLE_COLUMNS, pick, removal_examples
 from curation_dagster.tools.lineage import (
     chart_markdown,
@@ -66,7 +67,6 @@ def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | No
     documents, its ledger, or its removal list), from its committed manifest and one part file's
     Parquet footer; none where the partition holds no table."""
     import pyarrow.parquet as pq
-    from dagster import TableColumn, TableSchema
 
     if not manifest.tables:
         return {}
@@ -79,8 +79,8 @@ def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | No
         with store.fs.open(f"{pdir}/{parts[0]}", "rb") as fh:
             schema = pq.read_schema(fh)
     if schema is not None:
-        meta["dagster/column_schema"] = TableSchema(columns=[
-            TableColumn(f.name, _column_type(f.type), f"{table}.{f.name}") for f in schema])
+        meta["dagster/column_schema"] = values.schema([(f.name, _column_type(f.type), f"{table}.{f.name}")
+                                                       for f in schema])
     return meta
 
 
@@ -124,15 +124,11 @@ def asset_metadata(
 def ledger_metadata(report: RemovalLedgerReport) -> dict[str, Any]:
     """Metadata of a removal_ledger materialization: the waterfall as Markdown, as a native table
     (``waterfall_table``) and as a chart, and numeric totals (plotted across materializations by the UI)."""
-    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
-
     tot = totals(report)
-    schema = TableSchema(columns=[TableColumn(name, kind, description)
-                                  for name, kind, description in waterfall_columns(report)])
     meta: dict[str, Any] = {
-        "waterfall": MetadataValue.md(waterfall_markdown(report)),
+        "waterfall": values.md(waterfall_markdown(report)),
         # The same counts as a native table: typed columns the UI sorts, and tools read as data.
-        "waterfall_table": MetadataValue.table([TableRecord(r) for r in waterfall_rows(report)], schema),
+        "waterfall_table": values.table(waterfall_rows(report), waterfall_columns(report)),
         "input_total": tot.input,
         "kept_total": tot.kept,
         "quarantined_total": tot.quarantined,
@@ -140,17 +136,15 @@ def ledger_metadata(report: RemovalLedgerReport) -> dict[str, Any]:
         **{f"removed_{stage}": n for stage, n in tot.removed_per_stage.items()},
     }
     try:
-        chart = MetadataValue.md(chart_markdown(report))
+        chart = values.md(chart_markdown(report))
     except ImportError:  # pillow (with FreeType, as its wheels are) is a dependency; a trimmed image gets the table
-        chart = MetadataValue.md("_install Pillow with FreeType support to see the chart_")
+        chart = values.md("_install Pillow with FreeType support to see the chart_")
     return {"waterfall": meta.pop("waterfall"), "waterfall_chart": chart, **meta}
 
 
 def crawl_over_crawl_table(report: RemovalLedgerReport, previous: dict[str, RemovalLedgerReport]) -> Any:
     """``crawl_over_crawl_rows`` as a Dagster table with its schema (None where no source has a
     previous crawl)."""
-    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
-
     rows = crawl_over_crawl_rows(report, previous)
     if not rows:
         return None
@@ -160,10 +154,10 @@ def crawl_over_crawl_table(report: RemovalLedgerReport, previous: dict[str, Remo
                  "input_change": ("int", "now − then"), "kept_before": ("int", "documents kept then"),
                  "kept": ("int", "documents kept now"), "kept_change": ("int", "now − then"),
                  "quarantine_change": ("int", "documents quarantined at ingestion: now − then")}
-    columns = [TableColumn(c, *described[c]) if c in described else
-               TableColumn(c, "int", f"documents removed by {c.removesuffix('_change')}: now − then")
+    columns = [(c, *described[c]) if c in described else
+               (c, "int", f"documents removed by {c.removesuffix('_change')}: now − then")
                for c in rows[0]]
-    return MetadataValue.table([TableRecord(r) for r in rows], TableSchema(columns=columns))
+    return values.table(rows, columns)
 
 
 def removal_ledger_metadata(store: Store, spec: CrawlSpec, report: RemovalLedgerReport) -> dict[str, Any]:
@@ -183,26 +177,18 @@ def removal_ledger_metadata(store: Store, spec: CrawlSpec, report: RemovalLedger
 
 def examples_table(examples: list[dict[str, Any]]) -> Any:
     """``removal_examples`` rows as a Dagster table with its schema."""
-    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
-
-    schema = TableSchema(columns=[TableColumn(n, k, d) for n, k, d in EXAMPLE_COLUMNS])
     # TableRecord takes no None: an unscored removal shows an empty score
-    records = [TableRecord({k: ("" if v is None else v) for k, v in e.items()}) for e in examples]
-    return MetadataValue.table(records, schema)
+    return values.table([{k: ("" if v is None else v) for k, v in e.items()} for e in examples], EXAMPLE_COLUMNS)
 
 
 def pending_metadata(store: Store, spec: CrawlSpec, program: str, sources: list[str]) -> dict[str, Any]:
     """Dagster metadata of a failed over_deletion: the stage's removal list per source and reason
     and a few examples (``curation_dagster.tools.examples``), titled as not applied."""
-    from dagster import MetadataValue
-
-    from curation_dagster.run.metadata import examples_table
-
     t = stage_removals(store, spec, program, sources)
     title = (f"**{NOT_APPLIED}**: what stage `{PROGRAMS[program].stage}` would remove (its removal list, "
              f"committed; the crawl stopped before applying it)")
     rows = pick(t.to_batches(), sources)
     return {
-        "would_remove": MetadataValue.md(counts_markdown(t, title)),
+        "would_remove": values.md(counts_markdown(t, title)),
         "would_remove_examples": examples_table(removal_examples(store, spec, rows)),
     }

@@ -9,10 +9,10 @@ import time
 import traceback
 from collections.abc import Callable
 
-from curation_dagster.defs.checks import Judge, evaluator
-from curation_dagster.defs.resources import CurationResource
+from curation_dagster.run.done import Done
+from curation_dagster.run.judge import Judge, evaluator
 from curation_dagster.run.metadata import asset_metadata
-from curation_dagster.run.recorder import Done
+from curation_dagster.run.place import Curation
 from stages.catalog import PROGRAMS
 from stages.checks import CHECK_KINDS, manifests_read_once
 from stages.execute import Outcome, execute, metadata
@@ -21,7 +21,7 @@ from stages.spec import CrawlSpec
 from stages.store import Store
 
 
-def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: str | None, outcome: Outcome,
+def describe(resource: Curation, spec: CrawlSpec, program: str, source: str | None, outcome: Outcome,
              started: float, checks: bool = True, judge: Judge | None = None, store: Store | None = None) -> Done:
     """A partition that ran (``started``: ``time.perf_counter()`` when its launch began), with its
     materialization metadata and, where ``checks``, every verdict of its checks (``judge``: an
@@ -40,7 +40,7 @@ def describe(resource: CurationResource, spec: CrawlSpec, program: str, source: 
     return Done(program, source, outcome, None, meta, verdicts, max(busy, 0.0))
 
 
-def finish(resource: CurationResource, store: Store, spec: CrawlSpec, program: str, source: str | None,
+def finish(resource: Curation, store: Store, spec: CrawlSpec, program: str, source: str | None,
            execution: ExecutionParams, force: bool, emit: Callable[[str], None] | None = None,
            checks: bool = True, judge: Judge | None = None) -> Done:
     """Run one partition in this process and describe it: what a pool worker does for each
@@ -68,7 +68,7 @@ def one_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def step_judge(resource: CurationResource, crawl: str) -> Judge | None:
+def step_judge(resource: Curation, crawl: str) -> Judge | None:
     """An evaluator for one step's partitions (the checks' bounds and the crawl's record, read
     once, as ``Fanout``'s), else None where it cannot be made: each partition's ``describe`` then
     makes its own and reports the error as that partition's."""

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 
 from dagster import AssetCheckEvaluation, AssetKey, DagsterInstance
 
-from curation_dagster.defs.checks import Judge, blocking_failures, evaluator
+from curation_dagster.defs.checks import blocking_failures
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run import recorder
+from curation_dagster.run.judge import Judge, evaluator
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.checks import CHECK_KINDS, CheckKind, Verdict, manifests_read_once
 from stages.resolve import data_version, resolve_task

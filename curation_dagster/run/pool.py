@@ -13,17 +13,21 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from curation_dagster.defs.resources import CurationResource
+from curation_dagster.run import values
+from curation_dagster.run.done import Done
 from curation_dagster.run.forkserver import start as start_fork_server
 from curation_dagster.run.partition import finish, one_line, step_judge
-from curation_dagster.run.recorder import Done
+from curation_dagster.run.place import Place
 from stages.catalog import PROGRAMS
 from stages.parallel import adopt_environment, die_with_parent, limit_threads, usable_cores
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec, adopt_keys
 from stages.store import Store
+
+if TYPE_CHECKING:
+    from curation_dagster.defs.resources import CurationResource
 
 DIED = "its worker process died (out of memory?)"
 _LINES_S = 0.5  # how often a partition's progress lines are passed on while it runs
@@ -33,16 +37,16 @@ _WORKER: dict[str, Any] = {}
 _STEPS = itertools.count()
 
 
-def _init_worker(resource_fields: dict[str, Any], spec: CrawlSpec, environ: dict[str, str], lines: Any,
+def _init_worker(place: Place, spec: CrawlSpec, environ: dict[str, str], lines: Any,
                  keys: tuple[str, dict[tuple[str, str | None], str]]) -> None:
     die_with_parent(os.getppid())  # the fork server: it exits when the process that started it does
     _WORKER["lines"] = lines
     adopt_keys(*keys)  # the pool's, for as long as they hold (``stages.spec.adopt_keys``)
+    values.defer()  # no Dagster here: its metadata values are made where they are recorded
     try:
         # The fork server's environment is that of the first pool of this process: take this one's.
         adopt_environment(environ)
-        resource = CurationResource(**resource_fields)
-        _WORKER.update(resource=resource, store=resource.store(), spec=spec)
+        _WORKER.update(resource=place, store=place.store(), spec=spec)
     except Exception as exc:
         _WORKER["error"] = f"the worker process could not start: {one_line(exc)}"
     # What the fork server imported lives as long as the worker: out of the cyclic collector's
@@ -141,13 +145,12 @@ class PartitionPool:
             start_fork_server()  # where ``curate run`` has not already
             context = multiprocessing.get_context("forkserver")
             # The data root and its options as resolved here, whatever the workers' environment.
-            fields = {name: getattr(resource, name) for name in type(resource).model_fields}
-            fields.update(data_root=resource.root(), storage_options=resource.options())
+            place = Place(resource.workdir, resource.root(), resource.options())
             # A partition's progress lines, where it runs alone (``run``): written whole before
             # its result, so read here once it is done, none is left behind.
             self._lines = context.SimpleQueue()
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
-                                             initargs=(fields, spec, dict(os.environ), self._lines,
+                                             initargs=(place, spec, dict(os.environ), self._lines,
                                                        spec.derived_keys()))
             if warm:  # ``curate run``'s pool, for the whole run: start the fork server (its imports
                 # take a second or two) and a first worker now, on another core while this process

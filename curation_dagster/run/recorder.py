@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
@@ -43,36 +42,14 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 
 from curation_dagster.defs.partitions import partition_key
 from curation_dagster.ops.event_log import latest_target, target_of
+from curation_dagster.run.done import TIMINGS, Done
 from stages.checks import Verdict
-from stages.execute import Outcome
 
 # The materialization tags Dagster reads an asset partition's data version from: what it writes
 # for a step's MaterializeResult(data_version=...) (no public names in 1.13;
 # tests/curation_dagster/run/test_in_process.py checks both kinds of materialization carry them).
 DATA_VERSION_TAG = "dagster/data_version"
 DATA_VERSION_IS_USER_PROVIDED_TAG = "dagster/data_version_is_user_provided"
-
-
-@dataclass(frozen=True)
-class Done:
-    """One partition's end: its outcome, its materialization metadata and check verdicts (each
-    check that applies: name, blocking, verdict), or its error on one line and its traceback.
-    ``busy``: the seconds its work took outside the program (launch, planning, commit, metadata,
-    checks), wherever it ran, up to when it was handed to the recorder."""
-
-    program: str
-    source: str | None
-    outcome: Outcome | None = None
-    error: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    verdicts: list[tuple[str, bool, Verdict]] = field(default_factory=list)
-    busy: float = 0.0
-    trace: str = ""
-
-    def blocking_failures(self) -> list[tuple[str, Verdict]]:
-        """The blocking checks of this partition that failed (name, verdict)."""
-        return [(name, v) for name, blocking, v in self.verdicts
-                if blocking and not v.passed and v.severity == "ERROR"]
 
 
 def overhead_s(done: Done, received: float) -> float | None:
@@ -83,9 +60,6 @@ def overhead_s(done: Done, received: float) -> float | None:
     return round(done.busy + time.perf_counter() - received, 4)
 
 
-# Timings, shown after every count (the UI lists metadata in the order it is given), so a
-# partition's page reads counts first and its Plots tab keeps one series per figure.
-TIMINGS = ("seconds", "wall_s", "read_s", "compute_s", "write_s", "overhead_s")
 
 
 def _table(values: dict[str, Any], left: str) -> MetadataValue:

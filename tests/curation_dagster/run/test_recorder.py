@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dagster import MarkdownMetadataValue, TextMetadataValue
 
-from curation_dagster.run.recorder import TIMINGS, present
+from curation_dagster.run.done import TIMINGS
+from curation_dagster.run.recorder import present
 
 
 def test_counts_first_tables_for_params_numbers_for_rows_timings_last() -> None:

@@ -9,8 +9,8 @@ import re
 import dagster as dg
 import pytest
 
+from curation_dagster.run.done import TIMINGS
 from curation_dagster.run.metadata import ledger_metadata
-from curation_dagster.run.recorder import TIMINGS
 from curation_dagster.tools.lineage import stages_of, waterfall_markdown, waterfall_png, waterfall_rows
 from stages.reports import RemovalLedgerReport
 from tests.support import ops_workdir
