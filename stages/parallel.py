@@ -94,6 +94,15 @@ def preload() -> None:
             pass
 
 
+def load_kernel_target() -> None:
+    """Load numba's CPU target with its implementations here, as a process's first kernel from
+    numba's cache would (0.28-0.34 s): in a process that forks workers that all run kernels (the
+    warm pool's fork server, ``curation_dagster.run.worker_imports``), once for all of them."""
+    from numba.core.registry import cpu_target
+
+    cpu_target.target_context.refresh()
+
+
 def die_with_parent(parent: int) -> None:
     """Have this process killed (SIGKILL) when ``parent``, the process that started it, dies (SIGKILL,
     the OOM killer): a pool worker would wait forever on the pool's queue with its memory, a
