@@ -177,7 +177,7 @@ def removal_ledger_metadata(store: Store, spec: CrawlSpec, report: RemovalLedger
 
 def examples_table(examples: list[dict[str, Any]]) -> Any:
     """``removal_examples`` rows as a Dagster table with its schema."""
-    # TableRecord takes no None: an unscored removal shows an empty score
+    # an unscored removal shows an empty score
     return values.table([{k: ("" if v is None else v) for k, v in e.items()} for e in examples], EXAMPLE_COLUMNS)
 
 

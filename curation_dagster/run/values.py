@@ -54,7 +54,28 @@ def _make(kind: str, args: tuple[Any, ...]) -> Any:
 
 
 def _value(kind: str, *args: Any) -> Any:
-    return Later(kind, args) if _DEFERRED else _make(kind, args)
+    if not _DEFERRED:
+        return _make(kind, args)
+    _check(kind, args)
+    return Later(kind, args)
+
+
+_CELL = (str, int, float, bool, type(None))  # what a TableRecord holds (dagster 1.13)
+
+
+def _check(kind: str, args: tuple[Any, ...]) -> None:
+    """What Dagster would refuse when making the value, refused here: a ``Later`` is made where it
+    is unpickled, in the pool's result thread, where a failure breaks the pool instead of
+    failing its partition."""
+    if kind == "md":
+        ok = isinstance(args[0], str)
+    else:
+        ok = all(len(c) == 3 and isinstance(c[0], str) and isinstance(c[1], str) and isinstance(c[2], str | None)
+                 for c in args[0])
+        if kind == "table":
+            ok = ok and all(isinstance(k, str) and isinstance(v, _CELL) for row in args[1] for k, v in row.items())
+    if not ok:
+        raise TypeError(f"not a Dagster {kind} metadata value: {args!r:.200}")
 
 
 def md(text: str) -> Any:

@@ -7,6 +7,7 @@ import pickle
 
 import dagster as dg
 import pytest
+from dagster_shared.check import CheckError
 
 from curation_dagster.run import values
 
@@ -28,3 +29,17 @@ def test_deferred_values_become_the_values_made_at_once(monkeypatch: pytest.Monk
     assert [pickle.loads(pickle.dumps(v)) for v in later] == now
     assert now[1].columns[0] == dg.TableColumn("doc_id", "string", "documents.doc_id")
     assert now[2].records[1] == dg.TableRecord({"doc_id": "b", "score": ""})
+
+
+def test_a_value_dagster_would_refuse_fails_where_it_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused in the worker (its partition fails), not where the pool unpickles it (which would
+    break the pool): a table cell that is a list, as Dagster's TableRecord refuses it."""
+    bad = [{"doc_id": ["a"]}]
+    with pytest.raises(CheckError):
+        values.table(bad, COLUMNS)
+    monkeypatch.setattr(values, "_DEFERRED", True)
+    assert isinstance(values.table([{"doc_id": None}], COLUMNS), values.Later)  # None is a cell Dagster takes
+    with pytest.raises(TypeError, match="not a Dagster table"):
+        values.table(bad, COLUMNS)
+    with pytest.raises(TypeError, match="not a Dagster md"):
+        values.md(None)  # type: ignore[arg-type]
