@@ -98,9 +98,12 @@ def load_kernel_target() -> None:
     """Load numba's CPU target with its implementations here, as a process's first kernel from
     numba's cache would (0.28-0.34 s): in a process that forks workers that all run kernels (the
     warm pool's fork server, ``curation_dagster.run.worker_imports``), once for all of them."""
-    from numba.core.registry import cpu_target
+    try:  # numba's internals (0.68): a numba without them loads its target at the first kernel, as before
+        from numba.core.registry import cpu_target
 
-    cpu_target.target_context.refresh()
+        cpu_target.target_context.refresh()
+    except Exception:  # the fork server dies on its preload's errors (but ImportError): never for a head start
+        pass
 
 
 def die_with_parent(parent: int) -> None:

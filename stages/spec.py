@@ -130,15 +130,20 @@ class CrawlSpec(BaseModel):
         held = _HELD.get()
         if held is not None and self._json in held:
             return held[self._json]
-        keys = MappingProxyType(self.derived_keys()[1])
+        keys = MappingProxyType(self._derived()[1])
         if held is not None:
             held[self._json] = keys
         return keys
 
     def derived_keys(self) -> tuple[str, dict[tuple[str, str | None], str]]:
         """(what the keys hold for, the keys): the spec's JSON with each program's params as
-        validated now and the params and code versions (``keys``), and the keys derived for
-        them, or cached; another process adopts them with ``adopt_keys``."""
+        validated now and the params and code versions (``keys``), and a copy of the keys
+        derived for them, or cached; another process adopts them with ``adopt_keys``."""
+        ident, keys = self._derived()
+        return ident, dict(keys)
+
+    def _derived(self) -> tuple[str, dict[tuple[str, str | None], str]]:
+        """``derived_keys`` with the cache's own dict (not to be changed)."""
         from stages.versions import code_versions
 
         if self._json is None:

@@ -29,7 +29,7 @@ class Place:
 
     workdir: str
     data_root: str
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)  # may hold credentials
 
     def dataroot(self) -> DataRoot:
         return DataRoot.open(self.data_root, self.workdir, self.storage_options)

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 DIED = "its worker process died (out of memory?)"
 _LINES_S = 0.5  # how often a partition's progress lines are passed on while it runs
 _GATHER_S = 0.1  # the longest a list of finished partitions waits for more (``PartitionPool.run``)
-# A worker's resource, store and crawl, set by the pool's initializer; its step's evaluator.
+# A worker's place (workdir and data root: ``run/place``), store and crawl, set by the pool's
+# initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
 _STEPS = itertools.count()
 
@@ -62,7 +63,9 @@ def _work(program: str, source: str | None, execution: ExecutionParams, force: b
     if "error" in _WORKER:
         return Done(program, source, error=_WORKER["error"])
     cores = execution.resolved_workers()
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # libraries not loaded yet
+    # For the libraries a partition loads (torch's OpenMP, a BLAS not loaded yet); numpy's and
+    # scipy's OpenBLAS were loaded in the fork server, with its thread count (run/worker_imports).
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = str(cores)
     limit_threads(cores)
     # One evaluator per step in each worker, made at its first partition of the step: reading

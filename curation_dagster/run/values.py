@@ -32,7 +32,7 @@ class Later:
         self.kind, self.args = kind, args
 
     def __reduce__(self) -> tuple[Any, tuple[str, tuple[Any, ...]]]:
-        return _make, (self.kind, self.args)
+        return _unpickled, (self.kind, self.args)
 
     def __repr__(self) -> str:
         return f"Later({self.kind!r})"
@@ -51,6 +51,17 @@ def _make(kind: str, args: tuple[Any, ...]) -> Any:
         return schema
     assert kind == "table", kind
     return MetadataValue.table([TableRecord(r) for r in args[1]], schema)
+
+
+def _unpickled(kind: str, args: tuple[Any, ...]) -> Any:
+    """``_make``, where a ``Later`` is unpickled: in the pool's result thread, where an exception
+    would break the pool, a value Dagster refuses (``_check`` missed it) is a text saying why."""
+    try:
+        return _make(kind, args)
+    except Exception as exc:
+        from dagster import MetadataValue
+
+        return MetadataValue.text(f"metadata value could not be made: {type(exc).__name__}: {exc}")
 
 
 def _value(kind: str, *args: Any) -> Any:
@@ -72,8 +83,9 @@ def _check(kind: str, args: tuple[Any, ...]) -> None:
     else:
         ok = all(len(c) == 3 and isinstance(c[0], str) and isinstance(c[1], str) and isinstance(c[2], str | None)
                  for c in args[0])
-        if kind == "table":
+        if kind == "table":  # and every row with the same fields
             ok = ok and all(isinstance(k, str) and isinstance(v, _CELL) for row in args[1] for k, v in row.items())
+            ok = ok and all(row.keys() == args[1][0].keys() for row in args[1])
     if not ok:
         raise TypeError(f"not a Dagster {kind} metadata value: {args!r:.200}")
 

@@ -288,6 +288,12 @@ def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
                 if program == "document_languages":  # switched off: its tables empty, no part, schemas kept
                     assert all(d.meta["dagster/row_count"] == 0 and d.meta["dagster/column_schema"].columns
                                and d.outcome and not d.outcome.manifest.parts() for d in done), done
+            # The workers described every partition (their metadata is Dagster's here) without
+            # importing Dagster (curation_dagster.run.values), each of them: one call per worker at once.
+            assert pool._pool is not None
+            from tests.support.probes import dagster_modules
+            found = [f.result() for f in [pool._pool.submit(dagster_modules, 0.5) for _ in range(pool.workers)]]
+            assert len({pid for pid, _ in found}) == pool.workers and all(not mods for _, mods in found), found
     # the partitions side by side tell nothing (as before); the one alone its lines, then its end
     assert told["minhash_signatures"] == [] and told["lsh_buckets"], told
     assert told["lsh_buckets"][-1].startswith(f"lsh_buckets[{CRAWL}]: done, "), told["lsh_buckets"]

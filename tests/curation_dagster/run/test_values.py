@@ -43,3 +43,18 @@ def test_a_value_dagster_would_refuse_fails_where_it_is_made(monkeypatch: pytest
         values.table(bad, COLUMNS)
     with pytest.raises(TypeError, match="not a Dagster md"):
         values.md(None)  # type: ignore[arg-type]
+
+
+def test_rows_of_other_fields_fail_where_made_and_never_where_unpickled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows with other fields: Dagster refuses the table; a worker refuses it as it is made. One
+    that got past that check (a later Dagster's rule) unpickles as a text saying why, not an
+    exception in the pool's result thread."""
+    rows = [{"doc_id": "a", "score": 1}, {"doc_id": "b"}]
+    with pytest.raises(CheckError):
+        values.table(rows, COLUMNS)
+    monkeypatch.setattr(values, "_DEFERRED", True)
+    with pytest.raises(TypeError, match="not a Dagster table"):
+        values.table(rows, COLUMNS)
+    slipped = values.Later("table", (COLUMNS, rows))
+    text = pickle.loads(pickle.dumps(slipped))
+    assert isinstance(text, dg.TextMetadataValue) and text.text.startswith("metadata value could not be made: ")
