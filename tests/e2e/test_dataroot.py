@@ -185,12 +185,17 @@ def test_storage_options_never_persist_after_a_real_crawl_on_s3(
     fs = Store(f"s3://{BUCKET}", s3).fs
     body = "".join(json.dumps(d) + "\n" for d in documents(30, stop_words=True) * 2)
     fs.pipe_file(f"{BUCKET}/planted-src/web/part.jsonl", body.encode())
+    fs.pipe_file(f"{BUCKET}/planted-src/copy/part.jsonl", body.encode())
     monkeypatch.setenv("CURATE_STORAGE_OPTIONS", json.dumps({**s3, "key": PLANTED_KEY, "secret": PLANTED_SECRET}))
     work, url = tmp_path / "w", f"s3://{BUCKET}/planted-root"
+    # Two sources: the partitions run on the warm pool, whose workers open the data root with the
+    # options the pool resolved (run/place.Place), the keys among them.
     code, out, err = curate("run", "--workdir", str(work), "--data-root", url, "--crawl", "c1",
-                            "--source", f"web=s3://{BUCKET}/planted-src/web/", "--stages", "exact,fuzzy")
+                            "--source", f"web=s3://{BUCKET}/planted-src/web/",
+                            "--source", f"copy=s3://{BUCKET}/planted-src/copy/", "--stages", "exact,fuzzy")
     assert code == 0, err
-    assert report("--workdir", str(work), crawl="c1")["web"]["removed"]["exact"] == 30  # it really ran
+    counts = report("--workdir", str(work), crawl="c1")  # it really ran
+    assert counts["web"]["removed"]["exact"] + counts["copy"]["removed"]["exact"] == 90  # 30 distinct of 120
     planted = (PLANTED_KEY.encode(), PLANTED_SECRET.encode())
     written = {p: fs.cat_file(p) for p in fs.find(f"{BUCKET}/planted-root")}
     assert any(p.endswith("_manifest.json") for p in written) and any(f"/{CRAWLS_DIR}/" in p for p in written)
