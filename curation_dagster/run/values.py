@@ -24,7 +24,7 @@ def defer() -> None:
 
 class Later:
     """A Dagster metadata value not made yet: ``kind`` and its plain arguments; pickled, it is
-    made where it is unpickled (``_make``)."""
+    made where it is unpickled (``_unpickled``)."""
 
     __slots__ = ("args", "kind")
 
