@@ -24,7 +24,7 @@ def defer() -> None:
 
 class Later:
     """A Dagster metadata value not made yet: ``kind`` and its plain arguments; pickled, it is
-    made where it is unpickled (``_unpickled``)."""
+    made where it is unpickled (``_made``)."""
 
     __slots__ = ("args", "kind")
 
@@ -32,7 +32,7 @@ class Later:
         self.kind, self.args = kind, args
 
     def __reduce__(self) -> tuple[Any, tuple[str, tuple[Any, ...]]]:
-        return _unpickled, (self.kind, self.args)
+        return _made, (self.kind, self.args)
 
     def __repr__(self) -> str:
         return f"Later({self.kind!r})"
@@ -53,9 +53,10 @@ def _make(kind: str, args: tuple[Any, ...]) -> Any:
     return MetadataValue.table([TableRecord(r) for r in args[1]], schema)
 
 
-def _unpickled(kind: str, args: tuple[Any, ...]) -> Any:
-    """``_make``, where a ``Later`` is unpickled: in the pool's result thread, where an exception
-    would break the pool, a value Dagster refuses (``_check`` missed it) is a text saying why."""
+def _made(kind: str, args: tuple[Any, ...]) -> Any:
+    """``_make``, where a value Dagster refuses is a text saying why, here and where a ``Later`` is
+    unpickled alike: there, in the pool's result thread, an exception would break the pool (every
+    partition of the step failed), where it should cost one metadata entry."""
     try:
         return _make(kind, args)
     except Exception as exc:
@@ -65,29 +66,7 @@ def _unpickled(kind: str, args: tuple[Any, ...]) -> Any:
 
 
 def _value(kind: str, *args: Any) -> Any:
-    if not _DEFERRED:
-        return _make(kind, args)
-    _check(kind, args)
-    return Later(kind, args)
-
-
-_CELL = (str, int, float, bool, type(None))  # what a TableRecord holds (dagster 1.13)
-
-
-def _check(kind: str, args: tuple[Any, ...]) -> None:
-    """What Dagster would refuse when making the value, refused here: a ``Later`` is made where it
-    is unpickled, in the pool's result thread, where a failure breaks the pool instead of
-    failing its partition."""
-    if kind == "md":
-        ok = isinstance(args[0], str)
-    else:
-        ok = all(len(c) == 3 and isinstance(c[0], str) and isinstance(c[1], str) and isinstance(c[2], str | None)
-                 for c in args[0])
-        if kind == "table":  # and every row with the same fields
-            ok = ok and all(isinstance(k, str) and isinstance(v, _CELL) for row in args[1] for k, v in row.items())
-            ok = ok and all(row.keys() == args[1][0].keys() for row in args[1])
-    if not ok:
-        raise TypeError(f"not a Dagster {kind} metadata value: {args!r:.200}")
+    return Later(kind, args) if _DEFERRED else _made(kind, args)
 
 
 def md(text: str) -> Any:
@@ -97,9 +76,9 @@ def md(text: str) -> Any:
 
 def schema(columns: Columns) -> Any:
     """``TableSchema`` of ``columns`` (the ``dagster/column_schema`` of a partition's table)."""
-    return _value("schema", [tuple(c) for c in columns])
+    return _value("schema", list(columns))
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Columns) -> Any:
     """``MetadataValue.table`` of ``rows`` (each a ``TableRecord``) with ``columns``' schema."""
-    return _value("table", [tuple(c) for c in columns], [dict(r) for r in rows])
+    return _value("table", list(columns), list(rows))
