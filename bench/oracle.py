@@ -324,18 +324,17 @@ def true_pairs(hashes: list[np.ndarray]) -> tuple[list[tuple[int, int, float]], 
 def run_pipeline(folders: dict[str, Path], work: Path) -> tuple[float, Path]:
     """Fresh ``curate run --stages exact,fuzzy``; returns (wall seconds, ledger path)."""
     shutil.rmtree(work, ignore_errors=True)
-    curate = CURATE
     work.mkdir(parents=True)
     config = work.parent / "oracle-crawl.json"  # --source NAME=URL has no id_field; the ledger needs record_id
     config.write_text(json.dumps({"sources": {s: {"url": str(f), "text_field": "text", "id_field": "id"}
                                               for s, f in folders.items()}}))
-    cmd = [*curate, "run", "--workdir", str(work), "--crawl", CRAWL, "--config", str(config),
+    cmd = [*CURATE, "run", "--workdir", str(work), "--crawl", CRAWL, "--config", str(config),
            "--stages", "exact,fuzzy", "--quiet"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
     wall = time.perf_counter() - t0
     ledger = work / "ledger.parquet"
-    subprocess.run([*curate, "ledger", "--workdir", str(work), "--crawl", CRAWL, "--out", str(ledger)], check=True)
+    subprocess.run([*CURATE, "ledger", "--workdir", str(work), "--crawl", CRAWL, "--out", str(ledger)], check=True)
     return wall, ledger
 
 

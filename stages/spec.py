@@ -125,15 +125,20 @@ class CrawlSpec(BaseModel):
 
     def key_map(self) -> Mapping[tuple[str, str | None], str]:
         """``keys()`` without the copy, read-only (a resolution's few lookups)."""
-        if self._json is None:  # O(sources): 2 ms at 1,000 sources, paid by every resolution otherwise
-            self._json = self.model_dump_json()
         held = _HELD.get()
-        if held is not None and self._json in held:
-            return held[self._json]
+        if held is not None and self._dumped() in held:
+            return held[self._dumped()]
         keys = MappingProxyType(self._derived()[1])
         if held is not None:
-            held[self._json] = keys
+            held[self._dumped()] = keys
         return keys
+
+    def _dumped(self) -> str:
+        """The spec's JSON, once (O(sources): 2 ms at 1,000 sources, paid by every resolution
+        otherwise; the spec is frozen, and ``model_copy`` drops it)."""
+        if self._json is None:
+            self._json = self.model_dump_json()
+        return self._json
 
     def derived_keys(self) -> tuple[str, dict[tuple[str, str | None], str]]:
         """(what the keys hold for, the keys): the spec's JSON with each program's params as
@@ -146,13 +151,11 @@ class CrawlSpec(BaseModel):
         """``derived_keys`` with the cache's own dict (not to be changed)."""
         from stages.versions import code_versions
 
-        if self._json is None:
-            self._json = self.model_dump_json()
         validated = [None if p.name == "raw_documents" else
                      self.program_params(p.name, (self.partitions(p.name) or [None])[0]).canonical()
                      for p in PROGRAMS.values()]
         versions = [(p.params.version, code_versions(p.name)) for p in PROGRAMS.values()]
-        ident = self._json + repr(validated) + repr(versions)
+        ident = self._dumped() + repr(validated) + repr(versions)
         cached = _KEYS.pop(ident, None)
         if cached is None:
             cached = self._derive_keys()
