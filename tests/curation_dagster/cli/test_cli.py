@@ -228,9 +228,9 @@ def test_the_fork_servers_one_preload_imports_every_program_and_pandas_and_no_da
 import gc, sys
 import curation_dagster.run.worker_imports
 from stages.catalog import PROGRAMS
+from tests.support.probes import dagster_modules
 print(all(f"stages.programs.{name}" in sys.modules for name in PROGRAMS), "curation_dagster.run.pool" in sys.modules,
-      "pandas" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 0,
-      not [m for m in sys.modules if m.split(".")[0] in ("dagster", "dagster_shared", "sqlalchemy")],
+      "pandas" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 0, not dagster_modules()[1],
       "numba.np.arraymath" in sys.modules)
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
