@@ -72,7 +72,7 @@ def _execute(
             program=program, params_key=task.key, data_version=version, crawl=spec.crawl,
             source=task.source, params=task.params.canonical(), report=report.dump(),
         )
-        writer.commit(manifest)
+        writer.commit(manifest, together=True)
     finally:
         writer.close()  # a failed attempt releases the partition at once, not when collected
     progress.finish()

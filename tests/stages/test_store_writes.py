@@ -128,3 +128,129 @@ def test_a_manifest_written_before_schemas_reads_its_empty_parts(tmp_path: Path)
     assert manifest is not None and manifest.schemas == {} and manifest.schema("removed") is None
     assert store.read_table(pdir, "removed").equals(_docs(0))
     assert store.read_table(pdir, "removed", ["doc_id", "gone"]).column_names == ["doc_id"]
+
+
+def _staged_pair(store: Store) -> tuple[str, str]:
+    """Two partitions: the first committed once before (its old manifest), the second never."""
+    first, second = (store.partition_dir("p", "k", "c", s) for s in ("s1", "s2"))
+    old = store.writer(first)
+    old.write("documents", _docs(1))
+    old.commit(_manifest())
+    return first, second
+
+
+def test_commits_made_together_are_published_together_parts_first(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within ``commits_together`` a commit that asks for it is staged: nothing is renamed and no
+    other attempt can take the partition until the block ends, while this process reads its new
+    manifest. At the end: every part, its folder and every manifest temporary synced, then the
+    renames, then the folders synced again (one ``syncfs`` each where the C library has it, else
+    an fsync each), unnamed parts removed and the partitions released."""
+    import stages.store as store_module
+    from stages.store import PartitionBusy, commits_together
+
+    store = Store(str(tmp_path / "root"))
+    first, second = _staged_pair(store)
+    old_parts = store.read_manifest(first).parts()  # type: ignore[union-attr]
+    events: list[tuple[str, list[str]]] = []
+    real_replace = os.replace
+    monkeypatch.setattr(store_module, "_syncfs", lambda: None)  # the fallback: each fsync seen
+    synced = _fsyncs(monkeypatch)
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", [a])), real_replace(a, b)))
+    with commits_together(store):
+        writers = []
+        for pdir, rows in ((first, 2), (second, 3)):
+            w = store.writer(pdir)
+            w.write("documents", _docs(rows))
+            w.write("removed", _docs(0))
+            w.commit(_manifest(), together=True)
+            writers.append(w)
+        assert synced == [] and events == [] and not (Path(second) / MANIFEST).exists()
+        assert store.read_manifest(first).rows == {"documents": 2, "removed": 0}  # type: ignore[union-attr]
+        on_disk = Manifest.from_json((Path(first) / MANIFEST).read_text(), first)  # what other processes read
+        assert on_disk.rows == {"documents": 1}
+        with pytest.raises(PartitionBusy):
+            Store(store.root).writer(second)
+        events.append(("synced", list(synced)))
+    renames = [i for i, (what, _) in enumerate(events) if what == "replace"]
+    assert len(renames) == 2 and all(Path(p).name.startswith(f".{MANIFEST}.") for i in renames for p in events[i][1])
+    before, after = synced[:-2], synced[-2:]
+    parts = [n for w in writers for n in w.tables["documents"]]
+    assert sorted(before) == sorted([*parts, "s1", "s2", *(Path(events[i][1][0]).name for i in renames)])
+    assert after == ["s1", "s2"] and [w.fsyncs for w in writers] == [0, 0]
+    fresh = Store(store.root)
+    for w, rows in zip(writers, (2, 3), strict=True):
+        assert fresh.read_table(w.pdir, "documents").equals(_docs(rows))
+        assert sorted(os.listdir(w.pdir)) == sorted([MANIFEST, *w.tables["documents"]])  # old part removed
+        fresh.writer(w.pdir).close()  # released
+    assert not set(old_parts) & set(os.listdir(first))
+
+
+def test_commits_made_together_sync_once_a_filesystem_with_syncfs(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the C library's ``syncfs``: two calls for the whole block (before the renames and
+    after), no fsync."""
+    import stages.store as store_module
+    from stages.store import commits_together
+
+    real = store_module._syncfs()
+    if real is None:
+        pytest.skip("no syncfs in this C library")
+    calls: list[int] = []
+    monkeypatch.setattr(store_module, "_syncfs", lambda: lambda fd: (calls.append(fd), real(fd))[1])
+    store = Store(str(tmp_path / "root"))
+    synced = _fsyncs(monkeypatch)
+    with commits_together(store):
+        for source in ("s1", "s2", "s3"):
+            w = store.writer(store.partition_dir("p", "k", "c", source))
+            w.write("documents", _docs(2))
+            w.commit(_manifest(), together=True)
+    assert len(calls) == 2 and synced == []
+    assert all(Store(store.root).read_table(store.partition_dir("p", "k", "c", s), "documents").num_rows == 2
+               for s in ("s1", "s2", "s3"))
+
+
+def test_a_block_that_fails_still_publishes_and_a_failed_publish_keeps_the_old_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What was staged before an error in the block is published at its end. An error while
+    publishing raises there: a partition not renamed by then keeps its earlier manifest, is
+    released, and its next attempt removes what the failed one left. A commit that does not ask
+    to be staged, and a commit on object storage, are published at once."""
+    from stages.store import commits_together
+
+    store = Store(str(tmp_path / "root"))
+    first, second = _staged_pair(store)
+    with pytest.raises(RuntimeError, match="the program failed"), commits_together(store):
+        w = store.writer(second)
+        w.write("documents", _docs(3))
+        w.commit(_manifest(), together=True)
+        raise RuntimeError("the program failed")
+    assert Store(store.root).read_table(second, "documents").equals(_docs(3))
+
+    real_replace = os.replace
+
+    def refuse(a: str, b: str) -> None:
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"), commits_together(store):
+        w = store.writer(first)
+        w.write("documents", _docs(5))
+        w.commit(_manifest(), together=True)
+        plain = store.writer(second)
+        plain.write("documents", _docs(4))
+        plain.commit(_manifest())  # not staged: published at once
+        monkeypatch.setattr(os, "replace", refuse)
+    monkeypatch.setattr(os, "replace", real_replace)
+    fresh = Store(store.root)
+    assert fresh.read_table(first, "documents").equals(_docs(1))
+    assert fresh.read_table(second, "documents").equals(_docs(4))
+    again = fresh.writer(first)  # released; what the failed attempt left is removed
+    assert any(n.startswith(f".{MANIFEST}.") for n in again.leftovers) and len(again.leftovers) == 2
+    again.close()
+
+    memory = Store("memory://together-test/root")
+    with commits_together(memory):
+        w = memory.writer(memory.partition_dir("p", "k", "c", "s"))
+        w.write("documents", _docs(2))
+        w.commit(_manifest(), together=True)
+        assert Store("memory://together-test/root").read_manifest(w.pdir) is not None
