@@ -26,7 +26,7 @@ from curation_dagster.run.place import Place
 from stages.catalog import PROGRAMS
 from stages.parallel import adopt_environment, die_with_parent, limit_threads, usable_cores
 from stages.params import ExecutionParams
-from stages.spec import CrawlSpec, adopt_keys
+from stages.spec import CrawlSpec, adopt_keys, keys_held
 from stages.store import Store, commits_together
 
 if TYPE_CHECKING:
@@ -81,8 +81,12 @@ def _work(program: str, sources: list[str | None], execution: ExecutionParams, f
     finished: dict[str | None, tuple[Done, float]] = {}  # each partition's end, and when it ended
     try:
         # A pack's commits are published together at its end (``stages.store.commits_together``):
-        # one durability point for them all, where each partition's cost ~2 ms in fsyncs here.
-        with commits_together(_WORKER["store"]) if len(sources) > 1 else nullcontext():
+        # one durability point for them all, where each partition's cost ~2 ms in fsyncs here. Its
+        # partitions' keys are derived once for the pack (``keys_held``: checking that adopted
+        # keys still hold validates every program's params, 0.3 ms a partition): a model file
+        # changed while a pack runs re-keys from the next pack, as the step was planned with the
+        # keys of its start.
+        with keys_held(), (commits_together(_WORKER["store"]) if len(sources) > 1 else nullcontext()):
             for source in sources:
                 try:
                     finished[source] = (finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program,
@@ -144,6 +148,8 @@ class PartitionPool:
     its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads. A
     step of one partition (a crawl-wide program's) runs it on a worker with every core, where the
     pool has a worker per core (``side_by_side``).
+    Many small partitions go to a worker in packs (``_packs``), each pack's commits published
+    together at its end (``stages.store.commits_together``: one durability point for the pack).
     Finished partitions are handed to the step in lists, gathered for up to ``_GATHER_S``.
     ``warm``: start the fork server and a first worker at once (``curate run``'s pool, for the
     whole run), not when the first partitions are handed over."""

@@ -1,6 +1,7 @@
 """The warm pool's packs: many small partitions of a step go to a worker a few at a time
 (guided self-scheduling, down to one each at the step's end), each pack's commits published
-together (``stages.store.commits_together``), every partition described as if it ran alone."""
+together (``stages.store.commits_together``) and the crawl's keys derived once for it, every
+partition described as if it ran alone."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from curation_dagster.run.pool import _PACK, PartitionPool, _packs
 from stages import store as store_module
 from stages.spec import CrawlSpec
 from stages.store import Store
+from tests.support.counting import count_params_validations
 from tests.support.tiny_corpus import CRAWL, EXPECTED, fast_tmp, source_config
 
 
@@ -60,7 +62,7 @@ def test_a_pack_is_described_as_its_partitions_alone_and_published_at_once(
     crawl = _many(5)
     sources = crawl.partitions("raw_documents")
     syncs: list[list[str]] = []
-    real_sync = store_module._sync
+    real_sync, real_params = store_module._sync, CrawlSpec.program_params
     monkeypatch.setattr(store_module, "_sync", lambda paths: (syncs.append(paths), real_sync(paths))[1])
     alone: dict[str, list[tuple[Any, ...]]] = {}
     with fast_tmp(tmp_path / "alone") as work:
@@ -81,7 +83,10 @@ def test_a_pack_is_described_as_its_partitions_alone_and_published_at_once(
         monkeypatch.delitem(pool_module._WORKER, "judge", raising=False)
         for step, program in enumerate(("raw_documents", "document_languages")):
             syncs.clear()
+            validated = count_params_validations(monkeypatch)
             done = pool_module._work(program, sources, resource.execution(), False, step)
+            monkeypatch.setattr(CrawlSpec, "program_params", real_params)
+            assert validated.count("removal_ledger") == 1, validated  # the crawl's keys: once for the pack
             assert [_described(d) for d in done] == alone[program]
             assert len(syncs) == 2 and all(d.busy > 0 for d in done)
             fresh = Store(resource.store().root)
