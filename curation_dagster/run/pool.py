@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 from curation_dagster.run import values
 from curation_dagster.run.done import Done
 from curation_dagster.run.forkserver import start as start_fork_server
+from curation_dagster.run.judge import Judge
 from curation_dagster.run.partition import finish, one_line, step_judge
-from curation_dagster.run.place import Place
+from curation_dagster.run.place import Curation, Place
 from stages.catalog import PROGRAMS
 from stages.parallel import adopt_environment, die_with_parent, limit_threads, usable_cores
 from stages.params import ExecutionParams
@@ -78,22 +79,31 @@ def _work(program: str, sources: list[str | None], execution: ExecutionParams, f
     if held is None or held[0] != step:
         held = _WORKER["judge"] = (step, step_judge(_WORKER["resource"], _WORKER["spec"].crawl))
     emit = _WORKER["lines"].put if tell else None
+    return run_pack(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program, sources, execution, force,
+                    emit, held[1], _release)
+
+
+def run_pack(resource: Curation, store: Store, spec: CrawlSpec, program: str, sources: list[str | None],
+             execution: ExecutionParams, force: bool, emit: Callable[[str], None] | None, judge: Judge | None,
+             after_each: Callable[[], None] | None = None) -> list[Done]:
+    """A pack of partitions run in turn in this process and described (``finish``), their commits
+    published together at its end (``stages.store.commits_together``: one durability point for
+    them all, where each partition's fsyncs cost ~2 ms here) and the crawl's keys derived once
+    for it (``keys_held``: checking that adopted keys still hold validates every program's
+    params, 0.3 ms a partition; a model file changed while a pack runs re-keys from the next
+    pack, as the step was planned with the keys of its start). ``after_each``: called after
+    each partition. Where publishing fails, the pack's new commits are partitions that failed."""
     finished: dict[str | None, tuple[Done, float]] = {}  # each partition's end, and when it ended
     try:
-        # A pack's commits are published together at its end (``stages.store.commits_together``):
-        # one durability point for them all, where each partition's cost ~2 ms in fsyncs here. Its
-        # partitions' keys are derived once for the pack (``keys_held``: checking that adopted
-        # keys still hold validates every program's params, 0.3 ms a partition): a model file
-        # changed while a pack runs re-keys from the next pack, as the step was planned with the
-        # keys of its start.
-        with keys_held(), (commits_together(_WORKER["store"]) if len(sources) > 1 else nullcontext()):
+        with keys_held(), (commits_together(store) if len(sources) > 1 else nullcontext()):
             for source in sources:
                 try:
-                    finished[source] = (finish(_WORKER["resource"], _WORKER["store"], _WORKER["spec"], program,
-                                               source, execution, force, emit, judge=held[1]), time.perf_counter())
+                    finished[source] = (finish(resource, store, spec, program, source, execution, force, emit,
+                                               judge=judge), time.perf_counter())
                 finally:
-                    _release()
-    except Exception as exc:  # publishing failed: the pack's new commits are not recorded
+                    if after_each is not None:
+                        after_each()
+    except Exception as exc:
         error, trace = f"its commit failed: {one_line(exc)}", traceback.format_exc()
         kept = {s: d for s, (d, _) in finished.items() if d.outcome is None or d.outcome.skipped}
         return [kept.get(s) or Done(program, s, error=error, trace=trace) for s in sources]
@@ -148,8 +158,8 @@ class PartitionPool:
     its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads. A
     step of one partition (a crawl-wide program's) runs it on a worker with every core, where the
     pool has a worker per core (``side_by_side``).
-    Many small partitions go to a worker in packs (``_packs``), each pack's commits published
-    together at its end (``stages.store.commits_together``: one durability point for the pack).
+    Many small partitions go to a worker in packs (``_packs``; run here, in the same packs),
+    each pack's commits published together at its end (``run_pack``: one durability point).
     Finished partitions are handed to the step in lists, gathered for up to ``_GATHER_S``.
     ``warm``: start the fork server and a first worker at once (``curate run``'s pool, for the
     whole run), not when the first partitions are handed over."""
@@ -235,9 +245,9 @@ class PartitionPool:
             if started is not None:
                 started()
             judge = step_judge(self.resource, self.spec.crawl) if sources else None
-            for source in sources:
-                yield [finish(self.resource, self.store, self.spec, program, source, self.execution, self.force, emit,
-                              judge=judge)]
+            for pack in _packs(list(sources), 1):
+                yield run_pack(self.resource, self.store, self.spec, program, pack, self.execution, self.force, emit,
+                               judge)
             return
         assert self._pool is not None
         execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})

@@ -130,3 +130,27 @@ def test_many_sources_run_in_packs_on_a_real_pool(tmp_path: Path) -> None:
                     assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()  # type: ignore[union-attr]
                     if program == "raw_documents":
                         assert committed.rows["documents"] == done[0].outcome.manifest.rows["documents"] > 0  # type: ignore[union-attr]
+
+
+def test_partitions_run_in_this_process_go_in_packs_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without workers (one core, a GPU step) the step's partitions run here in the same packs,
+    each published together: two syncs a pack of more than one, every partition committed."""
+    crawl = _many(12)
+    syncs: list[list[str]] = []
+    real_sync = store_module._sync
+    monkeypatch.setattr(store_module, "_sync", lambda paths: (syncs.append(paths), real_sync(paths))[1])
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), workers=1)
+        resource.dataroot().register(crawl)
+        with PartitionPool(resource, crawl) as pool:
+            assert pool._pool is None
+            lists = list(pool.run("raw_documents", crawl.partitions("raw_documents")))
+        packs = _packs(crawl.partitions("raw_documents"), 1)
+        assert [[d.source for d in done] for done in lists] == packs and len(packs) < 12
+        assert len(syncs) == 2 * sum(len(p) > 1 for p in packs)
+        fresh = Store(resource.store().root)
+        for done in lists:
+            for d in done:
+                assert d.error is None and d.outcome is not None, d.trace
+                committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, "raw_documents", d.source))
+                assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
