@@ -23,7 +23,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -136,95 +136,122 @@ def manifests_held() -> AbstractContextManager[None]:
     return held_within(_MANIFESTS)
 
 
+class PublishFailed(StageError):
+    """Publishing a ``commits_together`` block's commits failed: ``unpublished``, the manifests
+    of the partitions that keep what was committed before (the others were renamed into place)."""
+
+    def __init__(self, message: str, unpublished: list[Manifest]) -> None:
+        super().__init__(message)
+        self.unpublished = unpublished
+
+
 class _Group:
     """Partition commits of this process staged for one durability point (``commits_together``):
     each staged commit's parts and manifest temporary written, not yet synced or renamed; its
-    writer still holds the partition."""
+    writer still holds the partition. ``fd``: the data root, opened before anything was staged,
+    for ``syncfs`` (None: an fsync each)."""
 
-    def __init__(self) -> None:
-        self.staged: list[tuple[PartitionWriter, str]] = []  # a writer, its manifest's temporary
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.staged: list[tuple[PartitionWriter, str, Manifest]] = []  # a writer, its temporary, its manifest
         self.manifests: dict[str, Manifest] = {}  # by URL: what this process reads until published
 
     def publish(self) -> None:
         """Every staged commit, in the order ``PartitionWriter.commit`` keeps: the parts, their
         names and the manifest temporaries durable, then each manifest renamed into place, then
-        the renames durable (each step one ``syncfs`` of the filesystem for them all, else an
-        fsync each), then each partition's unnamed parts removed and the partition given back.
-        A partition not published (an error here, a killed process) keeps what was committed
-        before: its temporary and parts are leftovers that its next attempt removes."""
+        the renames durable; then, all of it done, each partition's unnamed parts removed (best
+        effort, as on object storage: its next commit removes what is left) and every partition
+        given back. A partition not renamed (``PublishFailed``, a killed process) keeps what was
+        committed before: its temporary and parts are leftovers its next attempt removes."""
         staged, self.staged = self.staged, []
+        renamed = 0
+        whole = False
         try:
-            if not staged:
-                return
-            folders = sorted({w.pdir for w, _ in staged})
-            parts = [f"{w.pdir}/{n}" for w, _ in staged for names in w.tables.values() for n in names]
-            _sync([*parts, *folders, *(tmp for _, tmp in staged)])
-            for writer, tmp in staged:
-                os.replace(tmp, f"{writer.pdir}/{MANIFEST}")
-            _sync(folders)
-            for writer, _ in staged:
-                writer._remove_unnamed()
+            if staged:
+                folders = sorted({w.pdir for w, _, _ in staged})
+                parts = [f"{w.pdir}/{n}" for w, _, _ in staged for names in w.tables.values() for n in names]
+                _sync([*parts, *folders, *(tmp for _, tmp, _ in staged)], self.fd)
+                for writer, tmp, _ in staged:
+                    os.replace(tmp, f"{writer.pdir}/{MANIFEST}")
+                    renamed += 1
+                _sync(folders, self.fd)
+            whole = True
+        except OSError as exc:
+            raise PublishFailed(f"publishing {len(staged)} partitions' commits: {exc}",
+                                [m for _, _, m in staged[renamed:]]) from exc
         finally:
             self.manifests.clear()
-            for writer, _ in staged:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+            for writer, _, _ in staged:
                 writer._staged = False
+                if whole:
+                    with suppress(OSError):
+                        writer._remove_unnamed()
                 writer.close()
 
 
 @functools.cache
 def _syncfs() -> Callable[[int], int] | None:
-    """Linux's ``syncfs(fd)`` from the C library, None where it has none."""
+    """Linux's ``syncfs(fd)`` from the C library; None where it has none, or where the kernel is
+    older than 5.8: before, ``syncfs`` reported no write error (an fsync of each file does)."""
     import ctypes
 
+    release = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    if os.uname().sysname != "Linux" or release is None or (int(release[1]), int(release[2])) < (5, 8):
+        return None
     try:
         return getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)  # type: ignore[no-any-return]
     except OSError:
         return None
 
 
-def _sync(paths: list[str]) -> None:
-    """Local ``paths`` (files, folders) durable: with ``syncfs``, one call per filesystem that
-    holds them (one journal commit for them all; an fsync costs one each, ~1 ms here when the
-    workers write side by side), else an fsync each."""
+def _sync(paths: list[str], fd: int | None) -> None:
+    """Local ``paths`` (files, folders) durable: those on the filesystem of ``fd`` with one
+    ``syncfs`` (one journal commit for them all, where an fsync costs one each: ~1 ms here when
+    the workers write side by side; it reports a write error of that filesystem since ``fd`` was
+    opened), any other with an fsync each, as all of them where ``fd`` is None."""
     import ctypes
 
     syncfs = _syncfs()
-    if syncfs is None:
-        for path in paths:
-            _fsync_path(path)
-        return
-    filesystems: dict[int, str] = {}
-    for path in paths:
-        filesystems.setdefault(os.stat(path).st_dev, path)
-    for path in filesystems.values():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if syncfs(fd) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"syncfs {path}: {os.strerror(err)}")
-        finally:
-            os.close(fd)
+    rest = paths
+    if fd is not None and syncfs is not None:
+        dev = os.fstat(fd).st_dev
+        rest = [path for path in paths if os.stat(path).st_dev != dev]
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs: {os.strerror(err)}")
+    for path in rest:
+        _fsync_path(path)
 
 
 _GROUP: ContextVar[_Group | None] = ContextVar("commits_together", default=None)
 
 
 @contextmanager
-def commits_together(store: Store) -> Iterator[None]:
+def commits_together(store: Store) -> Iterator[_Group | None]:
     """Within: the commits of a local data root's partitions that ask for it
     (``PartitionWriter.commit(together=True)``, as ``stages.execute`` does) are published together
     at the block's end, so a pack of small partitions pays for one durability point, not one per
     partition (a part's and a manifest's fsync is ~1 ms each here, most of a small partition's
     commit). Until then each partition stays held by its writer and its manifest is read here as
     staged; elsewhere, the committed state before the block. Published even when the block
-    raises; an error publishing raises at its end. Object storage: each commit as it comes."""
+    raises; an error publishing raises ``PublishFailed`` at its end. Object storage (and a block
+    within another): each commit as it comes; yields None there."""
     if not store.is_local or _GROUP.get() is not None:
-        yield
+        yield None
         return
-    group = _Group()
+    fd = None
+    if _syncfs() is not None:
+        try:  # opened before anything is staged: its syncfs reports any write error since
+            fd = os.open(store.root, os.O_RDONLY)
+        except OSError:  # no data root yet: an fsync each
+            fd = None
+    group = _Group(fd)
     token = _GROUP.set(group)
     try:
-        yield
+        yield group
     finally:
         _GROUP.reset(token)
         group.publish()
@@ -777,7 +804,7 @@ class PartitionWriter:
             with open(tmp, "w") as fh:
                 fh.write(manifest.to_json())
             group.manifests[self.store.url(f"{self.pdir}/{MANIFEST}")] = manifest
-            group.staged.append((self, tmp))
+            group.staged.append((self, tmp, manifest))
             self._staged = True
             return manifest
         if self.store.is_local:

@@ -28,14 +28,15 @@ from stages.catalog import PROGRAMS
 from stages.parallel import adopt_environment, die_with_parent, limit_threads, usable_cores
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec, adopt_keys, keys_held
-from stages.store import Store, commits_together
+from stages.store import Manifest, PublishFailed, Store, commits_together
 
 if TYPE_CHECKING:
     from curation_dagster.defs.resources import CurationResource
 
 DIED = "its worker process died (out of memory?)"
 _LINES_S = 0.5  # how often a partition's progress lines are passed on while it runs
-_PACK = 16  # the most partitions a worker takes at once (``_packs``)
+_PACK = 16  # the most partitions a pack takes (``_pack_size``)
+_PACK_S = 0.25  # the seconds of work a pack is sized to, at most (``_pack_size``)
 _GATHER_S = 0.1  # the longest a list of finished partitions waits for more (``PartitionPool.run``)
 # A worker's place (workdir and data root: ``run/place``), store and crawl, set by the pool's
 # initializer; its step's evaluator.
@@ -92,8 +93,10 @@ def run_pack(resource: Curation, store: Store, spec: CrawlSpec, program: str, so
     for it (``keys_held``: checking that adopted keys still hold validates every program's
     params, 0.3 ms a partition; a model file changed while a pack runs re-keys from the next
     pack, as the step was planned with the keys of its start). ``after_each``: called after
-    each partition. Where publishing fails, the pack's new commits are partitions that failed."""
+    each partition. A partition whose commit was not published (``PublishFailed``) fails."""
     finished: dict[str | None, tuple[Done, float]] = {}  # each partition's end, and when it ended
+    unpublished: list[Manifest] = []
+    error = trace = ""
     try:
         with keys_held(), (commits_together(store) if len(sources) > 1 else nullcontext()):
             for source in sources:
@@ -103,13 +106,40 @@ def run_pack(resource: Curation, store: Store, spec: CrawlSpec, program: str, so
                 finally:
                     if after_each is not None:
                         after_each()
-    except Exception as exc:
-        error, trace = f"its commit failed: {one_line(exc)}", traceback.format_exc()
-        kept = {s: d for s, (d, _) in finished.items() if d.outcome is None or d.outcome.skipped}
-        return [kept.get(s) or Done(program, s, error=error, trace=trace) for s in sources]
-    # A partition's time waiting for the rest of its pack is time outside its program.
+    except PublishFailed as exc:  # what it renamed before the error is committed
+        unpublished, error, trace = exc.unpublished, f"its commit failed: {one_line(exc)}", traceback.format_exc()
     end = time.perf_counter()
-    return [replace(d, busy=d.busy + end - at) if d.outcome is not None else d for d, at in finished.values()]
+    out = []
+    for source in sources:
+        if source not in finished:  # the pack stopped before it ran (an error publishing on the way out)
+            out.append(Done(program, source, error=error or "its pack stopped before it ran", trace=trace))
+            continue
+        done, at = finished[source]
+        if done.outcome is not None and any(done.outcome.manifest is m for m in unpublished):
+            out.append(Done(program, source, error=error, trace=trace))
+        elif done.outcome is not None:  # a partition's time waiting for the rest of its pack is outside its program
+            out.append(replace(done, busy=done.busy + end - at))
+        else:
+            out.append(done)
+    return out
+
+
+class _Pace:
+    """The mean seconds a partition of one step has taken so far (its program's, ``Outcome.seconds``)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def add(self, done: list[Done]) -> None:
+        for d in done:
+            if d.outcome is not None and not d.outcome.skipped:
+                self.total += d.outcome.seconds
+                self.count += 1
+
+    @property
+    def seconds(self) -> float | None:
+        return self.total / self.count if self.count else None
 
 
 def _release() -> None:
@@ -158,8 +188,8 @@ class PartitionPool:
     its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads. A
     step of one partition (a crawl-wide program's) runs it on a worker with every core, where the
     pool has a worker per core (``side_by_side``).
-    Many small partitions go to a worker in packs (``_packs``; run here, in the same packs),
-    each pack's commits published together at its end (``run_pack``: one durability point).
+    Short partitions go to a worker in packs (``_pack_size``: about ``_PACK_S`` of work; run
+    here, in the same packs), each pack's commits published together (``run_pack``).
     Finished partitions are handed to the step in lists, gathered for up to ``_GATHER_S``.
     ``warm``: start the fork server and a first worker at once (``curate run``'s pool, for the
     whole run), not when the first partitions are handed over."""
@@ -245,27 +275,37 @@ class PartitionPool:
             if started is not None:
                 started()
             judge = step_judge(self.resource, self.spec.crawl) if sources else None
-            for pack in _packs(list(sources), 1):
-                yield run_pack(self.resource, self.store, self.spec, program, pack, self.execution, self.force, emit,
-                               judge)
+            pace, queue = _Pace(), list(sources)
+            while queue:
+                size = _pack_size(len(queue), 1, pace.seconds)
+                ran = run_pack(self.resource, self.store, self.spec, program, queue[:size], self.execution,
+                               self.force, emit, judge)
+                del queue[:size]
+                pace.add(ran)
+                yield ran
             return
         assert self._pool is not None
         execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
-        # All at once when the pool's size is the bound (its queue keeps every worker busy while
-        # this process records), else ``at_once`` in flight.
-        in_flight = len(sources) if at_once >= self.workers else at_once
+        # Where the pool's size is the bound, up to sixteen packs a worker in flight (its queue
+        # keeps every worker busy while this process records; each pack is sized when it is
+        # handed over, from the step's partitions so far), else ``at_once``.
+        in_flight = 16 * at_once if at_once >= self.workers else at_once
         step = next(_STEPS)  # the workers' evaluators are per step
         # A partition alone tells its progress, as it did when it ran in this process.
         tell = at_once == 1 and emit is not None
         if tell:
             self._pass_lines(None)  # an abandoned partition's last lines: not this one's
-        queue = _packs(list(sources), at_once) if not tell else [[s] for s in sources]
+        queue = list(sources)
+        pace = _Pace()
         pending: dict[Future[list[Done]], list[str | None]] = {}
         taken = time.monotonic()
         while queue or pending:
             broken: list[Done] = []
-            while queue and len(pending) < in_flight:
-                pack = queue.pop(0)
+            # One partition a worker until the first ends and sets the pace, then packs.
+            while queue and len(pending) < (in_flight if pace.seconds is not None else at_once):
+                size = 1 if tell else _pack_size(len(queue), at_once, pace.seconds)
+                pack = queue[:size]
+                del queue[:size]
                 try:
                     future = self._pool.submit(_work, program, pack, execution, self.force, step, tell)
                     pending[future] = pack
@@ -287,9 +327,12 @@ class PartitionPool:
             # finish within ``_GATHER_S`` of the last list join this one. A list is recorded in one
             # batch, whose fixed cost is most of a small partition's: 200 sources, replayed, 1.78
             # ms a partition one at a time, 0.82 ms sixteen at a time. (A step's last list is
-            # taken when its last partition ends: the wait ends when all have.)
+            # taken when its last partition ends: the wait ends when all have.) While partitions
+            # wait to be handed over, only where the workers have that much work in hand.
             since = time.monotonic() - taken
-            if not queue and not tell and since < _GATHER_S and len(finished) < len(pending):
+            in_hand = sum(map(len, pending.values())) * (pace.seconds or 0.0) / at_once
+            if (not tell and since < _GATHER_S and len(finished) < len(pending)
+                    and (not queue or in_hand >= _GATHER_S)):
                 finished, _ = wait(pending, timeout=_GATHER_S - since, return_when=ALL_COMPLETED)
             taken = time.monotonic()
             done: list[Done] = []
@@ -299,17 +342,18 @@ class PartitionPool:
                     done += future.result()
                 except BrokenProcessPool as exc:
                     done += [Done(program, source, error=f"{DIED}: {one_line(exc)}") for source in pack]
+            pace.add(done)
             yield done
 
 
-def _packs(sources: list[str | None], at_once: int) -> list[list[str | None]]:
-    """``sources`` in packs, in order, each one task of a worker (``at_once`` of them run side by
-    side): guided self-scheduling, a pack a quarter of what remains over ``at_once``, at most
-    ``_PACK``, so the last packs are single partitions and no worker waits on another's long
-    pack at a step's end. Under ``8 * at_once`` sources, every pack is one partition."""
-    packs: list[list[str | None]] = []
-    while sources:
-        size = max(1, min(_PACK, len(sources) // (4 * at_once)))
-        packs.append(sources[:size])
-        sources = sources[size:]
-    return packs
+def _pack_size(remaining: int, at_once: int, seconds: float | None) -> int:
+    """How many of a step's ``remaining`` partitions the next pack takes: as many as run in about
+    ``_PACK_S`` (``seconds``: the mean a partition of the step has taken so far; None before the
+    first ends: one), at most ``_PACK``, and at most a quarter of what remains over the
+    ``at_once`` run side by side (guided self-scheduling: the last packs are single partitions,
+    so no worker waits on another's long pack at a step's end). A partition of more than half
+    ``_PACK_S`` goes alone: its commit's fsyncs are a small part of it, and a pack would hold
+    back its recording and lose more of what it did to a process that dies."""
+    if seconds is None:
+        return 1
+    return max(1, min(_PACK, int(_PACK_S / max(seconds, 1e-6)), remaining // (4 * at_once)))

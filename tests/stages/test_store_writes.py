@@ -143,20 +143,19 @@ def test_commits_made_together_are_published_together_parts_first(tmp_path: Path
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Within ``commits_together`` a commit that asks for it is staged: nothing is renamed and no
     other attempt can take the partition until the block ends, while this process reads its new
-    manifest. At the end: every part, its folder and every manifest temporary synced, then the
-    renames, then the folders synced again (one ``syncfs`` each where the C library has it, else
-    an fsync each), unnamed parts removed and the partitions released."""
+    manifest. At the end, in this order: every part, its folder and every manifest temporary
+    synced, the renames, the folders synced again (here an fsync each: no ``syncfs``); then the
+    unnamed parts removed and the partitions released."""
     import stages.store as store_module
     from stages.store import PartitionBusy, commits_together
 
     store = Store(str(tmp_path / "root"))
     first, second = _staged_pair(store)
     old_parts = store.read_manifest(first).parts()  # type: ignore[union-attr]
-    events: list[tuple[str, list[str]]] = []
-    real_replace = os.replace
     monkeypatch.setattr(store_module, "_syncfs", lambda: None)  # the fallback: each fsync seen
-    synced = _fsyncs(monkeypatch)
-    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", [a])), real_replace(a, b)))
+    synced = _fsyncs(monkeypatch)  # fsyncs and renames, in one order
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (synced.append(f"rename {Path(a).name}"), real_replace(a, b)))
     with commits_together(store):
         writers = []
         for pdir, rows in ((first, 2), (second, 3)):
@@ -165,19 +164,19 @@ def test_commits_made_together_are_published_together_parts_first(tmp_path: Path
             w.write("removed", _docs(0))
             w.commit(_manifest(), together=True)
             writers.append(w)
-        assert synced == [] and events == [] and not (Path(second) / MANIFEST).exists()
+        assert synced == [] and not (Path(second) / MANIFEST).exists()
         assert store.read_manifest(first).rows == {"documents": 2, "removed": 0}  # type: ignore[union-attr]
         on_disk = Manifest.from_json((Path(first) / MANIFEST).read_text(), first)  # what other processes read
         assert on_disk.rows == {"documents": 1}
         with pytest.raises(PartitionBusy):
             Store(store.root).writer(second)
-        events.append(("synced", list(synced)))
-    renames = [i for i, (what, _) in enumerate(events) if what == "replace"]
-    assert len(renames) == 2 and all(Path(p).name.startswith(f".{MANIFEST}.") for i in renames for p in events[i][1])
-    before, after = synced[:-2], synced[-2:]
+    renames = [i for i, name in enumerate(synced) if name.startswith("rename ")]
+    temporaries = [synced[i].removeprefix("rename ") for i in renames]
+    assert len(renames) == 2 and all(t.startswith(f".{MANIFEST}.") for t in temporaries)
     parts = [n for w in writers for n in w.tables["documents"]]
-    assert sorted(before) == sorted([*parts, "s1", "s2", *(Path(events[i][1][0]).name for i in renames)])
-    assert after == ["s1", "s2"] and [w.fsyncs for w in writers] == [0, 0]
+    assert sorted(synced[:renames[0]]) == sorted([*parts, "s1", "s2", *temporaries])  # all before any rename
+    assert renames == [len(parts) + 4, len(parts) + 5] and synced[renames[-1] + 1:] == ["s1", "s2"]
+    assert [w.fsyncs for w in writers] == [0, 0]
     fresh = Store(store.root)
     for w, rows in zip(writers, (2, 3), strict=True):
         assert fresh.read_table(w.pdir, "documents").equals(_docs(rows))
@@ -186,37 +185,46 @@ def test_commits_made_together_are_published_together_parts_first(tmp_path: Path
     assert not set(old_parts) & set(os.listdir(first))
 
 
-def test_commits_made_together_sync_once_a_filesystem_with_syncfs(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the C library's ``syncfs``: two calls for the whole block (before the renames and
-    after), no fsync."""
+def test_commits_made_together_sync_once_with_syncfs_on_the_root_opened_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the C library's ``syncfs`` (Linux 5.8 or later): two calls for the whole block, before
+    the renames and after, on the data root opened before anything was staged (its ``syncfs``
+    reports a write error since), no fsync. An older kernel's ``syncfs`` reports no write error:
+    an fsync each there."""
     import stages.store as store_module
     from stages.store import commits_together
 
-    real = store_module._syncfs()
+    cached = store_module._syncfs
+    real = cached()
     if real is None:
-        pytest.skip("no syncfs in this C library")
-    calls: list[int] = []
-    monkeypatch.setattr(store_module, "_syncfs", lambda: lambda fd: (calls.append(fd), real(fd))[1])
+        pytest.skip("no syncfs here (not Linux 5.8 or later)")
     store = Store(str(tmp_path / "root"))
+    os.makedirs(store.root)
+    calls: list[tuple[int, str]] = []
+    monkeypatch.setattr(store_module, "_syncfs",
+                        lambda: lambda fd: (calls.append((fd, os.readlink(f"/proc/self/fd/{fd}"))), real(fd))[1])
     synced = _fsyncs(monkeypatch)
     with commits_together(store):
         for source in ("s1", "s2", "s3"):
             w = store.writer(store.partition_dir("p", "k", "c", source))
             w.write("documents", _docs(2))
             w.commit(_manifest(), together=True)
-    assert len(calls) == 2 and synced == []
+    assert len(calls) == 2 and {path for _, path in calls} == {store.root} and synced == []
     assert all(Store(store.root).read_table(store.partition_dir("p", "k", "c", s), "documents").num_rows == 2
                for s in ("s1", "s2", "s3"))
+    monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "h", "5.4.0-150-generic", "", "x86_64")))
+    assert cached.__wrapped__() is None
 
 
 def test_a_block_that_fails_still_publishes_and_a_failed_publish_keeps_the_old_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What was staged before an error in the block is published at its end. An error while
-    publishing raises there: a partition not renamed by then keeps its earlier manifest, is
-    released, and its next attempt removes what the failed one left. A commit that does not ask
-    to be staged, and a commit on object storage, are published at once."""
-    from stages.store import commits_together
+    publishing raises ``PublishFailed`` naming the manifests not renamed: such a partition keeps
+    its earlier manifest, is released, and its next attempt removes what the failed one left; one
+    renamed before the error is committed. A commit that does not ask to be staged, and a commit
+    on object storage, are published at once. Removing unnamed parts after a publish is best
+    effort."""
+    from stages.store import PublishFailed, commits_together
 
     store = Store(str(tmp_path / "root"))
     first, second = _staged_pair(store)
@@ -228,28 +236,51 @@ def test_a_block_that_fails_still_publishes_and_a_failed_publish_keeps_the_old_c
     assert Store(store.root).read_table(second, "documents").equals(_docs(3))
 
     real_replace = os.replace
+    renamed: list[str] = []
 
-    def refuse(a: str, b: str) -> None:
-        raise OSError("disk gone")
+    def second_fails(a: str, b: str) -> None:
+        if renamed:
+            raise OSError("disk gone")
+        renamed.append(b)
+        real_replace(a, b)
 
-    with pytest.raises(OSError, match="disk gone"), commits_together(store):
-        w = store.writer(first)
-        w.write("documents", _docs(5))
-        w.commit(_manifest(), together=True)
+    third = store.partition_dir("p", "k", "c", "s3")
+    with pytest.raises(PublishFailed, match="disk gone") as failed, commits_together(store):
+        for pdir, rows in ((third, 6), (first, 5)):
+            w = store.writer(pdir)
+            w.write("documents", _docs(rows))
+            w.commit(_manifest(), together=True)
         plain = store.writer(second)
         plain.write("documents", _docs(4))
         plain.commit(_manifest())  # not staged: published at once
-        monkeypatch.setattr(os, "replace", refuse)
+        monkeypatch.setattr(os, "replace", second_fails)
     monkeypatch.setattr(os, "replace", real_replace)
+    assert [m.rows for m in failed.value.unpublished] == [{"documents": 5}]
     fresh = Store(store.root)
+    assert fresh.read_table(third, "documents").equals(_docs(6))  # renamed before the error
     assert fresh.read_table(first, "documents").equals(_docs(1))
     assert fresh.read_table(second, "documents").equals(_docs(4))
     again = fresh.writer(first)  # released; what the failed attempt left is removed
     assert any(n.startswith(f".{MANIFEST}.") for n in again.leftovers) and len(again.leftovers) == 2
     again.close()
 
+    import stages.store as store_module
+
+    def cannot(self: object) -> None:
+        raise OSError("read-only")
+
+    real_remove = store_module.PartitionWriter._remove_unnamed
+    monkeypatch.setattr(store_module.PartitionWriter, "_remove_unnamed", cannot)
+    with commits_together(store):
+        w = store.writer(first)
+        w.write("documents", _docs(7))
+        w.commit(_manifest(), together=True)
+    assert Store(store.root).read_table(first, "documents").equals(_docs(7))
+    monkeypatch.setattr(store_module.PartitionWriter, "_remove_unnamed", real_remove)
+
     memory = Store("memory://together-test/root")
-    with commits_together(memory):
+    with commits_together(memory) as group:
+        assert group is None
         w = memory.writer(memory.partition_dir("p", "k", "c", "s"))
         w.write("documents", _docs(2))
         w.commit(_manifest(), together=True)

@@ -1,7 +1,8 @@
-"""The warm pool's packs: many small partitions of a step go to a worker a few at a time
-(guided self-scheduling, down to one each at the step's end), each pack's commits published
-together (``stages.store.commits_together``) and the crawl's keys derived once for it, every
-partition described as if it ran alone."""
+"""The warm pool's packs: a step's short partitions go to a worker a few at a time (as many as run
+in about ``_PACK_S``, by the step's pace so far; guided self-scheduling, down to one each at the
+step's end; a long partition alone), each pack's commits published together
+(``stages.store.commits_together``) and the crawl's keys derived once for it, every partition
+described as if it ran alone."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from curation_dagster.run import pool as pool_module
 from curation_dagster.run.done import TIMINGS, Done
 from curation_dagster.run.partition import finish, step_judge
 from curation_dagster.run.place import Place
-from curation_dagster.run.pool import _PACK, PartitionPool, _packs
+from curation_dagster.run.pool import _PACK, _PACK_S, PartitionPool, _pack_size
 from stages import store as store_module
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -24,18 +25,21 @@ from tests.support.tiny_corpus import CRAWL, EXPECTED, fast_tmp, source_config
 
 
 @pytest.mark.parametrize("at_once", [1, 2, 4])
-@pytest.mark.parametrize("n", [1, 7, 8, 16, 17, 200, 1000])
-def test_packs_shrink_to_single_partitions_and_keep_the_order(n: int, at_once: int) -> None:
-    sources: list[str | None] = [f"s{i:04d}" for i in range(n)]
-    packs = _packs(list(sources), at_once)
-    sizes = [len(p) for p in packs]
-    assert [s for p in packs for s in p] == sources
-    assert sizes == sorted(sizes, reverse=True) and max(sizes) <= _PACK
-    assert sizes[-min(len(sizes), 4 * at_once):] == [1] * min(len(sizes), 4 * at_once)
-    if n < 8 * at_once:
+@pytest.mark.parametrize("seconds", [None, 1e-5, 0.002, 0.05, _PACK_S / 3, _PACK_S, 30.0])
+def test_a_pack_holds_what_runs_in_its_time_and_shrinks_to_one_at_the_end(seconds: float | None,
+                                                                          at_once: int) -> None:
+    sizes = []
+    remaining = 1000
+    while remaining:
+        sizes.append(_pack_size(remaining, at_once, seconds))
+        remaining -= sizes[-1]
+    assert sizes == sorted(sizes, reverse=True) and max(sizes) <= _PACK and sizes[-1] == 1
+    if seconds is None or seconds >= _PACK_S / 2:  # before the pace is known, or too long to share
         assert set(sizes) == {1}
     else:
-        assert sizes[0] == min(_PACK, n // (4 * at_once))
+        assert sizes[0] == min(_PACK, int(_PACK_S / seconds)) > 1
+        assert sizes[-4 * at_once:] == [1] * (4 * at_once)  # the step's end: one each
+    assert _pack_size(7, 2, 1e-5) == 1  # fewer than eight a worker: one each
 
 
 def _many(n: int) -> CrawlSpec:
@@ -63,7 +67,7 @@ def test_a_pack_is_described_as_its_partitions_alone_and_published_at_once(
     sources = crawl.partitions("raw_documents")
     syncs: list[list[str]] = []
     real_sync, real_params = store_module._sync, CrawlSpec.program_params
-    monkeypatch.setattr(store_module, "_sync", lambda paths: (syncs.append(paths), real_sync(paths))[1])
+    monkeypatch.setattr(store_module, "_sync", lambda paths, fd: (syncs.append(paths), real_sync(paths, fd))[1])
     alone: dict[str, list[tuple[Any, ...]]] = {}
     with fast_tmp(tmp_path / "alone") as work:
         resource = CurationResource(workdir=str(work))
@@ -95,7 +99,7 @@ def test_a_pack_is_described_as_its_partitions_alone_and_published_at_once(
                 committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, program, d.source))
                 assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
 
-        def refuse(paths: list[str]) -> None:
+        def refuse(paths: list[str], fd: int | None) -> None:
             raise OSError("disk gone")
 
         def committed_now() -> dict[str | None, str]:
@@ -107,22 +111,56 @@ def test_a_pack_is_described_as_its_partitions_alone_and_published_at_once(
         before = committed_now()
         monkeypatch.setattr(store_module, "_sync", refuse)
         done = pool_module._work("raw_documents", sources[:2], resource.execution(), True, 9)
-        assert [d.error for d in done] == ["its commit failed: disk gone"] * 2
+        assert [d.error for d in done] == ["its commit failed: publishing 2 partitions' commits: disk gone"] * 2
         assert committed_now() == before and len(before) == 2
 
 
+def test_a_partition_that_fails_in_a_pack_leaves_the_others_published(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack's partition whose program fails is that partition's error; the rest of the pack runs
+    and is published."""
+    first = next(iter(source_config().values()))
+    missing = {**first, "url": str(tmp_path / "no-such-source")}
+    crawl = CrawlSpec(crawl=CRAWL, sources={"a": first, "b": missing, "c": first}, keep=EXPECTED["keep"],
+                      stages=("fuzzy",))
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work))
+        resource.dataroot().register(crawl)
+        place = Place(resource.workdir, resource.root(), resource.options())
+        for key, value in {"resource": place, "store": place.store(), "spec": crawl}.items():
+            monkeypatch.setitem(pool_module._WORKER, key, value)
+        monkeypatch.delitem(pool_module._WORKER, "judge", raising=False)
+        done = pool_module._work("raw_documents", ["a", "b", "c"], resource.execution(), False, 0)
+        assert [d.source for d in done] == ["a", "b", "c"]
+        assert done[0].error is None and done[2].error is None and "no-such-source" in str(done[1].error)
+        fresh = Store(resource.store().root)
+        committed = {s: fresh.read_manifest(resource.dataroot().output_dir(crawl, "raw_documents", s)) for s in "abc"}
+        assert committed["b"] is None and committed["a"] is not None and committed["c"] is not None
+
+
 def test_many_sources_run_in_packs_on_a_real_pool(tmp_path: Path) -> None:
-    """18 sources on two workers (packs of two, then one each): every partition ends once,
-    committed, with what it would have alone."""
-    crawl = _many(18)
+    """40 sources on two workers: one partition a worker until the first ends, then packs (of the
+    crawl's short partitions), one each at the end; every partition ends once, committed."""
+    crawl = _many(40)
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work), workers=2)
         resource.dataroot().register(crawl)
-        assert [len(p) for p in _packs(crawl.partitions("raw_documents"), 2)][:3] == [2, 2, 1]
         with PartitionPool(resource, crawl) as pool:
+            assert pool._pool is not None
+            real_submit = pool._pool.submit
+            packs: list[list[str | None]] = []
+            def submit(fn: Any, program: str, pack: list[str | None], *rest: Any) -> Any:
+                packs.append(pack)
+                return real_submit(fn, program, pack, *rest)
+
+            pool._pool.submit = submit  # type: ignore[assignment, method-assign]
             for program in ("raw_documents", "document_languages", "filtered_documents"):
+                packs.clear()
                 done = [d for finished in pool.run(program, crawl.partitions(program)) for d in finished]
                 assert sorted(d.source or "" for d in done) == sorted(s or "" for s in crawl.partitions(program))
+                assert [s for p in packs for s in p] == crawl.partitions(program)
+                sizes = [len(p) for p in packs]
+                assert sizes[:2] == [1, 1] and max(sizes) > 1 and sizes[-1] == 1, sizes
                 assert all(d.error is None and d.outcome is not None for d in done), [d.trace for d in done]
                 fresh = Store(resource.store().root)
                 for d in done:
@@ -133,24 +171,30 @@ def test_many_sources_run_in_packs_on_a_real_pool(tmp_path: Path) -> None:
 
 
 def test_partitions_run_in_this_process_go_in_packs_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without workers (one core, a GPU step) the step's partitions run here in the same packs,
-    each published together: two syncs a pack of more than one, every partition committed."""
+    """Without workers (one core, a GPU step) the step's partitions run here in packs sized the
+    same way, each published together: two syncs a pack of more than one; a step whose
+    partitions take longer than a pack's time runs them one by one."""
     crawl = _many(12)
     syncs: list[list[str]] = []
     real_sync = store_module._sync
-    monkeypatch.setattr(store_module, "_sync", lambda paths: (syncs.append(paths), real_sync(paths))[1])
+    monkeypatch.setattr(store_module, "_sync", lambda paths, fd: (syncs.append(paths), real_sync(paths, fd))[1])
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work), workers=1)
         resource.dataroot().register(crawl)
         with PartitionPool(resource, crawl) as pool:
             assert pool._pool is None
             lists = list(pool.run("raw_documents", crawl.partitions("raw_documents")))
-        packs = _packs(crawl.partitions("raw_documents"), 1)
-        assert [[d.source for d in done] for done in lists] == packs and len(packs) < 12
-        assert len(syncs) == 2 * sum(len(p) > 1 for p in packs)
-        fresh = Store(resource.store().root)
-        for done in lists:
-            for d in done:
-                assert d.error is None and d.outcome is not None, d.trace
-                committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, "raw_documents", d.source))
-                assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
+            packs = [[d.source for d in done] for done in lists]
+            assert [s for p in packs for s in p] == crawl.partitions("raw_documents")
+            assert len(packs[0]) == 1 and max(map(len, packs)) > 1 and len(packs[-1]) == 1, packs
+            assert len(syncs) == 2 * sum(len(p) > 1 for p in packs)
+            fresh = Store(resource.store().root)
+            for done in lists:
+                for d in done:
+                    assert d.error is None and d.outcome is not None, d.trace
+                    committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, "raw_documents", d.source))
+                    assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
+            monkeypatch.setattr(pool_module, "_PACK_S", 1e-9)  # every partition longer than a pack's time
+            syncs.clear()
+            lists = list(pool.run("document_languages", crawl.partitions("document_languages")))
+            assert [len(done) for done in lists] == [1] * 12 and syncs == []
