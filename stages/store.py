@@ -177,8 +177,11 @@ class _Group:
                 _sync(folders, self.fd)
             whole = True
         except OSError as exc:
+            # Renamed but not made durable (the folders' sync failed): not published either, as a
+            # single commit whose folder's fsync fails.
             raise PublishFailed(f"publishing {len(staged)} partitions' commits: {exc}",
-                                [m for _, _, m in staged[renamed:]]) from exc
+                                [m for _, _, m in (staged if renamed == len(staged) else staged[renamed:])]
+                                ) from exc
         finally:
             self.manifests.clear()
             if self.fd is not None:
@@ -186,25 +189,45 @@ class _Group:
                 self.fd = None
             for writer, _, _ in staged:
                 writer._staged = False
-                if whole:
-                    with suppress(OSError):
-                        writer._remove_unnamed()
-                writer.close()
+                try:
+                    if whole:
+                        with suppress(OSError):
+                            writer._remove_unnamed()
+                finally:
+                    with suppress(OSError):  # every writer gives its partition back
+                        writer.close()
+
+
+# Filesystems whose syncfs writes back and commits everything an fsync of each file would, and
+# reports a write error since the descriptor was opened (Linux 5.8 and later): ext4, XFS, Btrfs,
+# F2FS, tmpfs (nothing to write back). Not FUSE (the server may not get it), overlayfs (the
+# upper layer's errors), network filesystems: an fsync each there.
+_SYNCFS_FILESYSTEMS = {0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x01021994}
 
 
 @functools.cache
 def _syncfs() -> Callable[[int], int] | None:
-    """Linux's ``syncfs(fd)`` from the C library; None where it has none, or where the kernel is
-    older than 5.8: before, ``syncfs`` reported no write error (an fsync of each file does)."""
+    """``syncfs(fd)`` where a descriptor's filesystem is one of ``_SYNCFS_FILESYSTEMS``, from the C
+    library; None where there is none, or where the kernel is older than 5.8 (before, ``syncfs``
+    reported no write error; an fsync of each file does)."""
     import ctypes
 
     release = re.match(r"(\d+)\.(\d+)", os.uname().release)
     if os.uname().sysname != "Linux" or release is None or (int(release[1]), int(release[2])) < (5, 8):
         return None
     try:
-        return getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)  # type: ignore[no-any-return]
-    except OSError:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs, fstatfs = libc.syncfs, libc.fstatfs
+    except (OSError, AttributeError):
         return None
+
+    def known(fd: int) -> int:
+        buf = ctypes.create_string_buffer(256)  # struct statfs: f_type first, a C long
+        if fstatfs(fd, buf) != 0 or ctypes.c_long.from_buffer(buf).value not in _SYNCFS_FILESYSTEMS:
+            return -2  # not one to trust with syncfs: ``_sync`` fsyncs each
+        return int(syncfs(fd))
+
+    return known
 
 
 def _sync(paths: list[str], fd: int | None) -> None:
@@ -216,12 +239,13 @@ def _sync(paths: list[str], fd: int | None) -> None:
 
     syncfs = _syncfs()
     rest = paths
-    if fd is not None and syncfs is not None:
-        dev = os.fstat(fd).st_dev
+    done = syncfs(fd) if fd is not None and syncfs is not None else -2
+    if done == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, f"syncfs: {os.strerror(err)}")
+    if done == 0:
+        dev = os.fstat(fd).st_dev  # type: ignore[arg-type]
         rest = [path for path in paths if os.stat(path).st_dev != dev]
-        if syncfs(fd) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"syncfs: {os.strerror(err)}")
     for path in rest:
         _fsync_path(path)
 
@@ -237,7 +261,8 @@ def commits_together(store: Store) -> Iterator[_Group | None]:
     partition (a part's and a manifest's fsync is ~1 ms each here, most of a small partition's
     commit). Until then each partition stays held by its writer and its manifest is read here as
     staged; elsewhere, the committed state before the block. Published even when the block
-    raises; an error publishing raises ``PublishFailed`` at its end. Object storage (and a block
+    raises (its error is raised, not one publishing); an error publishing raises
+    ``PublishFailed`` at its end. Object storage (and a block
     within another): each commit as it comes; yields None there."""
     if not store.is_local or _GROUP.get() is not None:
         yield None
@@ -252,9 +277,13 @@ def commits_together(store: Store) -> Iterator[_Group | None]:
     token = _GROUP.set(group)
     try:
         yield group
-    finally:
+    except BaseException:
         _GROUP.reset(token)
-        group.publish()
+        with suppress(PublishFailed):  # the block's own error is the one told
+            group.publish()
+        raise
+    _GROUP.reset(token)
+    group.publish()
 
 
 @dataclass

@@ -38,6 +38,7 @@ _LINES_S = 0.5  # how often a partition's progress lines are passed on while it 
 _PACK = 16  # the most partitions a pack takes (``_pack_size``)
 _PACK_S = 0.25  # the seconds of work a pack is sized to, at most (``_pack_size``)
 _GATHER_S = 0.1  # the longest a list of finished partitions waits for more (``PartitionPool.run``)
+_AHEAD_S = 1.0  # the work a worker is handed ahead of what it runs, about (``PartitionPool.run``)
 # A worker's place (workdir and data root: ``run/place``), store and crawl, set by the pool's
 # initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
@@ -286,10 +287,10 @@ class PartitionPool:
             return
         assert self._pool is not None
         execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
-        # Where the pool's size is the bound, up to sixteen packs a worker in flight (its queue
-        # keeps every worker busy while this process records; each pack is sized when it is
-        # handed over, from the step's partitions so far), else ``at_once``.
-        in_flight = 16 * at_once if at_once >= self.workers else at_once
+        # Where the pool's size is the bound, about ``_AHEAD_S`` of work a worker handed over
+        # ahead (its queue keeps every worker busy while this process records; each pack is sized
+        # when it is handed over, at the step's pace so far), else ``at_once`` packs at a time.
+        bound = at_once < self.workers
         step = next(_STEPS)  # the workers' evaluators are per step
         # A partition alone tells its progress, as it did when it ran in this process.
         tell = at_once == 1 and emit is not None
@@ -302,7 +303,8 @@ class PartitionPool:
         while queue or pending:
             broken: list[Done] = []
             # One partition a worker until the first ends and sets the pace, then packs.
-            while queue and len(pending) < (in_flight if pace.seconds is not None else at_once):
+            while queue and (len(pending) < at_once if bound or pace.seconds is None else
+                             sum(map(len, pending.values())) * pace.seconds / at_once < _AHEAD_S):
                 size = 1 if tell else _pack_size(len(queue), at_once, pace.seconds)
                 pack = queue[:size]
                 del queue[:size]
@@ -330,9 +332,9 @@ class PartitionPool:
             # taken when its last partition ends: the wait ends when all have.) While partitions
             # wait to be handed over, only where the workers have that much work in hand.
             since = time.monotonic() - taken
-            in_hand = sum(map(len, pending.values())) * (pace.seconds or 0.0) / at_once
+            in_hand = sum(len(p) for f, p in pending.items() if f not in finished) * (pace.seconds or 0.0) / at_once
             if (not tell and since < _GATHER_S and len(finished) < len(pending)
-                    and (not queue or in_hand >= _GATHER_S)):
+                    and (not queue or (not bound and in_hand >= _GATHER_S))):
                 finished, _ = wait(pending, timeout=_GATHER_S - since, return_when=ALL_COMPLETED)
             taken = time.monotonic()
             done: list[Done] = []
@@ -342,6 +344,9 @@ class PartitionPool:
                     done += future.result()
                 except BrokenProcessPool as exc:
                     done += [Done(program, source, error=f"{DIED}: {one_line(exc)}") for source in pack]
+                except Exception as exc:  # the worker's task itself failed (not a partition): its pack did
+                    trace = "".join(traceback.format_exception(exc))
+                    done += [Done(program, source, error=one_line(exc), trace=trace) for source in pack]
             pace.add(done)
             yield done
 

@@ -212,6 +212,12 @@ def test_commits_made_together_sync_once_with_syncfs_on_the_root_opened_first(
     assert len(calls) == 2 and {path for _, path in calls} == {store.root} and synced == []
     assert all(Store(store.root).read_table(store.partition_dir("p", "k", "c", s), "documents").num_rows == 2
                for s in ("s1", "s2", "s3"))
+    with commits_together(store):  # a filesystem not known to syncfs as it should: an fsync each
+        monkeypatch.setattr(store_module, "_SYNCFS_FILESYSTEMS", set())
+        w = store.writer(store.partition_dir("p", "k", "c", "s4"))
+        w.write("documents", _docs(2))
+        w.commit(_manifest(), together=True)
+    assert len(calls) == 4 and sorted(synced) == sorted([*w.tables["documents"], "s4", "s4", synced[2]])
     monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "h", "5.4.0-150-generic", "", "x86_64")))
     assert cached.__wrapped__() is None
 
@@ -265,6 +271,25 @@ def test_a_block_that_fails_still_publishes_and_a_failed_publish_keeps_the_old_c
     again.close()
 
     import stages.store as store_module
+
+    # The folders' sync after the renames fails: renamed, not durable, so none is published.
+    real_sync = store_module._sync
+    monkeypatch.setattr(store_module, "_sync", lambda paths, fd: (_ for _ in ()).throw(OSError("late"))
+                        if all(not Path(p).is_file() for p in paths) else real_sync(paths, fd))
+    with pytest.raises(PublishFailed, match="late") as failed, commits_together(store):
+        for pdir in (third, first):
+            w = store.writer(pdir)
+            w.write("documents", _docs(8))
+            w.commit(_manifest(), together=True)
+    assert len(failed.value.unpublished) == 2
+    # The block's own error (an interrupt) is the one told, not one publishing.
+    monkeypatch.setattr(store_module, "_sync", lambda paths, fd: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(KeyboardInterrupt), commits_together(store):
+        w = store.writer(first)
+        w.write("documents", _docs(9))
+        w.commit(_manifest(), together=True)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(store_module, "_sync", real_sync)
 
     def cannot(self: object) -> None:
         raise OSError("read-only")
