@@ -287,9 +287,9 @@ class PartitionPool:
             return
         assert self._pool is not None
         execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
-        # Where the pool's size is the bound, about ``_AHEAD_S`` of work a worker handed over
-        # ahead (its queue keeps every worker busy while this process records; each pack is sized
-        # when it is handed over, at the step's pace so far), else ``at_once`` packs at a time.
+        # Where memory bounds the step (fewer side by side than workers), ``at_once`` packs at a
+        # time; else each worker's queue holds about ``_AHEAD_S`` of work while this process
+        # records (each pack sized when it is handed over, at the step's pace so far).
         bound = at_once < self.workers
         step = next(_STEPS)  # the workers' evaluators are per step
         # A partition alone tells its progress, as it did when it ran in this process.
@@ -299,42 +299,46 @@ class PartitionPool:
         queue = list(sources)
         pace = _Pace()
         pending: dict[Future[list[Done]], list[str | None]] = {}
-        taken = time.monotonic()
-        while queue or pending:
+
+        def queued() -> float:
+            """Seconds of work handed over beyond what the workers run now, a worker."""
+            return (sum(map(len, pending.values())) - at_once) * (pace.seconds or 0.0) / at_once
+
+        def hand_over() -> list[Done]:
+            """Packs to the workers while they want more: one partition a worker until the first
+            ends and sets the pace, then about ``_AHEAD_S`` queued a worker (``at_once`` packs
+            where memory bounds the step); the partitions of a pool that broke, failed."""
             broken: list[Done] = []
-            # One partition a worker until the first ends and sets the pace, then packs.
-            while queue and (len(pending) < at_once if bound or pace.seconds is None else
-                             sum(map(len, pending.values())) * pace.seconds / at_once < _AHEAD_S):
+            while queue and (len(pending) < at_once if bound or pace.seconds is None else queued() < _AHEAD_S):
                 size = 1 if tell else _pack_size(len(queue), at_once, pace.seconds)
                 pack = queue[:size]
                 del queue[:size]
                 try:
-                    future = self._pool.submit(_work, program, pack, execution, self.force, step, tell)
-                    pending[future] = pack
+                    pending[self._pool.submit(_work, program, pack, execution, self.force, step, tell)] = pack  # type: ignore[union-attr]
                 except BrokenProcessPool as exc:  # a worker died in an earlier step
                     broken += [Done(program, source, error=f"{DIED}: {one_line(exc)}") for source in pack]
-            if started is not None:  # handed over: the workers run them meanwhile
-                started()
-                started = None
-            if broken:
-                yield broken
-            if not pending:
-                continue
+            return broken
+
+        broken = hand_over()
+        if started is not None:  # handed over: the workers run them meanwhile
+            started()
+        if broken:
+            yield broken
+        taken = time.monotonic()
+        while pending:
             finished, _ = wait(pending, timeout=_LINES_S if tell else None, return_when=FIRST_COMPLETED)
             if tell:
                 self._pass_lines(emit)
             if not finished:
                 continue
-            # Every partition handed over (the workers never wait on this process): those that
-            # finish within ``_GATHER_S`` of the last list join this one. A list is recorded in one
-            # batch, whose fixed cost is most of a small partition's: 200 sources, replayed, 1.78
-            # ms a partition one at a time, 0.82 ms sixteen at a time. (A step's last list is
-            # taken when its last partition ends: the wait ends when all have.) While partitions
-            # wait to be handed over, only where the workers have that much work in hand.
+            # Those that finish within ``_GATHER_S`` of the last list join this one, where the
+            # workers have that much queued meanwhile: a list is recorded in one batch, whose fixed
+            # cost is most of a small partition's (200 sources, replayed, 1.78 ms a partition one
+            # at a time, 0.82 ms sixteen at a time). A step's last list is taken when its last
+            # partition ends: the wait ends when all have.
             since = time.monotonic() - taken
-            in_hand = sum(len(p) for f, p in pending.items() if f not in finished) * (pace.seconds or 0.0) / at_once
             if (not tell and since < _GATHER_S and len(finished) < len(pending)
-                    and (not queue or (not bound and in_hand >= _GATHER_S))):
+                    and (not queue or (not bound and queued() >= _GATHER_S))):
                 finished, _ = wait(pending, timeout=_GATHER_S - since, return_when=ALL_COMPLETED)
             taken = time.monotonic()
             done: list[Done] = []
@@ -348,7 +352,8 @@ class PartitionPool:
                     trace = "".join(traceback.format_exception(exc))
                     done += [Done(program, source, error=one_line(exc), trace=trace) for source in pack]
             pace.add(done)
-            yield done
+            # More handed over before these are recorded: the workers never wait on that.
+            yield done + hand_over()
 
 
 def _pack_size(remaining: int, at_once: int, seconds: float | None) -> int:
