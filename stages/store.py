@@ -138,7 +138,8 @@ def manifests_held() -> AbstractContextManager[None]:
 
 class PublishFailed(StageError):
     """Publishing a ``commits_together`` block's commits failed: ``unpublished``, the manifests
-    of the partitions that keep what was committed before (the others were renamed into place)."""
+    of the partitions not published, those not renamed (each keeps what was committed before),
+    or all of them where the folders' sync after the renames failed."""
 
     def __init__(self, message: str, unpublished: list[Manifest]) -> None:
         super().__init__(message)
@@ -262,8 +263,8 @@ def commits_together(store: Store) -> Iterator[_Group | None]:
     commit). Until then each partition stays held by its writer and its manifest is read here as
     staged; elsewhere, the committed state before the block. Published even when the block
     raises (its error is raised, not one publishing); an error publishing raises
-    ``PublishFailed`` at its end. Object storage (and a block
-    within another): each commit as it comes; yields None there."""
+    ``PublishFailed`` at its end. Object storage, and a block within another: each commit as it
+    comes (yields None)."""
     if not store.is_local or _GROUP.get() is not None:
         yield None
         return

@@ -107,7 +107,7 @@ def run_pack(resource: Curation, store: Store, spec: CrawlSpec, program: str, so
                 finally:
                     if after_each is not None:
                         after_each()
-    except PublishFailed as exc:  # what it renamed before the error is committed
+    except PublishFailed as exc:  # the partitions it names fail; any other of the pack is committed
         unpublished, error, trace = exc.unpublished, f"its commit failed: {one_line(exc)}", traceback.format_exc()
     end = time.perf_counter()
     out = []
