@@ -49,6 +49,18 @@ def _many(n: int) -> CrawlSpec:
                      stages=("fuzzy",))
 
 
+def _as_worker(work: Path, crawl: CrawlSpec, monkeypatch: pytest.MonkeyPatch) -> CurationResource:
+    """This process set up as a pool worker of ``crawl`` in workdir ``work`` (``pool._work`` runs
+    here); the resource it was made from."""
+    resource = CurationResource(workdir=str(work))
+    resource.dataroot().register(crawl)
+    place = Place(resource.workdir, resource.root(), resource.options())
+    for key, value in {"resource": place, "store": place.store(), "spec": crawl}.items():
+        monkeypatch.setitem(pool_module._WORKER, key, value)
+    monkeypatch.delitem(pool_module._WORKER, "judge", raising=False)
+    return resource
+
+
 def _described(done: Done) -> tuple[Any, ...]:
     """What the recorder makes of a partition, its timings aside."""
     assert done.error is None and done.outcome is not None, done.trace
@@ -79,12 +91,7 @@ def test_a_pack_is_described_as_its_partitions_alone_and_published_at_once(
                               for s in sources]
     assert syncs == []  # one at a time: no pack
     with fast_tmp(tmp_path / "packed") as work:
-        resource = CurationResource(workdir=str(work))
-        resource.dataroot().register(crawl)
-        place = Place(resource.workdir, resource.root(), resource.options())
-        for key, value in {"resource": place, "store": place.store(), "spec": crawl}.items():
-            monkeypatch.setitem(pool_module._WORKER, key, value)
-        monkeypatch.delitem(pool_module._WORKER, "judge", raising=False)
+        resource = _as_worker(work, crawl, monkeypatch)
         for step, program in enumerate(("raw_documents", "document_languages")):
             syncs.clear()
             validated = count_params_validations(monkeypatch)
@@ -124,12 +131,7 @@ def test_a_partition_that_fails_in_a_pack_leaves_the_others_published(tmp_path: 
     crawl = CrawlSpec(crawl=CRAWL, sources={"a": first, "b": missing, "c": first}, keep=EXPECTED["keep"],
                       stages=("fuzzy",))
     with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work))
-        resource.dataroot().register(crawl)
-        place = Place(resource.workdir, resource.root(), resource.options())
-        for key, value in {"resource": place, "store": place.store(), "spec": crawl}.items():
-            monkeypatch.setitem(pool_module._WORKER, key, value)
-        monkeypatch.delitem(pool_module._WORKER, "judge", raising=False)
+        resource = _as_worker(work, crawl, monkeypatch)
         done = pool_module._work("raw_documents", ["a", "b", "c"], resource.execution(), False, 0)
         assert [d.source for d in done] == ["a", "b", "c"]
         assert done[0].error is None and done[2].error is None and "no-such-source" in str(done[1].error)
