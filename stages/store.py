@@ -150,7 +150,7 @@ class _Group:
     """Partition commits of this process staged for one durability point (``commits_together``):
     each staged commit's parts and manifest temporary written, not yet synced or renamed; its
     writer still holds the partition. ``fd``: the data root, opened before anything was staged,
-    for ``syncfs`` (None: an fsync each)."""
+    for ``syncfs`` (None: an fsync each; ``_syncfs_root``)."""
 
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
@@ -207,10 +207,9 @@ _SYNCFS_FILESYSTEMS = {0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x01021994}
 
 
 @functools.cache
-def _syncfs() -> Callable[[int], int] | None:
-    """``syncfs(fd)`` where a descriptor's filesystem is one of ``_SYNCFS_FILESYSTEMS``, from the C
-    library; None where there is none, or where the kernel is older than 5.8 (before, ``syncfs``
-    reported no write error; an fsync of each file does)."""
+def _libc() -> Any:
+    """The C library, with ``syncfs`` and ``fstatfs``; None where it has none, or where the kernel
+    is older than 5.8 (before, ``syncfs`` reported no write error; an fsync of each file does)."""
     import ctypes
 
     release = re.match(r"(\d+)\.(\d+)", os.uname().release)
@@ -218,34 +217,43 @@ def _syncfs() -> Callable[[int], int] | None:
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        syncfs, fstatfs = libc.syncfs, libc.fstatfs
-    except (OSError, AttributeError):
+        return libc if hasattr(libc, "syncfs") and hasattr(libc, "fstatfs") else None
+    except OSError:
         return None
 
-    def known(fd: int) -> int:
-        buf = ctypes.create_string_buffer(256)  # struct statfs: f_type first, a C long
-        if fstatfs(fd, buf) != 0 or ctypes.c_long.from_buffer(buf).value not in _SYNCFS_FILESYSTEMS:
-            return -2  # not one to trust with syncfs: ``_sync`` fsyncs each
-        return int(syncfs(fd))
 
-    return known
+def _syncfs_root(path: str) -> int | None:
+    """``path`` opened for ``syncfs`` where its filesystem syncs as an fsync of each file would
+    (``_libc``, ``_SYNCFS_FILESYSTEMS``), else None (an fsync each)."""
+    import ctypes
+
+    libc = _libc()
+    if libc is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no data root yet
+        return None
+    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type first, a C long
+    if libc.fstatfs(fd, buf) == 0 and ctypes.c_long.from_buffer(buf).value in _SYNCFS_FILESYSTEMS:
+        return fd
+    os.close(fd)
+    return None
 
 
 def _sync(paths: list[str], fd: int | None) -> None:
-    """Local ``paths`` (files, folders) durable: those on the filesystem of ``fd`` with one
-    ``syncfs`` (one journal commit for them all, where an fsync costs one each: ~1 ms here when
-    the workers write side by side; it reports a write error of that filesystem since ``fd`` was
-    opened), any other with an fsync each, as all of them where ``fd`` is None."""
+    """Local ``paths`` (files, folders) durable: those on the filesystem of ``fd`` (``_syncfs_root``)
+    with one ``syncfs`` (one journal commit for them all, where an fsync costs one each: ~1 ms here
+    when the workers write side by side; it reports a write error of that filesystem since ``fd``
+    was opened), any other with an fsync each, as all of them where ``fd`` is None."""
     import ctypes
 
-    syncfs = _syncfs()
     rest = paths
-    done = syncfs(fd) if fd is not None and syncfs is not None else -2
-    if done == -1:
-        err = ctypes.get_errno()
-        raise OSError(err, f"syncfs: {os.strerror(err)}")
-    if done == 0:
-        dev = os.fstat(fd).st_dev  # type: ignore[arg-type]
+    if fd is not None:
+        if _libc().syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs: {os.strerror(err)}")
+        dev = os.fstat(fd).st_dev
         rest = [path for path in paths if os.stat(path).st_dev != dev]
     for path in rest:
         _fsync_path(path)
@@ -268,13 +276,8 @@ def commits_together(store: Store) -> Iterator[_Group | None]:
     if not store.is_local or _GROUP.get() is not None:
         yield None
         return
-    fd = None
-    if _syncfs() is not None:
-        try:  # opened before anything is staged: its syncfs reports any write error since
-            fd = os.open(store.root, os.O_RDONLY)
-        except OSError:  # no data root yet: an fsync each
-            fd = None
-    group = _Group(fd)
+    # The data root opened before anything is staged: its syncfs reports any write error since.
+    group = _Group(_syncfs_root(store.root))
     token = _GROUP.set(group)
     try:
         yield group

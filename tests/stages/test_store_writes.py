@@ -152,7 +152,7 @@ def test_commits_made_together_are_published_together_parts_first(tmp_path: Path
     store = Store(str(tmp_path / "root"))
     first, second = _staged_pair(store)
     old_parts = store.read_manifest(first).parts()  # type: ignore[union-attr]
-    monkeypatch.setattr(store_module, "_syncfs", lambda: None)  # the fallback: each fsync seen
+    monkeypatch.setattr(store_module, "_libc", lambda: None)  # no syncfs: each fsync seen
     synced = _fsyncs(monkeypatch)  # fsyncs and renames, in one order
     real_replace = os.replace
     monkeypatch.setattr(os, "replace", lambda a, b: (synced.append(f"rename {Path(a).name}"), real_replace(a, b)))
@@ -187,37 +187,45 @@ def test_commits_made_together_are_published_together_parts_first(tmp_path: Path
 
 def test_commits_made_together_sync_once_with_syncfs_on_the_root_opened_first(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the C library's ``syncfs`` (Linux 5.8 or later): two calls for the whole block, before
-    the renames and after, on the data root opened before anything was staged (its ``syncfs``
-    reports a write error since), no fsync. An older kernel's ``syncfs`` reports no write error:
-    an fsync each there."""
+    """With the C library's ``syncfs`` (Linux 5.8 or later) on a filesystem that honours it: two
+    calls for the whole block, before the renames and after, on the data root opened before
+    anything was staged (its ``syncfs`` reports a write error since), no fsync. On another
+    filesystem, and on an older kernel (whose ``syncfs`` reports no write error): an fsync each."""
     import stages.store as store_module
     from stages.store import commits_together
 
-    cached = store_module._syncfs
-    real = cached()
-    if real is None:
-        pytest.skip("no syncfs here (not Linux 5.8 or later)")
     store = Store(str(tmp_path / "root"))
     os.makedirs(store.root)
-    calls: list[tuple[int, str]] = []
-    monkeypatch.setattr(store_module, "_syncfs",
-                        lambda: lambda fd: (calls.append((fd, os.readlink(f"/proc/self/fd/{fd}"))), real(fd))[1])
+    fd = store_module._syncfs_root(store.root)
+    if fd is None:
+        pytest.skip("no syncfs to trust here (not Linux 5.8 or later, or not ext4, XFS, Btrfs, F2FS, tmpfs)")
+    os.close(fd)
+    libc, calls = store_module._libc(), []
+
+    class Recording:
+        fstatfs = libc.fstatfs
+
+        def syncfs(self, fd: int) -> int:
+            calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+            return int(libc.syncfs(fd))
+
+    cached = store_module._libc
+    monkeypatch.setattr(store_module, "_libc", Recording)
     synced = _fsyncs(monkeypatch)
     with commits_together(store):
         for source in ("s1", "s2", "s3"):
             w = store.writer(store.partition_dir("p", "k", "c", source))
             w.write("documents", _docs(2))
             w.commit(_manifest(), together=True)
-    assert len(calls) == 2 and {path for _, path in calls} == {store.root} and synced == []
+    assert calls == [store.root, store.root] and synced == []
     assert all(Store(store.root).read_table(store.partition_dir("p", "k", "c", s), "documents").num_rows == 2
                for s in ("s1", "s2", "s3"))
-    with commits_together(store):  # a filesystem not known to syncfs as it should: an fsync each
-        monkeypatch.setattr(store_module, "_SYNCFS_FILESYSTEMS", set())
+    monkeypatch.setattr(store_module, "_SYNCFS_FILESYSTEMS", set())  # a filesystem syncfs is not trusted on
+    with commits_together(store):
         w = store.writer(store.partition_dir("p", "k", "c", "s4"))
         w.write("documents", _docs(2))
         w.commit(_manifest(), together=True)
-    assert len(calls) == 4 and sorted(synced) == sorted([*w.tables["documents"], "s4", "s4", synced[2]])
+    assert len(calls) == 2 and sorted(synced) == sorted([*w.tables["documents"], "s4", "s4", synced[2]])
     monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "h", "5.4.0-150-generic", "", "x86_64")))
     assert cached.__wrapped__() is None
 
