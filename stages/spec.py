@@ -34,8 +34,9 @@ def keys_held() -> AbstractContextManager[None]:
     the cached keys still hold validates every program's params again (0.5 ms a call); a
     crawl-wide partition's checks and metadata look up every source's partitions (600 lookups at
     200 sources). The params a key hashes (a model file's fingerprint) may change between two
-    runs of a partition, not within one (its run and its description): nothing is held beyond
-    the block. A block within another holds the outer one's keys."""
+    runs of a partition, not within one (its run and its description), nor within a pool's pack
+    (``curation_dagster.run.pool.run_pack``: its step was planned with the keys of its start):
+    nothing is held beyond the block. A block within another holds the outer one's keys."""
     return held_within(_HELD)
 
 

@@ -28,7 +28,7 @@ from stages.catalog import PROGRAMS
 from stages.parallel import adopt_environment, die_with_parent, limit_threads, usable_cores
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec, adopt_keys, keys_held
-from stages.store import Manifest, PublishFailed, Store, commits_together
+from stages.store import PublishFailed, Store, commits_together
 
 if TYPE_CHECKING:
     from curation_dagster.defs.resources import CurationResource
@@ -95,33 +95,29 @@ def run_pack(resource: Curation, store: Store, spec: CrawlSpec, program: str, so
     params, 0.3 ms a partition; a model file changed while a pack runs re-keys from the next
     pack, as the step was planned with the keys of its start). ``after_each``: called after
     each partition. A partition whose commit was not published (``PublishFailed``) fails."""
-    finished: dict[str | None, tuple[Done, float]] = {}  # each partition's end, and when it ended
-    unpublished: list[Manifest] = []
-    error = trace = ""
+    finished: list[tuple[Done, float]] = []  # each partition's end, and when it ended
+    failed: PublishFailed | None = None
+    trace = ""
     try:
         with keys_held(), (commits_together(store) if len(sources) > 1 else nullcontext()):
             for source in sources:
                 try:
-                    finished[source] = (finish(resource, store, spec, program, source, execution, force, emit,
-                                               judge=judge), time.perf_counter())
+                    finished.append((finish(resource, store, spec, program, source, execution, force, emit,
+                                            judge=judge), time.perf_counter()))
                 finally:
                     if after_each is not None:
                         after_each()
-    except PublishFailed as exc:  # the partitions it names fail; any other of the pack is committed
-        unpublished, error, trace = exc.unpublished, f"its commit failed: {one_line(exc)}", traceback.format_exc()
+    except PublishFailed as exc:  # raised once every partition ran: those it names fail, the others are committed
+        failed, trace = exc, traceback.format_exc()
     end = time.perf_counter()
     out = []
-    for source in sources:
-        if source not in finished:  # the pack stopped before it ran (an error publishing on the way out)
-            out.append(Done(program, source, error=error or "its pack stopped before it ran", trace=trace))
-            continue
-        done, at = finished[source]
-        if done.outcome is not None and any(done.outcome.manifest is m for m in unpublished):
-            out.append(Done(program, source, error=error, trace=trace))
-        elif done.outcome is not None:  # a partition's time waiting for the rest of its pack is outside its program
-            out.append(replace(done, busy=done.busy + end - at))
-        else:
+    for done, at in finished:
+        if done.outcome is None:
             out.append(done)
+        elif failed is not None and any(done.outcome.manifest is m for m in failed.unpublished):
+            out.append(Done(program, done.source, error=f"its commit failed: {one_line(failed)}", trace=trace))
+        else:  # a partition's time waiting for the rest of its pack is outside its program
+            out.append(replace(done, busy=done.busy + end - at))
     return out
 
 
@@ -285,7 +281,8 @@ class PartitionPool:
                 pace.add(ran)
                 yield ran
             return
-        assert self._pool is not None
+        pool = self._pool
+        assert pool is not None
         execution = self.execution.model_copy(update={"workers": max(1, self.cores // at_once)})
         # Where memory bounds the step (fewer side by side than workers), ``at_once`` packs at a
         # time; else each worker's queue holds about ``_AHEAD_S`` of work while this process
@@ -314,7 +311,7 @@ class PartitionPool:
                 pack = queue[:size]
                 del queue[:size]
                 try:
-                    pending[self._pool.submit(_work, program, pack, execution, self.force, step, tell)] = pack  # type: ignore[union-attr]
+                    pending[pool.submit(_work, program, pack, execution, self.force, step, tell)] = pack
                 except BrokenProcessPool as exc:  # a worker died in an earlier step
                     broken += [Done(program, source, error=f"{DIED}: {one_line(exc)}") for source in pack]
             return broken

@@ -60,8 +60,6 @@ def overhead_s(done: Done, received: float) -> float | None:
     return round(done.busy + time.perf_counter() - received, 4)
 
 
-
-
 def _table(values: dict[str, Any], left: str) -> MetadataValue:
     """A flat mapping as a two-column Markdown table (not a JSON string)."""
     lines = [f"| {left} | value |", "|---|---|"]
