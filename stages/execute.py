@@ -13,6 +13,7 @@ from typing import Any
 from stages import params as P
 from stages.backend import reported as reported_backend
 from stages.catalog import PROGRAMS, partition_name
+from stages.ingest.files import listings_held
 from stages.progress import Progress
 from stages.reports import read
 from stages.resolve import data_version, load_program, resolve_task
@@ -36,8 +37,9 @@ def execute(
 ) -> Outcome:
     """Run one partition unless an up-to-date committed output exists; commit it atomically.
     ``emit`` receives the partition's progress lines (``stages.progress``), if given. Each
-    manifest it reads is read once (``stages.store.manifests_held``)."""
-    with manifests_held():
+    manifest it reads is read once (``stages.store.manifests_held``), each source listed once
+    (``stages.ingest.files.listings_held``)."""
+    with manifests_held(), listings_held():
         return _execute(store, spec, program, source, execution, force, emit)
 
 

@@ -20,6 +20,8 @@ import errno
 import functools
 import hashlib
 import os
+from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,6 +31,7 @@ import xxhash
 
 from stages.ingest.streams import READ_BLOCK, open_tracked, retrying, store_call
 from stages.params import RawDocumentsParams
+from stages.store import held_within
 
 Format = Literal["jsonl", "parquet"]
 # suffix -> fsspec compression name; zstd is read by stages.ingest.streams (every frame)
@@ -132,9 +135,32 @@ def _not_a_file(path: str, rel: str, info: dict[str, Any]) -> str | None:
     return f"{rel}: {kind}, not an input file; move it out of the source"
 
 
-def list_files(params: RawDocumentsParams) -> tuple[fsspec.AbstractFileSystem, list[InputFile], list[str]]:
+Listing = tuple[fsspec.AbstractFileSystem, list[InputFile], list[str]]
+# The listings made within ``listings_held``, by (source URL, format).
+_LISTINGS: ContextVar[dict[tuple[str, str], Listing] | None] = ContextVar("listings_held", default=None)
+
+
+def listings_held() -> AbstractContextManager[None]:
+    """Within: each source is listed once (``list_files``). A partition's data version
+    (``fingerprint``) and its run then name the same files, and on object storage the partition
+    makes one listing, one round trip, not two. Nothing is held beyond the block."""
+    return held_within(_LISTINGS)
+
+
+def list_files(params: RawDocumentsParams) -> Listing:
     """(filesystem, input files sorted by path, ignored hidden/bookkeeping names) of a source:
-    a file, a directory (recursively) or a glob."""
+    a file, a directory (recursively) or a glob. Within ``listings_held``, listed once."""
+    held = _LISTINGS.get()
+    key = (params.url, params.format)
+    if held is not None and key in held:
+        return held[key]
+    listing = _list_files(params)
+    if held is not None:
+        held[key] = listing
+    return listing
+
+
+def _list_files(params: RawDocumentsParams) -> Listing:
     fs, path = fsspec.core.url_to_fs(params.url)
     fs.invalidate_cache()  # s3fs caches listings (sizes, ETags) per instance: a changed file must show
     path = path.rstrip("/") or path

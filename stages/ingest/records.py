@@ -172,17 +172,23 @@ def _url_and_metadata(rec: dict[str, Any], params: RawDocumentsParams) -> tuple[
         canonical(meta).decode() if meta else None
 
 
-def _needs_judge(texts: pa.Array, max_chars: int | None) -> np.ndarray:
+def _needs_judge(texts: pa.Array, lengths: np.ndarray, max_chars: int | None) -> np.ndarray:
     """bool (n,): records the vectorized checks cannot pass for certain: no string text, a NUL,
-    more than ``max_chars`` characters, or a text that may be blank (it does not start, after
-    ASCII whitespace, with a printable ASCII character, which ``str.strip`` never removes)."""
+    more than ``max_chars`` characters (``lengths``: int64 (n,), each text's), or a text that may
+    be blank (it does not start, after ASCII whitespace, with a printable ASCII character, which
+    ``str.strip`` never removes)."""
     careful = ~np.asarray(pc.fill_null(pc.match_substring_regex(texts, r"^\s*[!-~]"), False))
     data = texts.buffers()[2]
     if data is not None and len(data) and np.frombuffer(data, np.uint8).min() == 0:  # rare: find the rows
         careful |= np.asarray(pc.fill_null(pc.match_substring(texts, "\x00"), False))
     if max_chars is not None:
-        careful |= np.asarray(pc.fill_null(pc.greater(pc.utf8_length(texts), max_chars), False))
+        careful |= lengths > max_chars
     return careful
+
+
+def _lengths(texts: pa.Array) -> np.ndarray:
+    """int64 (n,): characters of each text of a string column (0 where null)."""
+    return np.asarray(pc.fill_null(pc.utf8_length(texts), 0), np.int64)
 
 
 class Collect:
@@ -276,6 +282,7 @@ class Collect:
         cannot take (a line that is blank or does not parse, a record that is no object or has no
         string text, a lone surrogate anywhere) goes through ``line``, that line (or block) only."""
         texts: list[str | None] = []
+        lengths: list[int] = []  # each text's characters: len() of a str is its code points, utf8_length's count
         recs: list[Any] = []
         raws: list[bytes] = []
         parsed = 0
@@ -294,7 +301,12 @@ class Collect:
             text = rec.get(tf) if type(rec) is dict else None
             recs.append(rec)
             raws.append(line)
-            texts.append(text if type(text) is str else None)
+            if type(text) is str:
+                texts.append(text)
+                lengths.append(len(text))
+            else:
+                texts.append(None)
+                lengths.append(0)
         column = None
         if parsed and sum(map(len, raws)) < FAST_BLOCK_BYTES:
             try:
@@ -307,20 +319,22 @@ class Collect:
             return
         base = self.lines
         self.lines += len(lines)
-        self._block(recs, column, base + 1, raws)
+        self._block(recs, column, base + 1, raws, np.array(lengths, np.int64))
 
     def batch(self, recs: list[dict[str, Any]], text: pa.Array, pos: int) -> None:
         """Judge the records of one Parquet batch (rows ``pos ..``) exactly as ``record`` judges
         each, with ``text`` (their text column: string or large_string, valid UTF-8) moved as it is."""
-        self._block(recs, text, pos, None)
+        self._block(recs, text, pos, None, _lengths(text))
 
-    def _block(self, recs: list[Any], texts: pa.Array, pos: int, lines: list[bytes] | None) -> None:
+    def _block(self, recs: list[Any], texts: pa.Array, pos: int, lines: list[bytes] | None,
+               lengths: np.ndarray) -> None:
         """Records ``recs`` found at ``pos, pos + 1, ..``; ``texts``: the string column of their
-        texts (null where a record has no string text). A record every vectorized check passes
-        (string text, not blank, no NUL, within ``max_chars``) is judged here; any other record
-        by ``judge`` (the same rules, in their order, so the same reason)."""
+        texts (null where a record has no string text), ``lengths``: int64 (n,), the characters of
+        each (0 where null). A record every vectorized check passes (string text, not blank, no
+        NUL, within ``max_chars``) is judged here; any other record by ``judge`` (the same rules,
+        in their order, so the same reason)."""
         n = len(recs)
-        careful = _needs_judge(texts, self.params.max_chars)
+        careful = _needs_judge(texts, lengths, self.params.max_chars)
         params = self.params
         good: list[int] = []  # rows of ``recs`` that are documents
         take: list[int] = []  # where each one's text is: in ``texts``, or ``n + j`` for ``extra[j]``
@@ -376,7 +390,8 @@ class Collect:
         }, schema=PARSED))
         self.positions.extend(i + pos for i in good)
         self.digests.extend(digests)
-        self.chars += int(pc.sum(pc.utf8_length(text)).as_py() or 0)
+        taken = np.array(take, np.int64)
+        self.chars += int(lengths[taken[taken < n]].sum()) + sum(map(len, extra))
 
     def _seal(self) -> None:
         """The rows collected one at a time so far, as a segment (to keep rows in input order)."""
