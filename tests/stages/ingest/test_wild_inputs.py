@@ -291,6 +291,29 @@ def test_a_local_rewrite_with_the_same_size_and_mtime_changes_the_fingerprint(tm
     assert fingerprint(params) == fingerprint(params)
 
 
+def test_a_partition_lists_its_source_once_and_a_rerun_sees_a_new_file(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its data version and its run read one listing (the version names the files the run read);
+    the next run lists again, so a file added since is fingerprinted and ingested."""
+    from stages.ingest import files
+
+    listed: list[str] = []
+    real = files._list_files
+    monkeypatch.setattr(files, "_list_files", lambda params: listed.append(params.url) or real(params))
+    write(tmp_path / "src" / "a.jsonl", jsonl(rec(1), rec(2)))
+    spec = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=str(tmp_path / "src"))})
+    store = Store(str(tmp_path / "data"))
+    first = execute(store, spec, "raw_documents", "s")
+    assert len(listed) == 1 and first.manifest.rows["documents"] == 2
+    write(tmp_path / "src" / "b.jsonl", jsonl(rec(3)))
+    second = execute(store, spec, "raw_documents", "s")
+    assert len(listed) == 2 and not second.skipped and second.manifest.rows["documents"] == 3
+    assert second.manifest.data_version != first.manifest.data_version
+    third = execute(store, spec, "raw_documents", "s")
+    assert len(listed) == 3 and third.skipped  # listed once to know it is current
+    assert fingerprint(spec.sources["s"]) == fingerprint(spec.sources["s"]) and len(listed) == 5  # outside: each time
+
+
 class _Shaped(MemoryFileSystem):
     """A memory filesystem whose ``info`` carries one object store's identity fields."""
 
