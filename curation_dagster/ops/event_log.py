@@ -32,7 +32,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from dagster._core.definitions.metadata import TableSchemaMetadataValue, TextMetadataValue
 from dagster._core.storage.event_log import ConsolidatedSqliteEventLogStorage
+from dagster._serdes import serialize_value
 from watchdog.events import PatternMatchingEventHandler
 
 BUSY_TIMEOUT_S = 30  # as Dagster's SQLite storages wait on a locked database
@@ -77,6 +79,50 @@ _MATERIALIZATION, _EVALUATION = "ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION
 # The events of a partition (its materialization, its check evaluations) and a step's planned
 # materializations: what ``curation_dagster.run.recorder.together`` batches.
 _BATCHED = frozenset({_MATERIALIZATION, _EVALUATION, "ASSET_MATERIALIZATION_PLANNED"})
+
+
+# A materialization's column schema, serialized once per schema object. Dagster serializes an
+# event in Python, object by object: a materialization of a 7-column table took 0.49 ms, 0.17 ms
+# of it its column schema, which every partition of a step shares (``curation_dagster.run.values``
+# makes one ``TableSchema`` per distinct schema; 1,408 materializations at 200 sources). An event
+# is serialized with a text placeholder in its column schema's place, then the schema's own
+# serialization put where the placeholder's is: ``json.dumps`` writes a nested value as it writes
+# it alone, so the result is Dagster's own, byte for byte (test_event_batches.py). Keyed by the
+# schema's id, with the schema held so that its id stays its own.
+_SCHEMA_KEY = "dagster/column_schema"
+_PLACEHOLDER = "\x00the column schema, serialized once\x00"
+_PLACEHOLDER_JSON = serialize_value(TextMetadataValue(_PLACEHOLDER))
+_SCHEMAS: dict[int, tuple[Any, str]] = {}
+_SCHEMAS_HELD = 256
+
+
+def _schema_aside(event: Any) -> tuple[Any, Any]:
+    """(``event`` with its column schema replaced by a placeholder, that ``TableSchemaMetadataValue``),
+    or (``event``, None) where it is no materialization with one."""
+    dagster_event = event.dagster_event
+    if dagster_event is None or dagster_event.event_type_value != _MATERIALIZATION:
+        return event, None
+    data = dagster_event.event_specific_data
+    materialization = data.materialization
+    schema = materialization.metadata.get(_SCHEMA_KEY)
+    if type(schema) is not TableSchemaMetadataValue:
+        return event, None
+    metadata = {**materialization.metadata, _SCHEMA_KEY: TextMetadataValue(_PLACEHOLDER)}
+    light = event._replace(dagster_event=dagster_event._replace(
+        event_specific_data=data._replace(materialization=materialization._replace(metadata=metadata))))
+    return light, schema
+
+
+def _serialized_schema(value: Any) -> str:
+    """``serialize_value(value)`` of a ``TableSchemaMetadataValue``, made once per ``TableSchema``."""
+    held = _SCHEMAS.get(id(value.schema))
+    if held is not None and held[0] is value.schema:
+        return held[1]
+    if len(_SCHEMAS) >= _SCHEMAS_HELD:
+        _SCHEMAS.clear()
+    serialized: str = serialize_value(value)
+    _SCHEMAS[id(value.schema)] = (value.schema, serialized)
+    return serialized
 
 
 class EventBatches:
@@ -354,9 +400,21 @@ class EventBatches:
         """Dagster's ``store_event`` of the storage, inside the current batch's transaction."""
         raise NotImplementedError
 
-    if TYPE_CHECKING:  # Dagster's SqlEventLogStorage's, which the storages this mixes into have
-        def _event_to_row(self, event: Any) -> dict[str, Any]: ...
+    def _event_to_row(self, event: Any) -> dict[str, Any]:
+        """Dagster's row of ``event`` (``SqlEventLogStorage._event_to_row``), its serialized form
+        the same bytes, made with a materialization's column schema serialized once for all the
+        events that share it (``_schema_aside``)."""
+        light, schema = _schema_aside(event)
+        row: dict[str, Any] = super()._event_to_row(light)  # type: ignore[misc]
+        if schema is not None:
+            serialized = _serialized_schema(schema)
+            if row["event"].count(_PLACEHOLDER_JSON) == 1:
+                row["event"] = row["event"].replace(_PLACEHOLDER_JSON, serialized)
+            else:  # the placeholder's text is in the event itself: the plain way
+                row["event"] = super()._event_to_row(event)["event"]  # type: ignore[misc]
+        return row
 
+    if TYPE_CHECKING:  # Dagster's SqlEventLogStorage's, which the storages this mixes into have
         def _store_asset_event_tags(self, conn: Any, events: Sequence[Any], event_ids: Sequence[int]) -> None: ...
 
         def _store_asset_event(self, conn: Any, event: Any, event_id: int) -> None: ...

@@ -10,6 +10,7 @@ the value is made at once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,12 +42,22 @@ class Later:
 Columns = Sequence[tuple[str, str, str]]  # (name, type, description) of each column
 
 
+@functools.lru_cache(maxsize=256)
+def _schema(columns: tuple[tuple[str, str, str], ...]) -> Any:
+    """The ``TableSchema`` of ``columns``, one object for equal columns: every partition of a
+    step shares its table's, and the event log serializes it once
+    (``curation_dagster.ops.event_log.EventBatches``). Immutable, as Dagster's records are."""
+    from dagster import TableColumn, TableSchema
+
+    return TableSchema(columns=[TableColumn(name, type_, description) for name, type_, description in columns])
+
+
 def _make(kind: str, args: tuple[Any, ...]) -> Any:
-    from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+    from dagster import MetadataValue, TableRecord
 
     if kind == "md":
         return MetadataValue.md(args[0])
-    schema = TableSchema(columns=[TableColumn(name, type_, description) for name, type_, description in args[0]])
+    schema = _schema(tuple((name, type_, description) for name, type_, description in args[0]))
     if kind == "schema":
         return schema
     assert kind == "table", kind

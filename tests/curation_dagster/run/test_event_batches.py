@@ -209,9 +209,10 @@ def test_a_batch_writes_the_rows_dagster_writes_event_by_event(tmp_path: Path, m
     monkeypatch.undo()
 
     class Dagsters(PooledSqliteEventLogStorage):
-        """Each event stored by Dagster's own code, asset rows included."""
+        """Each event stored by Dagster's own code, asset rows and serialized events included."""
 
         _store_asset_event = ConsolidatedSqliteEventLogStorage._store_asset_event
+        _event_to_row = ConsolidatedSqliteEventLogStorage._event_to_row
 
     class Mistold(PooledSqliteEventLogStorage):
         def _next_id(self, conn: Any) -> int:
@@ -250,3 +251,41 @@ def test_a_batch_writes_the_rows_dagster_writes_event_by_event(tmp_path: Path, m
             assert got[table] == want[table], (type(storage).__name__, table)
         storage.dispose()
     each.dispose()
+
+
+def test_a_column_schema_is_serialized_once_and_each_event_as_dagster_serializes_it(tmp_path: Path) -> None:
+    """Materializations whose column schemas ``values`` made from equal columns share one schema
+    object, serialized once; each stored event is Dagster's serialization of it, byte for byte,
+    also where the placeholder's text is in the event itself (then serialized the plain way)."""
+    from dagster._serdes import deserialize_value, serialize_value
+
+    from curation_dagster.ops import event_log
+    from curation_dagster.run import values
+
+    columns = [("doc_id", "string", "documents.doc_id"), ("text", "string", "documents.text")]
+    schemas = [values._made("schema", (list(columns),)) for _ in range(3)]
+    assert schemas[0] is schemas[1] is schemas[2]
+    other = values._made("schema", ([*columns, ("n", "int", "documents.n")],))
+    instance = DagsterInstance.from_config(str(ensure_instance_config(tmp_path / "dagster")))
+    metadata = [{"dagster/column_schema": schemas[0], "rows": 1}, {"rows": 2, "dagster/column_schema": schemas[1]},
+                {"dagster/column_schema": other},
+                {"dagster/column_schema": schemas[2], "note": event_log._PLACEHOLDER}]  # the plain way
+    event_log._SCHEMAS.clear()
+    for n, meta in enumerate(metadata):
+        instance.report_runless_asset_event(AssetMaterialization(asset_key="raw_documents", partition=str(n),
+                                                                 metadata=meta))
+    assert sorted(event_log._SCHEMAS) == sorted({id(schemas[0]), id(other)})
+    import sqlite3
+
+    db = Path(instance.event_log_storage.get_db_path())  # type: ignore[attr-defined]
+    with sqlite3.connect(db) as conn:
+        stored = [r[0] for r in conn.execute("SELECT event FROM event_logs WHERE dagster_event_type = "
+                                             "'ASSET_MATERIALIZATION' ORDER BY id")]
+    assert len(stored) == len(metadata)
+    for blob, meta in zip(stored, metadata, strict=True):
+        event = deserialize_value(blob)
+        assert serialize_value(event) == blob
+        assert blob.count(event_log._PLACEHOLDER_JSON) == (1 if "note" in meta else 0)  # the note's own
+        got = event.dagster_event.event_specific_data.materialization.metadata
+        assert list(got) == list(meta)
+        assert got["dagster/column_schema"].schema == meta["dagster/column_schema"]
