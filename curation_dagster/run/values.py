@@ -46,7 +46,8 @@ Columns = Sequence[tuple[str, str, str]]  # (name, type, description) of each co
 def _schema(columns: tuple[tuple[str, str, str], ...]) -> Any:
     """The ``TableSchema`` of ``columns``, one object for equal columns: every partition of a
     step shares its table's, and the event log serializes it once
-    (``curation_dagster.ops.event_log.EventBatches``). Immutable, as Dagster's records are."""
+    (``curation_dagster.ops.event_log.EventBatches``). Shared: never to be changed, its
+    ``columns`` list included."""
     from dagster import TableColumn, TableSchema
 
     return TableSchema(columns=[TableColumn(name, type_, description) for name, type_, description in columns])

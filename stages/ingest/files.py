@@ -142,14 +142,15 @@ _LISTINGS: ContextVar[dict[tuple[str, str], Listing] | None] = ContextVar("listi
 
 def listings_held() -> AbstractContextManager[None]:
     """Within: each source is listed once (``list_files``). A partition's data version
-    (``fingerprint``) and its run then name the same files, and on object storage the partition
-    makes one listing, one round trip, not two. Nothing is held beyond the block."""
+    (``fingerprint``) and its run then name the same files, and ``execute`` makes one listing
+    (its requests, on object storage) instead of two. Nothing is held beyond the block."""
     return held_within(_LISTINGS)
 
 
 def list_files(params: RawDocumentsParams) -> Listing:
     """(filesystem, input files sorted by path, ignored hidden/bookkeeping names) of a source:
-    a file, a directory (recursively) or a glob. Within ``listings_held``, listed once."""
+    a file, a directory (recursively) or a glob. Within ``listings_held``, listed once: callers
+    share the lists, and do not change them."""
     held = _LISTINGS.get()
     key = (params.url, params.format)
     if held is not None and key in held:

@@ -257,7 +257,7 @@ def test_a_column_schema_is_serialized_once_and_each_event_as_dagster_serializes
     """Materializations whose column schemas ``values`` made from equal columns share one schema
     object, serialized once; each stored event is Dagster's serialization of it, byte for byte,
     also where the placeholder's text is in the event itself (then serialized the plain way)."""
-    from dagster._serdes import deserialize_value, serialize_value
+    from dagster import deserialize_value, serialize_value
 
     from curation_dagster.ops import event_log
     from curation_dagster.run import values
@@ -269,7 +269,8 @@ def test_a_column_schema_is_serialized_once_and_each_event_as_dagster_serializes
     instance = DagsterInstance.from_config(str(ensure_instance_config(tmp_path / "dagster")))
     metadata = [{"dagster/column_schema": schemas[0], "rows": 1}, {"rows": 2, "dagster/column_schema": schemas[1]},
                 {"dagster/column_schema": other},
-                {"dagster/column_schema": schemas[2], "note": event_log._PLACEHOLDER}]  # the plain way
+                {"dagster/column_schema": schemas[2], "note": event_log._PLACEHOLDER},  # the plain way,
+                {"note": event_log._PLACEHOLDER, "dagster/column_schema": schemas[2]}]  # either way round
     event_log._SCHEMAS.clear()
     for n, meta in enumerate(metadata):
         instance.report_runless_asset_event(AssetMaterialization(asset_key="raw_documents", partition=str(n),
