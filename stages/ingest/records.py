@@ -16,6 +16,7 @@ what record-at-a-time judging finds (tests/stages/ingest/test_blocks.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -163,11 +164,20 @@ def _record_id(rec: dict[str, Any], params: RawDocumentsParams) -> str | None:
     return as_id(rec.get(params.id_field)) if params.id_field else None
 
 
+@functools.lru_cache(maxsize=16)
+def _named(fields: tuple[str | None, ...]) -> frozenset[str]:
+    """The field names among ``fields`` (the text, id and url fields; None where a source has none)."""
+    return frozenset(f for f in fields if f is not None)
+
+
 def _url_and_metadata(rec: dict[str, Any], params: RawDocumentsParams) -> tuple[str | None, str | None]:
     """(url, metadata) of a record object as its document row holds them: the url through
     ``as_id``, every field but text, id and url as canonical JSON (None: there is none). The
     record rule and the block path both use it, so a block's rows are the record rule's."""
-    meta = {k: v for k, v in rec.items() if k not in (params.text_field, params.id_field, params.url_field)}
+    fields = (params.text_field, params.id_field, params.url_field)
+    # A record of those fields alone (the common case) has none: one comparison of its keys, not a
+    # dict built per record (0.8 of 2.2 us a record here; short documents are 15-20 us each).
+    meta = None if rec.keys() <= _named(fields) else {k: v for k, v in rec.items() if k not in fields}
     return as_id(rec.get(params.url_field) if params.url_field else None), \
         canonical(meta).decode() if meta else None
 

@@ -164,3 +164,18 @@ def test_random_parquet_batches(values: list[tuple[str | None, int | None, float
                       "score": pa.array([v[2] for v in values], pa.float64())})
     one, block = _batch_both_ways(table)
     assert block == one
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["text", "id", "url", "body", "lang", "ID"]), _values, max_size=5),
+       st.sampled_from(["text", "body"]), st.sampled_from(["id", "ID", None]), st.sampled_from(["url", None]))
+def test_metadata_is_every_other_field(rec: dict[str, Any], text_field: str, id_field: str | None,
+                                       url_field: str | None) -> None:
+    """A record's metadata: every field but its text, id and url fields (whichever the source has),
+    as canonical JSON; None where there is none (the fast path of a record of those fields alone)."""
+    from stages.ingest.records import _url_and_metadata, canonical
+
+    params = RawDocumentsParams(url="unused", text_field=text_field, id_field=id_field, url_field=url_field)
+    rest = {k: v for k, v in rec.items() if k not in (text_field, id_field, url_field)}
+    _, meta = _url_and_metadata(rec, params)
+    assert meta == (canonical(rest).decode() if rest else None)
