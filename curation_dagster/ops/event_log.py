@@ -84,46 +84,52 @@ _BATCHED = frozenset({_MATERIALIZATION, _EVALUATION, "ASSET_MATERIALIZATION_PLAN
 # event in Python, object by object: its ``_event_to_row`` of a raw_documents materialization
 # (a 7-column schema) took 0.89 ms, this one 0.61 ms, and every partition of a step shares its
 # schema (``curation_dagster.run.values`` makes one ``TableSchema`` per distinct column list;
-# 1,408 materializations at 200 sources). The event is serialized with a text placeholder in its
-# column schema's place, then the schema's own serialization put where the placeholder's is:
-# Dagster's serialization is ``json.dumps`` (sorted keys, no indent) of the packed event, which
-# writes a nested value as it writes it alone, so the result is Dagster's own, byte for byte
-# (test_event_batches.py compares them on a real run's events). Keyed by the schema's id, with
-# the schema held so that its id stays its own.
+# 1,408 materializations at 200 sources). From a schema's second event on, the event is
+# serialized with a text placeholder in its column schema's place, then the schema's own
+# serialization put where the placeholder's is: Dagster's serialization is ``json.dumps`` (sorted
+# keys, no indent) of the packed event, which writes a nested value as it writes it alone, so the
+# result is Dagster's own, byte for byte (test_event_batches.py compares them on a real run's
+# events). A schema seen once (a Pipes step's, made from JSON for each event) costs nothing more
+# than a memo entry. Keyed by the schema's id, with the schema held so that its id stays its own;
+# its serialization None until its second event.
 _SCHEMA_KEY = "dagster/column_schema"
 _PLACEHOLDER = "\x00the column schema, serialized once\x00"
 _PLACEHOLDER_JSON = serialize_value(TextMetadataValue(_PLACEHOLDER))
-_SCHEMAS: dict[int, tuple[Any, str]] = {}
+_SCHEMAS: dict[int, tuple[Any, str | None]] = {}
 _SCHEMAS_HELD = 256
 
 
-def _schema_aside(event: Any) -> tuple[Any, Any]:
-    """(``event`` with its column schema replaced by a placeholder, that ``TableSchemaMetadataValue``),
-    or (``event``, None) where it is no materialization with one."""
+def _column_schema(event: Any) -> Any:
+    """The ``TableSchemaMetadataValue`` of a materialization ``event``, else None."""
     dagster_event = event.dagster_event
     if dagster_event is None or dagster_event.event_type_value != _MATERIALIZATION:
-        return event, None
+        return None
+    value = dagster_event.event_specific_data.materialization.metadata.get(_SCHEMA_KEY)
+    return value if type(value) is TableSchemaMetadataValue else None
+
+
+def _serialized_schema(value: Any) -> str | None:
+    """``serialize_value(value)`` of a ``TableSchemaMetadataValue``, made once per ``TableSchema``
+    at its second event; None at its first."""
+    held = _SCHEMAS.get(id(value.schema))
+    if held is None or held[0] is not value.schema:
+        if len(_SCHEMAS) >= _SCHEMAS_HELD:
+            _SCHEMAS.clear()
+        _SCHEMAS[id(value.schema)] = (value.schema, None)
+        return None
+    if held[1] is None:
+        held = _SCHEMAS[id(value.schema)] = (value.schema, serialize_value(value))
+    return held[1]
+
+
+def _with_placeholder(event: Any) -> Any:
+    """A materialization ``event`` with its column schema replaced by ``_PLACEHOLDER``."""
+    dagster_event = event.dagster_event
     data = dagster_event.event_specific_data
     materialization = data.materialization
-    schema = materialization.metadata.get(_SCHEMA_KEY)
-    if type(schema) is not TableSchemaMetadataValue:
-        return event, None
     metadata = {**materialization.metadata, _SCHEMA_KEY: TextMetadataValue(_PLACEHOLDER)}
-    light = event._replace(dagster_event=dagster_event._replace(
+    return event._replace(dagster_event=dagster_event._replace(
         event_specific_data=data._replace(materialization=materialization._replace(metadata=metadata))))
-    return light, schema
-
-
-def _serialized_schema(value: Any) -> str:
-    """``serialize_value(value)`` of a ``TableSchemaMetadataValue``, made once per ``TableSchema``."""
-    held = _SCHEMAS.get(id(value.schema))
-    if held is not None and held[0] is value.schema:
-        return held[1]
-    if len(_SCHEMAS) >= _SCHEMAS_HELD:
-        _SCHEMAS.clear()
-    serialized: str = serialize_value(value)
-    _SCHEMAS[id(value.schema)] = (value.schema, serialized)
-    return serialized
 
 
 class EventBatches:
@@ -404,16 +410,16 @@ class EventBatches:
     def _event_to_row(self, event: Any) -> dict[str, Any]:
         """Dagster's row of ``event`` (``SqlEventLogStorage._event_to_row``), its serialized form
         the same bytes, made with a materialization's column schema serialized once for all the
-        events that share it (``_schema_aside``)."""
-        light, schema = _schema_aside(event)
-        row: dict[str, Any] = super()._event_to_row(light)  # type: ignore[misc]
+        events that share it (``_serialized_schema``)."""
+        value = _column_schema(event)
+        schema = None if value is None else _serialized_schema(value)
         if schema is not None:
+            row: dict[str, Any] = super()._event_to_row(_with_placeholder(event))  # type: ignore[misc]
             head, _, tail = row["event"].partition(_PLACEHOLDER_JSON)
-            if _PLACEHOLDER_JSON not in tail:  # (always found: it is in the light event)
-                row["event"] = head + _serialized_schema(schema) + tail
-            else:  # the placeholder's text is in the event itself: the plain way
-                row["event"] = super()._event_to_row(event)["event"]  # type: ignore[misc]
-        return row
+            if _PLACEHOLDER_JSON not in tail:  # else the placeholder's text is in the event itself
+                row["event"] = head + schema + tail
+                return row
+        return super()._event_to_row(event)  # type: ignore[no-any-return, misc]
 
     if TYPE_CHECKING:  # Dagster's SqlEventLogStorage's, which the storages this mixes into have
         def _store_asset_event_tags(self, conn: Any, events: Sequence[Any], event_ids: Sequence[int]) -> None: ...
