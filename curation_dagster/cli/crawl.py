@@ -4,6 +4,7 @@ spec only, for a deployment to pick up)."""
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 from typing import Any, Literal
 
 from curation_dagster.cli.common import (
@@ -28,23 +29,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     # the imports below.
     if not running() and pooled(args.config, args.source, args.executor, args.ray_address):
         start()
-    # The modules imported here (Dagster's above all) live as long as the process. In the console
-    # script's own process they leave the cyclic collector's reach, so its full collections walk
-    # only what the run makes (0.33-0.41 s of this process's CPU in five collections at 200
-    # sources, 0.18-0.23 s after). Not for a caller of many runs (the tests call ``cli.main``): it
-    # would keep every cycle it held, the instances' open files among them.
-    with collector_paused(freeze=args.own_process):
-        from curation_dagster.defs.resources import CurationResource
-        from curation_dagster.ops.config import load_config
-        from curation_dagster.run.in_process import RunFailed, run_crawl
+    from curation_dagster.ops.config import load_config
+    from curation_dagster.run.place import Place
+    from curation_dagster.run.pool import PartitionPool
+    from stages.credentials import storage_options
+    from stages.dataroot import data_root_url
+    from stages.params import ExecutionParams, workdir_tuning
 
     workdir, home = workdir_paths(args.workdir)
     load_config(workdir)  # a bad curate.yaml fails here in one line naming it, not inside the first Dagster run
     executor: Literal["local", "ray"] = "ray" if args.executor == "ray" or (args.ray_address and not args.executor) \
         else "local"
-    resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
-                                ray_address=args.ray_address, backend=args.backend)
-    root = resource.dataroot()
+    # What the ``curation`` resource resolves (checked against it: ``run_crawl``), before Dagster
+    # is imported: the run's first partitions start on the pool meanwhile.
+    place = Place(str(workdir), data_root_url(args.data_root, workdir), storage_options({}))
+    root = place.dataroot()
     spec = spec_from_args(root, args)
     if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
         (workdir / DATA_ROOT_FILE).write_text(args.data_root + "\n")
@@ -55,10 +54,27 @@ def cmd_run(args: argparse.Namespace) -> int:
             resolve("gpu")
         except BackendUnavailable as exc:
             raise CliError(str(exc)) from exc
-    try:
-        report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force, resource=resource)
-    except RunFailed as exc:  # one line, no traceback: the step's error is in the Dagster event log
-        raise CliError(str(exc)) from exc
+    root.register(spec)
+    execution = workdir_tuning(workdir).apply(ExecutionParams(executor=executor, ray_address=args.ray_address,
+                                                              backend=args.backend))
+    with PartitionPool.ahead_of_run(place, execution, spec, args.force) or nullcontext() as pool:
+        # The modules imported here (Dagster's above all) live as long as the process. In the
+        # console script's own process they leave the cyclic collector's reach, so its full
+        # collections walk only what the run makes (0.33-0.41 s of this process's CPU in five
+        # collections at 200 sources, 0.18-0.23 s after). Not for a caller of many runs (the
+        # tests call ``cli.main``): it would keep every cycle it held, the instances' open files
+        # among them.
+        with collector_paused(freeze=args.own_process):
+            from curation_dagster.defs.resources import CurationResource
+            from curation_dagster.run.in_process import RunFailed, run_crawl
+
+        resource = CurationResource(workdir=str(workdir), data_root=args.data_root, executor=executor,
+                                    ray_address=args.ray_address, backend=args.backend)
+        try:
+            report = run_crawl(workdir, home, spec, quiet=args.quiet, force=args.force, resource=resource,
+                               pool=pool)
+        except RunFailed as exc:  # one line, no traceback: the step's error is in the Dagster event log
+            raise CliError(str(exc)) from exc
     print_report(report)
     print_stale_dependents(root, spec.crawl)
     return 0

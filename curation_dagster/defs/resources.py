@@ -20,6 +20,7 @@ from pydantic import Field
 
 from curation_dagster.ops.k8s_spec import threads
 from curation_dagster.ops.location import workdir_from
+from curation_dagster.run.place import Place
 from stages.catalog import PROGRAMS
 from stages.cli import PARENT_PID_ENV, SERVE
 from stages.credentials import STORAGE_OPTIONS_ENV, storage_options
@@ -88,6 +89,11 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     def options(self) -> dict[str, Any]:
         """``storage_options``, else ``$CURATE_STORAGE_OPTIONS`` (JSON), else none."""
         return storage_options(self.storage_options)
+
+    def place(self) -> Place:
+        """The workdir, data root and storage options as resolved here: what a pool worker, which
+        imports no Dagster, reads and writes through."""
+        return Place(self.workdir, self.root(), self.options())
 
     def store(self) -> Store:
         """The data root's outputs; its storage options also become this process's fsspec

@@ -120,9 +120,12 @@ def template_home() -> Path:
     """Where this Dagster version's template instance lives: ``$XDG_CACHE_HOME`` (else
     ``~/.cache``) ``/curation-dagster/instance-<dagster version>-<digest of dagster.yaml and
     STORAGE_SCHEMA>``, so another Dagster, another storage configuration or another schema of our
-    own storage never gets a template built for this one."""
-    from dagster.version import __version__
+    own storage never gets a template built for this one. The version is the installed
+    distribution's: importing ``dagster.version`` imports all of Dagster (0.5-0.7 s), which a
+    crawl's first ``curate run`` would wait for before its first partition started."""
+    from importlib.metadata import version
 
+    __version__ = version("dagster")
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     digest = hashlib.sha256(f"{DAGSTER_YAML}\nschema {STORAGE_SCHEMA}".encode()).hexdigest()[:12]
     return cache / "curation-dagster" / f"instance-{__version__}-{digest}"

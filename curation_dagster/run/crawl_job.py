@@ -397,7 +397,8 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     spec = curation.spec(config.crawl)
     if program == STEPS[0]:
         _add_partitions(context.instance, spec)
-    planner = Planner(context.instance, curation, spec, config.force)
+    pool = _POOLS.get(spec.crawl) if curation.mode == "in_process" else None
+    planner = Planner(context.instance, curation, spec, config.force, ahead=pool.ahead if pool is not None else ())
     plan = planner.step(program)
     listener = _LISTENERS.get(spec.crawl)
     order = spec.partitions(program)
@@ -417,8 +418,8 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     owned: PartitionPool | None = None
     launcher: Launcher
     if curation.mode == "in_process":
-        launcher = _POOLS.get(spec.crawl) or PartitionPool(curation, spec, config.force)
-        owned = None if launcher is _POOLS.get(spec.crawl) else launcher  # type: ignore[assignment]
+        launcher = pool or PartitionPool(curation, spec, config.force)
+        owned = None if launcher is pool else launcher  # type: ignore[assignment]
     else:
         warm = run_workers(context.run_id, curation, spec.crawl) if curation.mode == "pipes" else None
         launcher = Fanout(context, curation, spec, config.force, workers=warm)

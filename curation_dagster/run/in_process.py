@@ -11,6 +11,13 @@ partition as its own materialization and check evaluations as it finishes. Switc
 (``--stages``) are steps like the others: they write empty outputs, so every partition stays
 materialized and checked.
 
+A crawl's first run (or a forced one) of two sources or more has a head start: ``curate run``
+starts the first program's partitions on the pool before it imports Dagster and opens the
+instance (``PartitionPool.ahead_of_run``, 1-1.5 s of its start), and the run's first step records
+them as they finish, stale whatever they committed meanwhile (``Planner``'s ``ahead``). Where the
+run is never made (the instance cannot be opened), what they committed is not recorded: the next
+run finds it unrecorded and runs it again.
+
 The run's materializations carry no ``dagster/code_version`` and no input provenance tags (a
 partial provenance would show every partition as having changed inputs); each step logs a planned
 materialization of the partitions it is about to run, so the UI shows them in progress.
@@ -19,7 +26,7 @@ materialization of the partitions it is about to run, so the UI shows them in pr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +72,18 @@ def _failure(result: Any) -> tuple[str | None, str]:
 
 def run_crawl(
     workdir: Path, home: Path, spec: CrawlSpec, *, quiet: bool = False, force: bool = False,
-    resource: CurationResource | None = None,
+    resource: CurationResource | None = None, pool: PartitionPool | None = None,
 ) -> RemovalLedgerReport:
     """Register ``spec`` in the resource's data root, materialize every partition of its crawl
-    and return the report of its ledger. ``force``: recompute every partition, up to date or not."""
+    and return the report of its ledger. ``force``: recompute every partition, up to date or not.
+    ``pool``: the run's pool, made for the resource's settings with partitions started ahead
+    (``PartitionPool.ahead_of_run``; the caller closes it); else one is made for the run."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     resource = resource or CurationResource(workdir=str(workdir))
+    if pool is not None and (pool.resource != resource.place() or pool.execution != resource.execution()):
+        raise RuntimeError(f"the run's pool was made for {pool.resource}, {pool.execution!r}; its resource "
+                           f"resolves {resource.place()}, {resource.execution()!r}")
     resource.dataroot().register(spec)
     instance = open_instance(home)  # created once, whatever runs at the same time
     add_partitions(instance, {CRAWL: [spec.crawl], SOURCE: sorted(spec.sources)})
@@ -80,7 +92,7 @@ def run_crawl(
         TimeElapsedColumn(), disable=quiet, transient=False,
     ) as progress:
         bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(spec.partitions(p)) for p in PROGRAMS))
-        planner = Planner(instance, resource, spec, force)
+        planner = Planner(instance, resource, spec, force, ahead=pool.ahead if pool is not None else frozenset())
         plans, blocked = planner.crawl()
         # A current partition whose check's verdict changed since the instance recorded it (a bound
         # moved) makes a run too, whose step records the new verdict (``Planner.rejudged``): the UI
@@ -89,7 +101,7 @@ def run_crawl(
         # record and leave the old verdict shown.
         if any(plan.stale for plan in plans.values()) or \
                 any(planner.rejudged(plan.program, plan.current) for plan in plans.values()):
-            _crawl_run(instance, resource, spec, force, _Display(progress, bar, spec, quiet))
+            _crawl_run(instance, resource, spec, force, _Display(progress, bar, spec, quiet), pool)
         else:  # current, every verdict as recorded: no run, but a failed blocking check still holds the crawl back
             display = _Display(progress, bar, spec, quiet)
             for plan in plans.values():
@@ -128,10 +140,11 @@ class _Display:
 
 
 def _crawl_run(instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec, force: bool,
-               display: _Display) -> None:
-    """The crawl's one Dagster run: the code location's crawl job, in this process, on one warm pool."""
-    with PartitionPool(resource, spec, force, warm=True) as pool, attached(spec.crawl, display, pool), \
-            _from_code_location(instance, CRAWL_JOB_DEF.name):
+               display: _Display, pool: PartitionPool | None = None) -> None:
+    """The crawl's one Dagster run: the code location's crawl job, in this process, on one warm
+    pool (``pool``, else one made now)."""
+    with (nullcontext(pool) if pool is not None else PartitionPool(resource, spec, force, warm=True)) as pool, \
+            attached(spec.crawl, display, pool), _from_code_location(instance, CRAWL_JOB_DEF.name):
         result = CRAWL_JOB_DEF.execute_in_process(
             run_config={"crawl": spec.crawl, "force": force}, instance=instance, raise_on_error=False,
             resources={"curation": resource}, tags={CRAWL_TAG: spec.crawl},

@@ -17,6 +17,7 @@ crawl step records, and for which ``curate run`` of a current crawl makes a run)
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from dagster import AssetCheckEvaluation, AssetKey, DagsterInstance
@@ -47,8 +48,12 @@ class Planner:
     read once per program; the checks' bounds and the crawl's record once per planner)."""
 
     def __init__(self, instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec,
-                 force: bool = False) -> None:
+                 force: bool = False, ahead: Collection[tuple[str, str | None]] = ()) -> None:
+        """``ahead``: (program, source) of the partitions this run started before it planned
+        (``PartitionPool.ahead_of_run``): stale, whatever they committed since, so their step
+        records them."""
         self.instance = instance
+        self.ahead = ahead
         self.resource = resource
         self.spec = spec
         self.force = force
@@ -58,7 +63,10 @@ class Planner:
         self._verdicts: dict[tuple[str, str, str | None], Verdict] = {}
 
     def current(self, program: str, source: str | None) -> bool:
-        """The partition's committed output is current and the instance recorded it."""
+        """The partition's committed output is current and the instance recorded it (and it
+        was not run ahead of the run)."""
+        if (program, source) in self.ahead:
+            return False
         try:
             task = resolve_task(self.store, self.spec, program, source)
             # Committed for its inputs' versions now, every part it names whole (a deleted or

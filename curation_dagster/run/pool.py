@@ -8,6 +8,9 @@ import gc
 import itertools
 import multiprocessing
 import os
+import posixpath
+import queue
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -24,7 +27,7 @@ from curation_dagster.run.forkserver import start as start_fork_server
 from curation_dagster.run.judge import Judge
 from curation_dagster.run.partition import finish, one_line, step_judge
 from curation_dagster.run.place import Curation, Place
-from stages.catalog import PROGRAMS
+from stages.catalog import PROGRAMS, waves
 from stages.parallel import adopt_environment, die_with_parent, limit_threads, usable_cores
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec, adopt_keys, keys_held
@@ -121,6 +124,45 @@ def run_pack(resource: Curation, store: Store, spec: CrawlSpec, program: str, so
     return out
 
 
+class _Ahead:
+    """One program's partitions run ahead of its step (``PartitionPool.run_ahead``): the lists of
+    those finished, as its thread gathers them (None once all have), and the progress lines they
+    told."""
+
+    def __init__(self, sources: list[str | None]) -> None:
+        self.sources = sources
+        self.lists: queue.SimpleQueue[list[Done] | BaseException | None] = queue.SimpleQueue()
+        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._ended = False
+
+    def take(self) -> list[Done] | None:
+        """Those finished since the last take, in one list (the first wait for one), else None
+        once every partition is taken; a failure of the thread itself is raised here."""
+        if self._ended:
+            return None
+        got: list[Done] = []
+        item = self.lists.get()
+        while True:
+            if item is None:
+                self._ended = True
+                break
+            if isinstance(item, BaseException):
+                raise item
+            got += item
+            try:
+                item = self.lists.get_nowait()
+            except queue.Empty:
+                break
+        return got if got or not self._ended else None
+
+    def told(self) -> list[str]:
+        """The progress lines told since the last call."""
+        out = []
+        while not self.lines.empty():
+            out.append(self.lines.get())
+        return out
+
+
 class _Pace:
     """The mean seconds a partition of one step has taken so far (its program's, ``Outcome.seconds``)."""
 
@@ -189,40 +231,95 @@ class PartitionPool:
     here, in the same packs), each pack's commits published together (``run_pack``).
     Finished partitions are handed to the step in lists, gathered for up to ``_GATHER_S``.
     ``warm``: start the fork server and a first worker at once (``curate run``'s pool, for the
-    whole run), not when the first partitions are handed over."""
+    whole run), not when the first partitions are handed over. A step's partitions may be
+    started before the step asks for them (``run_ahead``: ``curate run``'s head start,
+    ``ahead_of_run``)."""
 
-    def __init__(self, resource: CurationResource, spec: CrawlSpec, force: bool = False, warm: bool = False) -> None:
-        self.resource = resource
+    def __init__(self, resource: CurationResource | Place, spec: CrawlSpec, force: bool = False, warm: bool = False,
+                 execution: ExecutionParams | None = None) -> None:
+        """``resource``: the ``curation`` resource, or its ``Place`` and ``execution`` settings
+        (``curate run`` before it imports Dagster: ``ahead_of_run``)."""
+        if isinstance(resource, Place):
+            assert execution is not None, "a Place comes with its execution settings"
+            self.resource, self.execution, mode = resource, execution, "in_process"
+        else:
+            self.resource, self.execution, mode = resource.place(), resource.execution(), resource.mode
         self.spec = spec
         self.force = force
-        self.store: Store = resource.store()
-        self.execution = resource.execution()
+        self.store: Store = self.resource.store()
         self.cores = self.execution.workers or usable_cores()
         self.workers = min(self.cores, len(spec.sources))
         self.memory = _memory_bytes()
         self._pool: ProcessPoolExecutor | None = None
         self._lines: Any = None  # a SimpleQueue of the workers' progress lines
-        if self.workers >= 2 and self.execution.executor == "local" and resource.mode == "in_process":
+        self._ahead: dict[str, _Ahead] = {}  # by program, until its step asks for them
+        self._threads: list[threading.Thread] = []  # those that ran partitions ahead
+        self.ahead: frozenset[tuple[str, str | None]] = frozenset()  # the partitions run ahead (``run_ahead``)
+        if self.workers >= 2 and self.execution.executor == "local" and mode == "in_process":
             # Workers are forked from a fork server, a fresh process with the programs imported: not
             # from this one, whose kernels may have started OpenMP threads (fork is unsafe then).
             start_fork_server()  # where ``curate run`` has not already
             context = multiprocessing.get_context("forkserver")
-            # The data root and its options as resolved here, whatever the workers' environment.
-            place = Place(resource.workdir, resource.root(), resource.options())
             # A partition's progress lines, where it runs alone (``run``): written whole before
             # its result, so read here once it is done, none is left behind.
             self._lines = context.SimpleQueue()
+            # The data root and its options as resolved here, whatever the workers' environment.
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
-                                             initargs=(place, spec, dict(os.environ), self._lines,
+                                             initargs=(self.resource, spec, dict(os.environ), self._lines,
                                                        spec.derived_keys()))
             if warm:  # ``curate run``'s pool, for the whole run: start the fork server (its imports
                 # take a second or two) and a first worker now, on another core while this process
                 # starts the run and plans its first step (a step's own pool may never be used)
                 self._pool.submit(os.getpid)
 
+    @classmethod
+    def ahead_of_run(cls, place: Place, execution: ExecutionParams, spec: CrawlSpec,
+                     force: bool) -> PartitionPool | None:
+        """``curate run``'s pool with its first step's partitions started now, before this process
+        imports Dagster and opens the instance (1.0-1.5 s of one core), where every one of them is
+        sure to run: the crawl's first run (none of its first program's partitions committed for its
+        parameters now) or a forced one, on two cores or more and no Ray. None otherwise: the
+        run's pool is made when its run starts, as before. The run's planner takes the partitions
+        run ahead as stale (``Planner``'s ``ahead``), so its step records each, as it would have
+        run it; with no current partition in the first wave, nothing holds the crawl back before
+        that step (``Planner.crawl``)."""
+        program = waves()[0][0]
+        if execution.executor != "local" or usable_cores() < 2:
+            return None
+        pool = None
+        try:
+            if not force:
+                # The crawl's folders of its first program's current keys (one, unless sources
+                # differ in their parameters): one look each, not one a partition.
+                root = place.dataroot()
+                level = PROGRAMS[program].level
+                with keys_held():  # the crawl's keys derived once, not once a source
+                    folders = {(root.output_dir(spec, program, s) if level == "crawl" else
+                                posixpath.dirname(root.output_dir(spec, program, s)))
+                               for s in spec.partitions(program)}
+                if any(root.store.fs.exists(folder) for folder in folders):  # committed before, or begun
+                    return None
+            # Not warmed here: a worker's start waits for the fork server's imports, which the
+            # thread that hands the partitions over waits for, not this process (``run_ahead``).
+            pool = cls(place, spec, force, execution=execution)
+            pool.run_ahead(program, spec.partitions(program))
+        except Exception:  # only a head start: whatever failed here fails where it would have, in the run
+            if pool is not None:
+                pool.close()
+            return None
+        if not pool.ahead:
+            pool.close()
+            return None
+        return pool
+
     def close(self) -> None:
+        """End the workers once what they run now ends (what was only handed over is not run),
+        and the threads that ran partitions ahead for a step that never asked for them."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+            for thread in self._threads:
+                thread.join()
+            self._ahead.clear()
             self._pool = None
             self._lines.close()
 
@@ -261,13 +358,58 @@ class PartitionPool:
             fit = min(fit, int(self.memory // (max(resources.memory_gib, 0.25) * 2**30)))
         return min(fit, partitions) if fit >= min(partitions, 2) else 0
 
+    def run_ahead(self, program: str, sources: list[str | None]) -> None:
+        """Start ``program``'s ``sources`` on the workers now, before its step asks for them
+        (``run``): a thread of this process hands them over and gathers what finishes, as ``run``
+        does, while this process goes on (``ahead_of_run``)."""
+        at_once = self.side_by_side(program, len(sources))
+        if not sources or not at_once or program in self._ahead:
+            return
+        ahead = _Ahead(list(sources))
+        self._ahead[program] = ahead
+        self.ahead = self.ahead | {(program, s) for s in sources}
+
+        def drive() -> None:
+            try:
+                for done in self._run(program, ahead.sources, ahead.lines.put, None, at_once):
+                    ahead.lists.put(done)
+            except BaseException as exc:  # handed to the step, which raises it (``run``)
+                ahead.lists.put(exc)
+            finally:
+                ahead.lists.put(None)
+
+        thread = threading.Thread(target=drive, name=f"{program}-ahead", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None,
             started: Callable[[], None] | None = None) -> Iterator[list[Done]]:
         """Every partition of ``program`` in ``sources``, as they finish: each list holds those
-        finished since the last was taken (at least one). A worker process that dies (the OOM
-        killer) breaks the pool: every partition of the step not done by then fails, and so do
-        later steps' (a rerun resumes)."""
-        at_once = self.side_by_side(program, len(sources))
+        finished since the last was taken (at least one); those started ahead (``run_ahead``)
+        first, as they finish, with the progress lines they told meanwhile. A worker process that
+        dies (the OOM killer) breaks the pool: every partition of the step not done by then
+        fails, and so do later steps' (a rerun resumes)."""
+        ahead = self._ahead.pop(program, None)
+        if ahead is None:
+            yield from self._run(program, sources, emit, started, self.side_by_side(program, len(sources)))
+            return
+        if started is not None:  # handed over already
+            started()
+        wanted = set(sources)
+        while (got := ahead.take()) is not None:
+            for line in ahead.told():
+                if emit is not None:
+                    emit(line)
+            done = [d for d in got if d.source in wanted]
+            if done:
+                yield done
+        rest = [s for s in sources if s not in set(ahead.sources)]
+        if rest:
+            yield from self._run(program, rest, emit, None, self.side_by_side(program, len(rest)))
+
+    def _run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None,
+             started: Callable[[], None] | None, at_once: int) -> Iterator[list[Done]]:
+        """``run``, ``at_once`` partitions side by side on the workers (0: here, in turn)."""
         if not at_once:
             if started is not None:
                 started()

@@ -340,3 +340,50 @@ def test_a_steps_plan_derives_the_crawls_keys_once(tmp_path: Path, monkeypatch: 
         # one key_map (each program's params once but ingestion's, which differ by source), then
         # each partition's own params
         assert len(validated) == len(PROGRAMS) - 1 + len(crawl.sources)
+
+
+def test_a_crawls_first_step_starts_ahead_of_its_run_and_is_recorded_by_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``curate run`` starts the first program's partitions before it imports Dagster and makes
+    the run (``PartitionPool.ahead_of_run``); the run's step records each of them as it ran,
+    whatever they committed meanwhile: here every one is committed before the run plans, in a
+    new data root beside an instance that recorded them from an earlier one (a step that took
+    them for current would record none)."""
+    import shutil
+
+    from curation_dagster.run.pool import PartitionPool
+    from tests.support.tiny_corpus import curate, write_config
+
+    made: list[frozenset[tuple[str, str | None]]] = []
+    real = PartitionPool.ahead_of_run.__func__  # type: ignore[attr-defined]
+
+    def committed_first(cls: type[PartitionPool], *args: object, **kwargs: object) -> PartitionPool | None:
+        pool = real(cls, *args, **kwargs)
+        if pool is not None:
+            made.append(pool.ahead)
+            for thread in pool._threads:  # every partition run ahead ends before the run plans
+                thread.join()
+        return pool
+
+    monkeypatch.setattr(PartitionPool, "ahead_of_run", classmethod(committed_first))
+    crawl = spec(stages=["fuzzy"])
+    first = {("raw_documents", s) for s in crawl.partitions("raw_documents")}
+    with fast_tmp(tmp_path / "w") as work:
+        args = ["run", "--workdir", str(work), "--crawl", CRAWL, "--config",
+                str(write_config(tmp_path / "c.json", stages=["fuzzy"])), "--quiet"]
+        assert curate(*args)[0] == 0
+        shutil.rmtree(work / "data")
+        assert curate(*args)[0] == 0
+        assert made == [first, first]
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        runs = instance.get_runs()  # newest first
+        assert len(runs) == 2
+        resource = CurationResource(workdir=str(work))
+        for source in crawl.partitions("raw_documents"):
+            records = instance.fetch_materializations(AssetRecordsFilter(
+                asset_key=AssetKey("raw_documents"), asset_partitions=[str(partition_key(CRAWL, source))]),
+                limit=10).records
+            assert [r.run_id for r in records] == [runs[0].run_id, runs[1].run_id], source
+            mat = records[0].event_log_entry.asset_materialization
+            assert mat is not None and (mat.tags or {}).get(DATA_VERSION_TAG) == \
+                _manifest(resource, crawl, "raw_documents", source).data_version

@@ -15,7 +15,6 @@ from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run import pool as pool_module
 from curation_dagster.run.done import TIMINGS, Done
 from curation_dagster.run.partition import finish, step_judge
-from curation_dagster.run.place import Place
 from curation_dagster.run.pool import _PACK, _PACK_S, PartitionPool, _pack_size
 from stages import store as store_module
 from stages.spec import CrawlSpec
@@ -54,7 +53,7 @@ def _as_worker(work: Path, crawl: CrawlSpec, monkeypatch: pytest.MonkeyPatch) ->
     here); the resource it was made from."""
     resource = CurationResource(workdir=str(work))
     resource.dataroot().register(crawl)
-    place = Place(resource.workdir, resource.root(), resource.options())
+    place = resource.place()
     for key, value in {"resource": place, "store": place.store(), "spec": crawl}.items():
         monkeypatch.setitem(pool_module._WORKER, key, value)
     monkeypatch.delitem(pool_module._WORKER, "judge", raising=False)
@@ -200,3 +199,57 @@ def test_partitions_run_in_this_process_go_in_packs_too(tmp_path: Path, monkeypa
             syncs.clear()
             lists = list(pool.run("document_languages", crawl.partitions("document_languages")))
             assert [len(done) for done in lists] == [1] * 12 and syncs == []
+
+
+def test_partitions_run_ahead_are_handed_to_their_step_once(tmp_path: Path) -> None:
+    """``run_ahead`` starts some of a step's partitions before it asks; its ``run`` hands over
+    those first, then runs the rest: every partition once, committed. A pool closed before its
+    step asked ends the thread that ran them."""
+    crawl = _many(12)
+    sources = crawl.partitions("raw_documents")
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), workers=2)
+        resource.dataroot().register(crawl)
+        with PartitionPool(resource.place(), crawl, execution=resource.execution()) as pool:
+            pool.run_ahead("raw_documents", sources[:8])
+            assert pool.ahead == {("raw_documents", s) for s in sources[:8]}
+            started: list[int] = []
+            lists = list(pool.run("raw_documents", sources, started=lambda: started.append(1)))
+            done = [d for finished in lists for d in finished]
+            assert started == [1] and sorted(d.source or "" for d in done) == sources
+            assert {d.source for d in lists[0]} <= set(sources[:8])  # those run ahead come first
+            fresh = Store(resource.store().root)
+            for d in done:
+                assert d.error is None and d.outcome is not None, d.trace
+                committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, "raw_documents", d.source))
+                assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
+            # A later step runs as before; its partitions were not run ahead.
+            assert len([d for f in pool.run("document_languages", sources) for d in f]) == 12
+        with PartitionPool(resource.place(), crawl, force=True, execution=resource.execution()) as pool:
+            pool.run_ahead("raw_documents", sources)
+            (thread,) = pool._threads
+        assert not thread.is_alive()
+
+
+def test_only_a_crawls_first_or_forced_run_starts_ahead(tmp_path: Path) -> None:
+    """``ahead_of_run``: the first program's partitions start at once where none of them is
+    committed for the crawl's parameters (or the run is forced); not on a rerun (the run's planner
+    decides those), nor on one worker, nor with Ray."""
+    crawl = _many(4)
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), workers=2)
+        resource.dataroot().register(crawl)
+        place, execution = resource.place(), resource.execution()
+        first = PartitionPool.ahead_of_run(place, execution, crawl, force=False)
+        assert first is not None and first.ahead == {("raw_documents", s) for s in crawl.partitions("raw_documents")}
+        with first:
+            assert all(d.error is None for f in first.run("raw_documents", crawl.partitions("raw_documents"))
+                       for d in f)
+        assert PartitionPool.ahead_of_run(place, execution, crawl, force=False) is None  # a rerun
+        forced = PartitionPool.ahead_of_run(place, execution, crawl, force=True)
+        assert forced is not None
+        forced.close()
+        one = resource.model_copy(update={"workers": 1}).execution()
+        assert PartitionPool.ahead_of_run(place, one, crawl, force=True) is None
+        ray = execution.model_copy(update={"executor": "ray"})
+        assert PartitionPool.ahead_of_run(place, ray, crawl, force=True) is None
