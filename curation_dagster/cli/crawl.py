@@ -32,8 +32,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from curation_dagster.ops.config import load_config
     from curation_dagster.run.place import Place
     from curation_dagster.run.pool import PartitionPool
-    from stages.credentials import storage_options
-    from stages.dataroot import data_root_url
     from stages.params import ExecutionParams, workdir_tuning
 
     workdir, home = workdir_paths(args.workdir)
@@ -42,7 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else "local"
     # What the ``curation`` resource resolves (checked against it: ``run_crawl``), before Dagster
     # is imported: the run's first partitions start on the pool meanwhile.
-    place = Place(str(workdir), data_root_url(args.data_root, workdir), storage_options({}))
+    place = Place.of(str(workdir), args.data_root, {})
     root = place.dataroot()
     spec = spec_from_args(root, args)
     if args.data_root:  # remembered, so report/ledger/explain/ui find the outputs there
@@ -57,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     root.register(spec)
     execution = workdir_tuning(workdir).apply(ExecutionParams(executor=executor, ray_address=args.ray_address,
                                                               backend=args.backend))
-    with PartitionPool.ahead_of_run(place, execution, spec, args.force) or nullcontext() as pool:
+    with PartitionPool.ahead_of_run(place, execution, spec, args.force, fork=args.own_process) or nullcontext() as pool:
         # The modules imported here (Dagster's above all) live as long as the process. In the
         # console script's own process they leave the cyclic collector's reach, so its full
         # collections walk only what the run makes (0.33-0.41 s of this process's CPU in five

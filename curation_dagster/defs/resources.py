@@ -93,7 +93,7 @@ class CurationResource(ConfigurableResource):  # type: ignore[type-arg]
     def place(self) -> Place:
         """The workdir, data root and storage options as resolved here: what a pool worker, which
         imports no Dagster, reads and writes through."""
-        return Place(self.workdir, self.root(), self.options())
+        return Place.of(self.workdir, self.data_root, self.storage_options)
 
     def store(self) -> Store:
         """The data root's outputs; its storage options also become this process's fsspec

@@ -123,12 +123,15 @@ def template_home() -> Path:
     own storage never gets a template built for this one. The version is the installed
     distribution's: importing ``dagster.version`` imports all of Dagster (0.5-0.7 s), which a
     crawl's first ``curate run`` would wait for before its first partition started."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    __version__ = version("dagster")
+    try:
+        dagster_version = version("dagster")
+    except PackageNotFoundError:  # importable without its distribution's metadata (a source tree)
+        from dagster.version import __version__ as dagster_version
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     digest = hashlib.sha256(f"{DAGSTER_YAML}\nschema {STORAGE_SCHEMA}".encode()).hexdigest()[:12]
-    return cache / "curation-dagster" / f"instance-{__version__}-{digest}"
+    return cache / "curation-dagster" / f"instance-{dagster_version}-{digest}"
 
 
 def _template() -> Path | None:

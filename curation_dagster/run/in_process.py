@@ -11,12 +11,13 @@ partition as its own materialization and check evaluations as it finishes. Switc
 (``--stages``) are steps like the others: they write empty outputs, so every partition stays
 materialized and checked.
 
-A crawl's first run (or a forced one) of two sources or more has a head start: ``curate run``
-starts the first program's partitions on the pool before it imports Dagster and opens the
-instance (``PartitionPool.ahead_of_run``, 1-1.5 s of its start), and the run's first step records
+A crawl's first run (or a forced one) has a head start: ``curate run`` starts the first
+program's partitions on the pool before it imports Dagster and opens the instance
+(``PartitionPool.ahead_of_run``, 1-1.5 s of its start; a one-source crawl's on one worker forked
+from the command's process, where it has no other thread yet), and the run's first step records
 them as they finish, stale whatever they committed meanwhile (``Planner``'s ``ahead``). Where the
-run is never made (the instance cannot be opened), what they committed is not recorded: the next
-run finds it unrecorded and runs it again.
+run is never made (the instance cannot be opened), what they committed is not recorded until the
+next run, whose step finds it committed and unrecorded: it records it without computing it again.
 
 The run's materializations carry no ``dagster/code_version`` and no input provenance tags (a
 partial provenance would show every partition as having changed inputs); each step logs a planned
@@ -81,9 +82,11 @@ def run_crawl(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     resource = resource or CurationResource(workdir=str(workdir))
-    if pool is not None and (pool.resource != resource.place() or pool.execution != resource.execution()):
-        raise RuntimeError(f"the run's pool was made for {pool.resource}, {pool.execution!r}; its resource "
-                           f"resolves {resource.place()}, {resource.execution()!r}")
+    if pool is not None and (pool.resource != resource.place() or pool.execution != resource.execution()
+                             or pool.spec != spec or pool.force != force):
+        raise RuntimeError(f"the run's pool was made for {pool.resource}, {pool.execution!r}, crawl "
+                           f"{pool.spec.crawl} (force {pool.force}); the run is of {resource.place()}, "
+                           f"{resource.execution()!r}, crawl {spec.crawl} (force {force})")
     resource.dataroot().register(spec)
     instance = open_instance(home)  # created once, whatever runs at the same time
     add_partitions(instance, {CRAWL: [spec.crawl], SOURCE: sorted(spec.sources)})
@@ -92,7 +95,7 @@ def run_crawl(
         TimeElapsedColumn(), disable=quiet, transient=False,
     ) as progress:
         bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(spec.partitions(p)) for p in PROGRAMS))
-        planner = Planner(instance, resource, spec, force, ahead=pool.ahead if pool is not None else frozenset())
+        planner = Planner(instance, resource, spec, force, ahead=pool.ahead if pool is not None else ())
         plans, blocked = planner.crawl()
         # A current partition whose check's verdict changed since the instance recorded it (a bound
         # moved) makes a run too, whose step records the new verdict (``Planner.rejudged``): the UI

@@ -9,6 +9,11 @@ outputs, so an input that changed shows in the data version. ``curate run`` plan
 before it decides to make a run at all: nothing has run yet then, so a partition is also stale
 when one it reads is (its step may find it current after all, if the new input is the same).
 
+One decision is taken before the planner runs, on the safe side: ``curate run``'s head start
+(``PartitionPool.ahead_of_run``) runs the first program's partitions where none of them is
+committed for the crawl's parameters, or the run is forced, which a plan finds stale in any case;
+the planner takes them as stale (``ahead``) whatever they committed since, so the run records them.
+
 A current partition is not rerun, but its blocking checks still hold the crawl back until their
 bound is raised or the stage fixed (``held_back``), and its checks are judged again with the bounds
 as they are now (``rejudge``; ``rejudged``: the evaluations of the verdicts that changed, which a

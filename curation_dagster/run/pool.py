@@ -1,6 +1,8 @@
 """The warm pool of ``curate run`` (``mode="in_process"``): worker processes forked from a fork
 server with the programs imported, started once per run and reused by every step, each
-partition's kernels on its share of the cores and memory (``PartitionPool``)."""
+partition's kernels on its share of the cores and memory (``PartitionPool``); and the run's head
+start, its first program's partitions started before it imports Dagster (``ahead_of_run``: for
+a crawl of one source, on one worker forked from the command's own process)."""
 
 from __future__ import annotations
 
@@ -134,25 +136,32 @@ class _Ahead:
         self.lists: queue.SimpleQueue[list[Done] | BaseException | None] = queue.SimpleQueue()
         self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._ended = False
+        self._failed: BaseException | None = None
 
-    def take(self) -> list[Done] | None:
-        """Those finished since the last take, in one list (the first wait for one), else None
-        once every partition is taken; a failure of the thread itself is raised here."""
+    def take(self, timeout: float) -> list[Done] | None:
+        """Those finished since the last take, in one list (empty where none finished within
+        ``timeout`` seconds), else None once every partition is taken. A failure of the thread
+        itself is raised here, once what finished before it is taken."""
+        if self._failed is not None:
+            raise self._failed
         if self._ended:
             return None
         got: list[Done] = []
-        item = self.lists.get()
-        while True:
-            if item is None:
-                self._ended = True
-                break
-            if isinstance(item, BaseException):
-                raise item
-            got += item
-            try:
+        try:
+            item = self.lists.get(timeout=timeout)
+            while True:
+                if item is None:
+                    self._ended = True
+                    break
+                if isinstance(item, BaseException):
+                    self._failed = item
+                    break
+                got += item
                 item = self.lists.get_nowait()
-            except queue.Empty:
-                break
+        except queue.Empty:
+            pass
+        if self._failed is not None and not got:
+            raise self._failed
         return got if got or not self._ended else None
 
     def told(self) -> list[str]:
@@ -236,9 +245,11 @@ class PartitionPool:
     ``ahead_of_run``)."""
 
     def __init__(self, resource: CurationResource | Place, spec: CrawlSpec, force: bool = False, warm: bool = False,
-                 execution: ExecutionParams | None = None) -> None:
+                 execution: ExecutionParams | None = None, fork: bool = False) -> None:
         """``resource``: the ``curation`` resource, or its ``Place`` and ``execution`` settings
-        (``curate run`` before it imports Dagster: ``ahead_of_run``)."""
+        (``curate run`` before it imports Dagster: ``ahead_of_run``). ``fork``: where the crawl
+        has one source, one worker forked from this process now, for the partition run ahead
+        alone (``ahead_of_run``: this process has no other thread yet and has run no kernel)."""
         if isinstance(resource, Place):
             assert execution is not None, "a Place comes with its execution settings"
             self.resource, self.execution, mode = resource, execution, "in_process"
@@ -255,11 +266,20 @@ class PartitionPool:
         self._ahead: dict[str, _Ahead] = {}  # by program, until its step asks for them
         self._threads: list[threading.Thread] = []  # those that ran partitions ahead
         self.ahead: frozenset[tuple[str, str | None]] = frozenset()  # the partitions run ahead (``run_ahead``)
-        if self.workers >= 2 and self.execution.executor == "local" and mode == "in_process":
-            # Workers are forked from a fork server, a fresh process with the programs imported: not
-            # from this one, whose kernels may have started OpenMP threads (fork is unsafe then).
-            start_fork_server()  # where ``curate run`` has not already
-            context = multiprocessing.get_context("forkserver")
+        # A worker forked from this process runs only what runs ahead: a later step's partition
+        # would find the state of this process at the fork, not the fork server's. Forked only
+        # where no other thread runs here now (one could hold a lock the child would inherit).
+        self._ahead_only = fork and self.workers == 1 and self.cores >= 2 and threading.active_count() == 1
+        if (self.workers >= 2 or self._ahead_only) and self.execution.executor == "local" and mode == "in_process":
+            context: multiprocessing.context.BaseContext
+            if self._ahead_only:
+                context = multiprocessing.get_context("fork")
+            else:
+                # Workers are forked from a fork server, a fresh process with the programs
+                # imported: not from this one, whose kernels may have started OpenMP threads
+                # (fork is unsafe then).
+                start_fork_server()  # where ``curate run`` has not already
+                context = multiprocessing.get_context("forkserver")
             # A partition's progress lines, where it runs alone (``run``): written whole before
             # its result, so read here once it is done, none is left behind.
             self._lines = context.SimpleQueue()
@@ -267,14 +287,15 @@ class PartitionPool:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
                                              initargs=(self.resource, spec, dict(os.environ), self._lines,
                                                        spec.derived_keys()))
-            if warm:  # ``curate run``'s pool, for the whole run: start the fork server (its imports
-                # take a second or two) and a first worker now, on another core while this process
-                # starts the run and plans its first step (a step's own pool may never be used)
+            if warm or self._ahead_only:  # ``curate run``'s pool, for the whole run: start the fork
+                # server (its imports take a second or two) and a first worker now, on another core
+                # while this process starts the run and plans its first step (a step's own pool may
+                # never be used); a forked worker now, before the executor starts its thread here
                 self._pool.submit(os.getpid)
 
     @classmethod
-    def ahead_of_run(cls, place: Place, execution: ExecutionParams, spec: CrawlSpec,
-                     force: bool) -> PartitionPool | None:
+    def ahead_of_run(cls, place: Place, execution: ExecutionParams, spec: CrawlSpec, force: bool,
+                     fork: bool = False) -> PartitionPool | None:
         """``curate run``'s pool with its first step's partitions started now, before this process
         imports Dagster and opens the instance (1.0-1.5 s of one core), where every one of them is
         sure to run: the crawl's first run (none of its first program's partitions committed for its
@@ -282,9 +303,12 @@ class PartitionPool:
         run's pool is made when its run starts, as before. The run's planner takes the partitions
         run ahead as stale (``Planner``'s ``ahead``), so its step records each, as it would have
         run it; with no current partition in the first wave, nothing holds the crawl back before
-        that step (``Planner.crawl``)."""
+        that step (``Planner.crawl``). A crawl of one source runs ahead only with ``fork`` (this
+        process is the command's own, fresh: its worker is forked from it), not with
+        ``--backend gpu`` (whose check started CUDA's runtime here). The pool serves one run."""
         program = waves()[0][0]
-        if execution.executor != "local" or usable_cores() < 2:
+        if execution.executor != "local" or usable_cores() < 2 or \
+                (len(spec.sources) < 2 and (not fork or execution.backend == "gpu")):
             return None
         pool = None
         try:
@@ -299,13 +323,15 @@ class PartitionPool:
                                for s in spec.partitions(program)}
                 if any(root.store.fs.exists(folder) for folder in folders):  # committed before, or begun
                     return None
-            # Not warmed here: a worker's start waits for the fork server's imports, which the
+            # Not warmed: a worker's start from the fork server waits for its imports, which the
             # thread that hands the partitions over waits for, not this process (``run_ahead``).
-            pool = cls(place, spec, force, execution=execution)
+            pool = cls(place, spec, force, execution=execution, fork=fork)
             pool.run_ahead(program, spec.partitions(program))
-        except Exception:  # only a head start: whatever failed here fails where it would have, in the run
+        except BaseException as exc:  # only a head start: what failed here fails where it would have, in the run
             if pool is not None:
                 pool.close()
+            if not isinstance(exc, Exception):
+                raise
             return None
         if not pool.ahead:
             pool.close()
@@ -316,7 +342,10 @@ class PartitionPool:
         """End the workers once what they run now ends (what was only handed over is not run),
         and the threads that ran partitions ahead for a step that never asked for them."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            # A thread running partitions ahead waits on what it handed over, and a cancelled
+            # future wakes no waiter (``Future.cancel``): that work runs to its end instead (about
+            # ``_AHEAD_S`` a worker); the thread's next hand-over fails on the shut pool, and it ends.
+            self._pool.shutdown(wait=True, cancel_futures=not any(t.is_alive() for t in self._threads))
             for thread in self._threads:
                 thread.join()
             self._ahead.clear()
@@ -346,10 +375,12 @@ class PartitionPool:
         run an OpenMP kernel (GNU OpenMP is not fork-safe): in a pool with a worker per core, the
         source partitions of the later steps get one core each and fork nothing; in a narrower
         one they fork pools of their own, so it runs here. A switched-off stage's partitions
-        write empty outputs: no GPU, little memory."""
+        write empty outputs: no GPU, little memory. A pool of one worker forked from this process
+        (``fork``) runs nothing but what ran ahead: 0."""
         resources = PROGRAMS[program].resources
         off = self.spec.switched_off(program)
-        if self._pool is None or not partitions or (resources.gpu > 0 and self.execution.backend != "cpu" and not off):
+        if self._pool is None or self._ahead_only or not partitions or \
+                (resources.gpu > 0 and self.execution.backend != "cpu" and not off):
             return 0
         if partitions == 1 and self.workers < self.cores and not off:
             return 0
@@ -361,8 +392,12 @@ class PartitionPool:
     def run_ahead(self, program: str, sources: list[str | None]) -> None:
         """Start ``program``'s ``sources`` on the workers now, before its step asks for them
         (``run``): a thread of this process hands them over and gathers what finishes, as ``run``
-        does, while this process goes on (``ahead_of_run``)."""
-        at_once = self.side_by_side(program, len(sources))
+        does, while this process goes on (``ahead_of_run``); on a worker forked from this process
+        (``fork``), one partition at a time."""
+        if self._ahead_only:
+            at_once = 1 if self._pool is not None else 0
+        else:
+            at_once = self.side_by_side(program, len(sources))
         if not sources or not at_once or program in self._ahead:
             return
         ahead = _Ahead(list(sources))
@@ -395,15 +430,17 @@ class PartitionPool:
             return
         if started is not None:  # handed over already
             started()
-        wanted = set(sources)
-        while (got := ahead.take()) is not None:
-            for line in ahead.told():
+        wanted, ran = set(sources), set(ahead.sources)
+        while (got := ahead.take(_LINES_S)) is not None:
+            for line in ahead.told():  # as they come, where one partition runs alone
                 if emit is not None:
                     emit(line)
             done = [d for d in got if d.source in wanted]
             if done:
                 yield done
-        rest = [s for s in sources if s not in set(ahead.sources)]
+        if self._ahead_only:  # its one worker has done what it was forked for
+            self.close()
+        rest = [s for s in sources if s not in ran]
         if rest:
             yield from self._run(program, rest, emit, None, self.side_by_side(program, len(rest)))
 

@@ -387,3 +387,48 @@ def test_a_crawls_first_step_starts_ahead_of_its_run_and_is_recorded_by_it(
             mat = records[0].event_log_entry.asset_materialization
             assert mat is not None and (mat.tags or {}).get(DATA_VERSION_TAG) == \
                 _manifest(resource, crawl, "raw_documents", source).data_version
+
+
+def test_a_one_source_crawls_first_step_runs_on_a_worker_forked_before_its_run(tmp_path: Path) -> None:
+    """``curate run`` in a process of its own (``python -m curation_dagster.cli``'s): a one-source
+    crawl's first partition runs ahead on one worker forked from it (``PartitionPool``'s
+    ``fork``), every later one in the process itself, and the run records it; the outputs are
+    those of the same crawl run in this process (``cli.main(argv)``: no head start for one
+    source). The command's process writes its id, and each ``stages.execute.execute`` call its
+    program and process id."""
+    import subprocess
+    import sys
+
+    from tests.support.tiny_corpus import SOURCES, curate, write_config
+
+    config = write_config(tmp_path / "c.json", sources=SOURCES[:1], stages=["fuzzy"])
+    crawl = spec(sources=SOURCES[:1], stages=["fuzzy"])
+    calls = tmp_path / "calls.txt"
+    traced = ("import os, stages.execute as ex\n"
+              f"open({str(calls)!r}, 'w').write(f'curate {{os.getpid()}}\\n')\n"
+              "real = ex.execute\n"
+              "def execute(store, spec, program, *args, **kwargs):\n"
+              f"    with open({str(calls)!r}, 'a') as f: f.write(f'{{program}} {{os.getpid()}}\\n')\n"
+              "    return real(store, spec, program, *args, **kwargs)\n"
+              "ex.execute = execute\n"
+              "import runpy; runpy.run_module('curation_dagster.cli', run_name='__main__')\n")
+    with fast_tmp(tmp_path / "w") as work, fast_tmp(tmp_path / "here") as here:
+        proc = subprocess.run([sys.executable, "-c", traced, "run", "--workdir", str(work), "--crawl", CRAWL,
+                               "--config", str(config), "--quiet"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        pids = {program: int(pid) for program, pid in (line.split() for line in calls.read_text().splitlines())}
+        assert set(pids) == {"curate", *PROGRAMS}
+        here_pid = pids.pop("curate")
+        assert pids.pop("raw_documents") != here_pid and set(pids.values()) == {here_pid}
+        instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
+        (run,) = instance.get_runs()
+        resource = CurationResource(workdir=str(work))
+        (source,) = crawl.partitions("raw_documents")
+        (mat,) = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("raw_documents")),
+                                                 limit=10).records
+        assert mat.run_id == run.run_id and (mat.event_log_entry.asset_materialization.tags or {}).get(  # type: ignore[union-attr]
+            DATA_VERSION_TAG) == _manifest(resource, crawl, "raw_documents", source).data_version
+        assert curate("run", "--workdir", str(here), "--crawl", CRAWL, "--config", str(config), "--quiet")[0] == 0
+        theirs = CurationResource(workdir=str(here)).store()
+        assert _sorted(read(resource.store(), crawl, "removal_ledger", "ledger")).equals(
+            _sorted(read(theirs, crawl, "removal_ledger", "ledger")))

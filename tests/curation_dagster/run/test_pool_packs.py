@@ -6,6 +6,8 @@ described as if it ran alone."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +236,9 @@ def test_partitions_run_ahead_are_handed_to_their_step_once(tmp_path: Path) -> N
 def test_only_a_crawls_first_or_forced_run_starts_ahead(tmp_path: Path) -> None:
     """``ahead_of_run``: the first program's partitions start at once where none of them is
     committed for the crawl's parameters (or the run is forced); not on a rerun (the run's planner
-    decides those), nor on one worker, nor with Ray."""
+    decides those), nor on one core, nor with Ray; for one source, only in a process of the
+    command's own with no other thread (its worker is forked from it: ``test_in_process`` runs
+    one)."""
     crawl = _many(4)
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work), workers=2)
@@ -253,3 +257,36 @@ def test_only_a_crawls_first_or_forced_run_starts_ahead(tmp_path: Path) -> None:
         assert PartitionPool.ahead_of_run(place, one, crawl, force=True) is None
         ray = execution.model_copy(update={"executor": "ray"})
         assert PartitionPool.ahead_of_run(place, ray, crawl, force=True) is None
+        # One source: its worker would be forked from this process: only where the caller says
+        # it is the command's own (``fork``), and never beside another thread.
+        alone = _many(1)
+        resource.dataroot().register(alone)
+        assert PartitionPool.ahead_of_run(place, execution, alone, force=True) is None
+        stop = threading.Event()
+        other = threading.Thread(target=stop.wait)
+        other.start()
+        try:
+            assert PartitionPool.ahead_of_run(place, execution, alone, force=True, fork=True) is None
+        finally:
+            stop.set()
+            other.join()
+
+
+def test_a_pool_closed_while_its_packs_run_ahead_ends(tmp_path: Path) -> None:
+    """Closed once the pace is set and packs are handed over beyond what the workers hold (a run
+    that fails before its first step, say): what was handed over ends or is dropped, and the
+    thread that ran them ends; close does not wait for the thread forever."""
+    crawl = _many(40)
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), workers=2)
+        resource.dataroot().register(crawl)
+        pool = PartitionPool(resource.place(), crawl, execution=resource.execution())
+        pool.run_ahead("raw_documents", crawl.partitions("raw_documents"))
+        ahead = pool._ahead["raw_documents"]
+        while ahead.lists.empty():  # the first partition ended: the rest are handed over in packs
+            time.sleep(0.005)
+        closer = threading.Thread(target=pool.close, daemon=True)
+        closer.start()
+        closer.join(60)
+        assert not closer.is_alive()
+        assert not any(thread.is_alive() for thread in pool._threads)
