@@ -339,8 +339,8 @@ class PartitionPool:
         return pool
 
     def close(self) -> None:
-        """End the workers once what they run now ends (what was only handed over is not run),
-        and the threads that ran partitions ahead for a step that never asked for them."""
+        """End the workers once what they run now ends (what was only handed over is not run,
+        unless a thread running partitions ahead waits on it: then it is), and those threads."""
         if self._pool is not None:
             # A thread running partitions ahead waits on what it handed over, and a cancelled
             # future wakes no waiter (``Future.cancel``): that work runs to its end instead (about
