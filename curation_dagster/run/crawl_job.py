@@ -398,7 +398,7 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     if program == STEPS[0]:
         _add_partitions(context.instance, spec)
     pool = _POOLS.get(spec.crawl) if curation.mode == "in_process" else None
-    planner = Planner(context.instance, curation, spec, config.force, ahead=pool.ahead if pool is not None else ())
+    planner = Planner(context.instance, curation, spec, config.force)
     plan = planner.step(program)
     listener = _LISTENERS.get(spec.crawl)
     order = spec.partitions(program)

@@ -15,7 +15,7 @@ A crawl's first run (or a forced one) has a head start: ``curate run`` starts th
 program's partitions on the pool before it imports Dagster and opens the instance
 (``PartitionPool.ahead_of_run``, 1-1.5 s of its start; a one-source crawl's on one worker forked
 from the command's process, where it has no other thread yet), and the run's first step records
-them as they finish, stale whatever they committed meanwhile (``Planner``'s ``ahead``). Where the
+them as they finish: what they committed is not recorded yet, so the planner finds it stale. Where the
 run is never made (the instance cannot be opened), what they committed is not recorded until the
 next run, whose step finds it committed and unrecorded: it records it without computing it again.
 
@@ -95,7 +95,7 @@ def run_crawl(
         TimeElapsedColumn(), disable=quiet, transient=False,
     ) as progress:
         bar = progress.add_task(f"crawl {spec.crawl}", total=sum(len(spec.partitions(p)) for p in PROGRAMS))
-        planner = Planner(instance, resource, spec, force, ahead=pool.ahead if pool is not None else ())
+        planner = Planner(instance, resource, spec, force)
         plans, blocked = planner.crawl()
         # A current partition whose check's verdict changed since the instance recorded it (a bound
         # moved) makes a run too, whose step records the new verdict (``Planner.rejudged``): the UI

@@ -12,7 +12,8 @@ when one it reads is (its step may find it current after all, if the new input i
 One decision is taken before the planner runs, on the safe side: ``curate run``'s head start
 (``PartitionPool.ahead_of_run``) runs the first program's partitions where none of them is
 committed for the crawl's parameters, or the run is forced, which a plan finds stale in any case;
-the planner takes them as stale (``ahead``) whatever they committed since, so the run records them.
+what they commit meanwhile is not recorded yet, so the planner finds them stale unless the
+instance recorded that very data version before.
 
 A current partition is not rerun, but its blocking checks still hold the crawl back until their
 bound is raised or the stage fixed (``held_back``), and its checks are judged again with the bounds
@@ -22,10 +23,9 @@ crawl step records, and for which ``curate run`` of a current crawl makes a run)
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from dagster import AssetCheckEvaluation, AssetKey, DagsterInstance
+from dagster import AssetCheckEvaluation, AssetKey, DagsterEventType, DagsterInstance
 
 from curation_dagster.defs.checks import blocking_failures
 from curation_dagster.defs.partitions import partition_key
@@ -53,38 +53,38 @@ class Planner:
     read once per program; the checks' bounds and the crawl's record once per planner)."""
 
     def __init__(self, instance: DagsterInstance, resource: CurationResource, spec: CrawlSpec,
-                 force: bool = False, ahead: Collection[tuple[str, str | None]] = ()) -> None:
-        """``ahead``: (program, source) of the partitions this run started before it planned
-        (``PartitionPool.ahead_of_run``): stale, whatever they committed since, so their step
-        records them."""
+                 force: bool = False) -> None:
         self.instance = instance
-        self.ahead = ahead
         self.resource = resource
         self.spec = spec
         self.force = force
         self.store = resource.store()
-        self._recorded: dict[str, set[str]] = {}
+        self._recorded: dict[str, dict[str, str]] = {}  # by program: partition key -> data version
         self._judge: Judge | None = None
         self._verdicts: dict[tuple[str, str, str | None], Verdict] = {}
 
     def current(self, program: str, source: str | None) -> bool:
-        """The partition's committed output is current and the instance recorded it (and it
-        was not run ahead of the run)."""
-        if (program, source) in self.ahead:
-            return False
+        """The partition's committed output is current and the instance recorded it: its latest
+        materialization carries that output's data version. An output committed and not recorded
+        since (its run ended in between; ``curate run``'s head start, ``PartitionPool.ahead_of_run``)
+        is stale, whatever the instance recorded of the partition before, so its run records it."""
         try:
             task = resolve_task(self.store, self.spec, program, source)
             # Committed for its inputs' versions now, every part it names whole (a deleted or
             # truncated part is recomputed, never served). The version is worked out only where
             # the partition has a manifest (it reads every input's; in a crawl's first run none
             # has one); a source that cannot be fingerprinted fails its partition when it runs.
-            if self.store.current_manifest(task.output_dir, lambda: data_version(self.store, task)) is None:
+            manifest = self.store.current_manifest(task.output_dir, lambda: data_version(self.store, task))
+            if manifest is None:
                 return False
         except FileNotFoundError:  # an input not committed yet
             return False
-        if program not in self._recorded:
-            self._recorded[program] = self.instance.get_materialized_partitions(AssetKey(program))
-        return str(partition_key(self.spec.crawl, source)) in self._recorded[program]
+        if program not in self._recorded:  # one query a program
+            self._recorded[program] = {key: tags[recorder.DATA_VERSION_TAG] for key, tags in
+                                       self.instance.event_log_storage.get_latest_tags_by_partition(
+                                           AssetKey(program), DagsterEventType.ASSET_MATERIALIZATION,
+                                           [recorder.DATA_VERSION_TAG]).items() if recorder.DATA_VERSION_TAG in tags}
+        return self._recorded[program].get(str(partition_key(self.spec.crawl, source))) == manifest.data_version
 
     def step(self, program: str) -> StepPlan:
         """What ``program``'s step runs now, its inputs as committed by the steps before it."""

@@ -300,12 +300,12 @@ class PartitionPool:
         imports Dagster and opens the instance (1.0-1.5 s of one core), where every one of them is
         sure to run: the crawl's first run (none of its first program's partitions committed for its
         parameters now) or a forced one, on two cores or more and no Ray. None otherwise: the
-        run's pool is made when its run starts, as before. The run's planner takes the partitions
-        run ahead as stale (``Planner``'s ``ahead``), so its step records each, as it would have
-        run it; with no current partition in the first wave, nothing holds the crawl back before
-        that step (``Planner.crawl``). A crawl of one source runs ahead only with ``fork`` (this
-        process is the command's own, fresh: its worker is forked from it), not with
-        ``--backend gpu`` (whose check started CUDA's runtime here). The pool serves one run."""
+        run's pool is made when its run starts, as before. What they commit is not recorded yet,
+        so the run's planner finds it stale and its step records it (``Planner.current``), unless
+        the instance recorded that very data version before (the same output, current). A crawl
+        of one source runs ahead only with ``fork`` (this process is the command's own, fresh: its
+        worker is forked from it), not with ``--backend gpu`` (whose check started CUDA's runtime
+        here). The pool serves one run."""
         program = waves()[0][0]
         if execution.executor != "local" or usable_cores() < 2 or \
                 (len(spec.sources) < 2 and (not fork or execution.backend == "gpu")):

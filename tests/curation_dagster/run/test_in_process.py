@@ -342,17 +342,19 @@ def test_a_steps_plan_derives_the_crawls_keys_once(tmp_path: Path, monkeypatch: 
         assert len(validated) == len(PROGRAMS) - 1 + len(crawl.sources)
 
 
-def test_a_crawls_first_step_starts_ahead_of_its_run_and_is_recorded_by_it(
+def test_a_partition_committed_but_not_recorded_is_recorded_by_the_next_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``curate run`` starts the first program's partitions before it imports Dagster and makes
-    the run (``PartitionPool.ahead_of_run``); the run's step records each of them as it ran,
-    whatever they committed meanwhile: here every one is committed before the run plans, in a
-    new data root beside an instance that recorded them from an earlier one (a step that took
-    them for current would record none)."""
+    """A partition is current only where the instance recorded its committed output's data
+    version (``Planner.current``). ``curate run``'s head start (``PartitionPool.ahead_of_run``)
+    commits the first program's partitions before the run plans, here every one of them: in a new
+    data root beside an instance that recorded the old one's, after one source changed. That
+    source's partition has a new data version, and the run records it; the others' are the
+    versions recorded before, current (a planner that asked only whether the partition was ever
+    recorded would have taken the changed one for current too)."""
     import shutil
 
     from curation_dagster.run.pool import PartitionPool
-    from tests.support.tiny_corpus import curate, write_config
+    from tests.support.tiny_corpus import TINY, curate, write_config
 
     made: list[frozenset[tuple[str, str | None]]] = []
     real = PartitionPool.ahead_of_run.__func__  # type: ignore[attr-defined]
@@ -366,13 +368,18 @@ def test_a_crawls_first_step_starts_ahead_of_its_run_and_is_recorded_by_it(
         return pool
 
     monkeypatch.setattr(PartitionPool, "ahead_of_run", classmethod(committed_first))
-    crawl = spec(stages=["fuzzy"])
+    root = tmp_path / "corpus"
+    shutil.copytree(TINY, root)
+    crawl = spec(root, stages=["fuzzy"])
     first = {("raw_documents", s) for s in crawl.partitions("raw_documents")}
     with fast_tmp(tmp_path / "w") as work:
         args = ["run", "--workdir", str(work), "--crawl", CRAWL, "--config",
-                str(write_config(tmp_path / "c.json", stages=["fuzzy"])), "--quiet"]
+                str(write_config(tmp_path / "c.json", root, stages=["fuzzy"])), "--quiet"]
         assert curate(*args)[0] == 0
         shutil.rmtree(work / "data")
+        changed = sorted(Path(crawl.sources["news"].url).rglob("*.jsonl"))[0]
+        with changed.open("ab") as f:
+            f.write(b'\n{"id": "late", "text": "a document added since"}\n')
         assert curate(*args)[0] == 0
         assert made == [first, first]
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
@@ -383,7 +390,8 @@ def test_a_crawls_first_step_starts_ahead_of_its_run_and_is_recorded_by_it(
             records = instance.fetch_materializations(AssetRecordsFilter(
                 asset_key=AssetKey("raw_documents"), asset_partitions=[str(partition_key(CRAWL, source))]),
                 limit=10).records
-            assert [r.run_id for r in records] == [runs[0].run_id, runs[1].run_id], source
+            want = [runs[0].run_id, runs[1].run_id] if source == "news" else [runs[1].run_id]
+            assert [r.run_id for r in records] == want, source
             mat = records[0].event_log_entry.asset_materialization
             assert mat is not None and (mat.tags or {}).get(DATA_VERSION_TAG) == \
                 _manifest(resource, crawl, "raw_documents", source).data_version
