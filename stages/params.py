@@ -410,6 +410,9 @@ class ExecutionParams(BaseModel):
     ingest_task_bytes: int = Field(default=8 << 20, ge=1)
     # seconds between progress lines of a long partition (stages.progress)
     progress_interval_s: float = Field(default=30.0, gt=0)
+    # Parquet codec of intermediate parts (stages.store.intermediate_compression): auto = none on a
+    # local data root, lz4 on object storage; a crawl's output is zstd whatever this says
+    intermediate_compression: Literal["auto", "none", "lz4", "snappy", "zstd"] = "auto"
 
     def resolved_workers(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
@@ -427,6 +430,7 @@ class ExecutionTuning(BaseModel):
     pairwise_batch_size: int | None = Field(default=None, ge=1)
     ingest_task_bytes: int | None = Field(default=None, ge=1)
     progress_interval_s: float | None = Field(default=None, gt=0)
+    intermediate_compression: Literal["auto", "none", "lz4", "snappy", "zstd"] | None = None
 
     def apply(self, execution: ExecutionParams) -> ExecutionParams:
         """``execution`` with the knobs this section sets."""

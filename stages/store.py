@@ -38,11 +38,13 @@ from stages.lease import Lease, LeaseBusy, LeaseLost, checks_preconditions, supp
 from stages.timing import timed, timed_iter
 
 MANIFEST = "_manifest.json"
-# Parquet codecs, measured on raw_documents of 17k source files (71 MB of Arrow, docs/profile.md):
-# zstd-1 writes in 0.19 s of CPU, reads in 0.09 s, 13.7 MB; lz4 0.14 s, 0.04 s, 20.4 MB; none
-# 0.08 s, 0.08 s, 71 MB. Intermediates are written once and read by every later program: lz4.
-# A crawl's output (curated_documents) is kept and shipped: zstd.
-INTERMEDIATE_COMPRESSION = "lz4"
+# Parquet codecs, measured on raw_documents' parts here (docs/profile.md, "Intermediate parts
+# uncompressed on a local disk"): lz4 compresses text at 230-290 MB per CPU-second (0.24-0.26 s for
+# 70 MB; 1.2 ms of a 0.35 MB partition's ~7), where writing the parts uncompressed and fsyncing
+# their 2.5-3.2x bytes takes 0.10-0.14 s, and they read as fast. So intermediates (written once,
+# read by the programs after) are uncompressed on a local data root, lz4 on object storage (bytes
+# cross the network); ``ExecutionParams.intermediate_compression`` overrides. A crawl's output
+# (curated_documents) is kept and shipped: zstd.
 FINAL_COMPRESSION = "zstd"
 UNIQUE_COLUMNS = frozenset({"doc_id"})  # columns with a value per row: no dictionary, no statistics
 # fullmatch, never match with "$": in Python "$" also matches before a trailing newline.
@@ -648,6 +650,15 @@ def _close_inherited_locks() -> None:
 os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
+def intermediate_compression(store: Store, setting: str = "auto") -> str:
+    """The Parquet codec of a program's intermediate parts in ``store``: ``setting``
+    (``ExecutionParams.intermediate_compression``), where "auto": none on a local data root, lz4
+    on object storage."""
+    if setting != "auto":
+        return setting
+    return "none" if store.is_local else "lz4"
+
+
 class PartitionWriter:
     """Writes the parts of one partition attempt; ``commit`` publishes them with the manifest.
 
@@ -669,7 +680,7 @@ class PartitionWriter:
         self.tables: dict[str, list[str]] = {}
         self.rows: dict[str, int] = {}
         self.schemas: dict[str, pa.Schema] = {}
-        self.compression = INTERMEDIATE_COMPRESSION  # a program's final output sets FINAL_COMPRESSION
+        self.compression = intermediate_compression(store)  # a program's final output sets FINAL_COMPRESSION
         # fsyncs of this attempt's commit (parts, the folder, the manifest's temporary, the folder);
         # none where it is published with others (``commits_together``: their syncs are shared)
         self.fsyncs = 0

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stages.store import FINAL_COMPRESSION, INTERMEDIATE_COMPRESSION, MANIFEST, Manifest, Store
+from stages.store import FINAL_COMPRESSION, MANIFEST, Manifest, Store, intermediate_compression
 
 
 def _manifest() -> Manifest:
@@ -48,12 +48,37 @@ def test_intermediates_and_outputs_get_their_codecs_and_long_columns_no_dictiona
     w.commit(_manifest())
     first, second = (pq.ParquetFile(f"{pdir}/{name}").metadata.row_group(0) for name in w.tables["t"])
     codecs = [[first.column(i).compression for i in range(3)], [second.column(i).compression for i in range(3)]]
-    assert codecs == [[INTERMEDIATE_COMPRESSION.upper()] * 3, [FINAL_COMPRESSION.upper()] * 3]
+    assert codecs == [["UNCOMPRESSED"] * 3, [FINAL_COMPRESSION.upper()] * 3]  # intermediates: none on a local root
     doc_id, source, text = (first.column(i) for i in range(3))
     assert source.statistics is not None and source.statistics.has_min_max and "RLE_DICTIONARY" in source.encodings
     assert doc_id.statistics is None and text.statistics is None
     assert "RLE_DICTIONARY" not in doc_id.encodings and "RLE_DICTIONARY" not in text.encodings
     assert pq.read_table(f"{pdir}/{w.tables['t'][0]}").equals(_docs(50))
+
+
+def test_intermediates_are_lz4_on_object_storage_and_the_setting_overrides_auto(tmp_path: Path) -> None:
+    local, remote = Store(str(tmp_path / "root")), Store("memory://codec-root")
+    assert [intermediate_compression(local), intermediate_compression(remote)] == ["none", "lz4"]
+    assert [local.writer(local.partition_dir("p", "k", "c", "s")).compression,
+            remote.writer(remote.partition_dir("p", "k", "c", "s")).compression] == ["none", "lz4"]
+    assert intermediate_compression(local, "zstd") == intermediate_compression(remote, "zstd") == "zstd"
+
+
+def test_the_workdirs_setting_picks_the_codec_of_a_programs_parts(tmp_path: Path) -> None:
+    from stages.execute import execute
+    from stages.params import ExecutionParams, ExecutionTuning, RawDocumentsParams
+    from stages.spec import CrawlSpec
+
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"id": "{i}", "text": "document {i}"}}\n' for i in range(5)))
+    spec = CrawlSpec(crawl="c", sources={"s": RawDocumentsParams(url=str(tmp_path / "in.jsonl"))})
+    execution = ExecutionTuning.model_validate({"intermediate_compression": "snappy"}).apply(ExecutionParams())
+    store = Store(str(tmp_path / "root"))
+    manifest = execute(store, spec, "raw_documents", "s", execution).manifest
+    pdir = store.partition_dir("raw_documents", manifest.params_key, "c", "s")
+    (part,) = manifest.tables["documents"]
+    meta = pq.ParquetFile(f"{pdir}/{part}").metadata.row_group(0)
+    assert {meta.column(i).compression for i in range(meta.num_columns)} == {"SNAPPY"}
+    assert pq.read_table(f"{pdir}/{part}")["text"].to_pylist() == [f"document {i}" for i in range(5)]
 
 
 def test_a_commit_fsyncs_only_the_parts_its_manifest_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
