@@ -58,18 +58,37 @@ class Ids:
     seen: Counts = field(default_factory=Counts)
     issued: Counts = field(default_factory=Counts)
 
-    def assign(self, digests: list[bytes]) -> list[bytes]:
-        """doc_ids (16 raw bytes; the doc_id is their hex) of records with these content digests
-        (16 bytes each), in order."""
+    def assign(self, digests: bytes) -> bytes:
+        """doc_ids (16 raw bytes each, concatenated; the doc_id is their hex) of records with these
+        content digests (16 bytes each, concatenated), in order."""
         if not digests:
-            return []
-        ks = self.seen.number(np.array(digests, dtype="S16")).tolist()
-        prefix = f"{self.crawl}\x00{self.source}\x00".encode()
-        raw = [xxhash.xxh3_128_digest(prefix + d + b"\x00" + str(k).encode()) for d, k in zip(digests, ks, strict=True)]
-        again = self.issued.number(np.array(raw, dtype="S16"))
+            return b""
+        ks = self.seen.number(np.frombuffer(digests, "S16"))
+        raw = id_digests(f"{self.crawl}\x00{self.source}\x00".encode(), digests, ks)
+        again = self.issued.number(np.frombuffer(raw, "S16"))
         if again.any():
-            raise RuntimeError(f"doc_id collision in source {self.source!r}: {raw[int(np.argmax(again))].hex()}")
+            i = int(np.argmax(again))
+            raise RuntimeError(f"doc_id collision in source {self.source!r}: {raw[16 * i:16 * i + 16].hex()}")
         return raw
+
+
+def id_digests(prefix: bytes, digests: bytes, ks: np.ndarray) -> bytes:
+    """For each record, xxh3-128 of ``prefix``, its content digest (16 bytes of ``digests``), a NUL
+    and its occurrence number ``ks[i]`` in decimal; concatenated (16 bytes each). The inputs of the
+    records seen fewer than 10 times before (nearly all) are built as one numpy block and hashed by
+    ``map``, not concatenated one by one (5x less time)."""
+    n = len(ks)
+    lp = len(prefix)
+    rows = np.empty((n, lp + 18), np.uint8)
+    rows[:, :lp] = np.frombuffer(prefix, np.uint8)
+    rows[:, lp:lp + 16] = np.frombuffer(digests, np.uint8).reshape(n, 16)
+    rows[:, lp + 16] = 0
+    rows[:, lp + 17] = ord("0") + np.minimum(ks, 9)
+    # numpy drops trailing NULs of each "S" item; the last byte is a digit, so none is dropped
+    hashes = list(map(xxhash.xxh3_128_digest, rows.view(f"S{lp + 18}").ravel().tolist()))
+    for i in np.flatnonzero(ks >= 10).tolist():
+        hashes[i] = xxhash.xxh3_128_digest(prefix + digests[16 * i:16 * i + 16] + b"\x00" + str(int(ks[i])).encode())
+    return b"".join(hashes)
 
 
 def bad_digest(where: str, raw_digest: bytes) -> bytes:

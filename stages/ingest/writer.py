@@ -46,14 +46,16 @@ QUARANTINE = pa.schema([
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 
 
-def hex_ids(raw: list[bytes]) -> pa.Array:
-    """string (n,): the 32-character lowercase hex of each 16-byte id (``bytes.hex``), at once."""
-    digits = np.frombuffer(b"".join(raw), np.uint8).reshape(-1, 16)
-    text = np.empty((len(raw), 32), np.uint8)
+def hex_ids(raw: bytes) -> pa.Array:
+    """string (n,): the 32-character lowercase hex of each 16-byte id of ``raw`` (concatenated;
+    ``bytes.hex`` of each), at once."""
+    digits = np.frombuffer(raw, np.uint8).reshape(-1, 16)
+    n = len(digits)
+    text = np.empty((n, 32), np.uint8)
     text[:, 0::2] = _HEX[digits >> 4]
     text[:, 1::2] = _HEX[digits & 15]
-    offsets = np.arange(0, 32 * len(raw) + 1, 32, dtype=np.int32)
-    return pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets), pa.py_buffer(text)])
+    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(text)])
 
 
 class Output:
@@ -78,8 +80,7 @@ class Output:
 
     def add(self, task: Task, done: Done, base: int) -> None:
         """``done``, found by ``task``; ``base``: lines (rows) of its file before the task."""
-        digests = [done.digests[i:i + 16] for i in range(0, len(done.digests), 16)]
-        raw_ids = self.ids.assign(digests)
+        raw_ids = self.ids.assign(done.digests)
         n = done.docs.num_rows
         sep = "#" if task.is_rows else ":"
         name = task.file.name
@@ -91,13 +92,17 @@ class Output:
             "text": done.docs["text"], "metadata": done.docs["metadata"],
         }, schema=DOCUMENTS)
         if self.params.id_field is not None and n:
-            rids = table["record_id"].to_pylist()
-            has = [i for i, r in enumerate(rids) if r is not None]
-            if has:
+            rids = table["record_id"]
+            has = np.flatnonzero(np.asarray(rids.is_valid()))
+            if len(has):
+                if len(has) < n:
+                    rids = rids.filter(rids.is_valid())
+                # the ids' UTF-8 bytes as they are: bytes values, no str to encode
+                named = rids.cast(pa.large_binary()).to_pylist()
                 self.record_ids.append((
-                    np.array([xxhash.xxh3_128_digest(rids[i].encode()) for i in has], dtype="S16"),
-                    np.array([digests[i] for i in has], dtype="S16"),
-                    np.array([raw_ids[i] for i in has], dtype="S16"),
+                    np.frombuffer(b"".join(map(xxhash.xxh3_128_digest, named)), "S16"),
+                    np.frombuffer(done.digests, "S16")[has],
+                    np.frombuffer(raw_ids, "S16")[has],
                 ))
         self._add_docs(table)
         self.kept += n
@@ -128,8 +133,9 @@ class Output:
             where = f"{task.file.name}{sep}{base + b.pos}"
             keys.append(bad_digest(where, b.raw_digest))
             rows.append((b.record_id, b.reason, f"{where}: {b.message}", b.raw))
-        for doc_id, (record_id, reason, detail, raw) in zip(self.ids.assign(keys), rows, strict=True):
-            self.quarantine(doc_id.hex(), record_id, reason, detail, raw)
+        ids = self.ids.assign(b"".join(keys))
+        for i, (record_id, reason, detail, raw) in enumerate(rows):
+            self.quarantine(ids[16 * i:16 * i + 16].hex(), record_id, reason, detail, raw)
 
     def quarantine(self, doc_id: str, record_id: str | None, reason: str, detail: str, raw: str,
                    duplicate_of: str | None = None) -> None:
