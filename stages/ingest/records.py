@@ -432,3 +432,4 @@ class Done:
     blank: int = 0
     chars: int = 0
     damage: dict[str, Any] | None = None  # the file's damage, when this task found it
+    spooled: str | None = None  # docs are in this Arrow IPC file instead (``stages.ingest.spool``)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from stages.ingest.files import NoInputError, UnsupportedFileError, fingerprint, list_files
 from stages.ingest.records import Done
+from stages.ingest.spool import Spooling, spool_folder, unspooled
 from stages.ingest.streams import InputReadError
 from stages.ingest.tasks import RangeTask, Task, split_files
 from stages.ingest.writer import DOCUMENTS, QUARANTINE, Output
@@ -38,6 +39,17 @@ def _run_task(task: Task) -> Done:
     return task.run()
 
 
+def _in_parallel(tasks: Iterator[Task], execution: ExecutionParams) -> Iterator[tuple[Task, Done]]:
+    """(task, what it found), in input order, the tasks run by ``execution``'s executor; a local
+    pool's workers hand their documents over through files (``stages.ingest.spool``)."""
+    if execution.executor == "ray":
+        yield from zip_results(tasks, _run_task, execution)
+        return
+    with spool_folder() as folder:
+        for task, done in zip_results(tasks, Spooling(_run_task, folder), execution):
+            yield task, unspooled(done)
+
+
 def run(
     params: RawDocumentsParams,
     inputs: Inputs,
@@ -53,7 +65,7 @@ def run(
     out = Output(output, params, partition.crawl, partition.source, execution.batch_rows)
     tasks = split_files(fs, files, params, step)
     if sum(f.size for f in files) > step and (execution.executor == "ray" or execution.resolved_workers() > 1):
-        done_tasks: Iterator[tuple[Task, Done]] = zip_results(tasks, _run_task, execution)
+        done_tasks = _in_parallel(tasks, execution)
     else:  # one task's worth of input: no pool to start
         done_tasks = ((task, task.run()) for task in tasks)
     blank = n_tasks = 0
