@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
@@ -168,3 +169,25 @@ def test_removal_ledger_reads_no_empty_removal_list_but_the_first(tmp_path: Path
     assert read.count("raw_documents") == 0  # (record ids are streamed, not read whole)
     monkeypatch.undo()
     assert store.read_table(root.output_dir(spec, "removal_ledger", None), "ledger") == ledger
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 60), st.integers(1, 40), st.integers(0, 5), st.integers(1, 4))
+def test_stored_signatures_read_back_as_the_matrix_they_were(n: int, num_perm: int, skip: int, chunks: int) -> None:
+    import io
+
+    import pyarrow.parquet as pq
+
+    from stages.programs.minhash_signatures import signature_matrix, signature_table
+
+    sigs = np.random.default_rng(n * 41 + num_perm).integers(0, 2**32, (n, num_perm), dtype=np.uint64).astype(np.uint32)
+    table = signature_table(pa.array([f"{i:032x}" for i in range(n)]), sigs)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=max(1, n // chunks))
+    column = pq.read_table(io.BytesIO(buf.getvalue()))["signature"]  # one chunk per row group
+    got = signature_matrix(column, num_perm)
+    assert got.dtype == np.uint32 and got.flags.writeable and (got == sigs).all()
+    part = column.combine_chunks().slice(min(skip, n))  # a chunk with an offset
+    assert (signature_matrix(part, num_perm) == sigs[min(skip, n):]).all()
+    old = pa.FixedSizeListArray.from_arrays(pa.array(sigs.reshape(-1), pa.uint32()), num_perm)  # SIGNATURE_FORMAT 1
+    assert (signature_matrix(old, num_perm) == sigs).all()
