@@ -341,28 +341,38 @@ class Collect:
         NUL, within ``max_chars``) is judged here; any other record by ``judge`` (the same rules,
         in their order, so the same reason)."""
         n = len(recs)
-        careful = _needs_judge(texts, lengths, self.params.max_chars)
+        careful = _needs_judge(texts, lengths, self.params.max_chars).tolist()
         params = self.params
         good: list[int] = []  # rows of ``recs`` that are documents
-        take: list[int] = []  # where each one's text is: in ``texts``, or ``n + j`` for ``extra[j]``
-        extra: list[str] = []
+        extra: dict[int, str] = {}  # texts ``texts`` lacks, by their row's place in ``good``
         rids: list[str | None] = []
         urls: list[str | None] = []
         metas: list[str | None] = []
         digests: list[bytes] = []
         dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
+        id_field, url_field = params.id_field, params.url_field
+        named = _named((params.text_field, id_field, url_field))
         for i in range(n):
             rec = recs[i]
             if not careful[i]:
+                # ``_record_id`` and ``_url_and_metadata`` inlined where they return their input
+                # (an ASCII string id and url, no other field): 1 us of a short record's 6 here
                 try:
                     canon = dumps(rec, option=sort_keys, default=str)
-                    rid = _record_id(rec, params)
-                    url, meta = _url_and_metadata(rec, params)
+                    rid = rec.get(id_field) if id_field else None
+                    if rid is not None and (type(rid) is not str or not rid.isascii()):
+                        rid = as_id(rid)
+                    if rec.keys() <= named:
+                        url = rec.get(url_field) if url_field else None
+                        if url is not None and (type(url) is not str or not url.isascii()):
+                            url = as_id(url)
+                        meta = None
+                    else:
+                        url, meta = _url_and_metadata(rec, params)
                 except Exception:  # anything unusual: the record rule says what it is
                     pass
                 else:
                     good.append(i)
-                    take.append(i)
                     rids.append(rid)
                     urls.append(url)
                     metas.append(meta)
@@ -374,12 +384,9 @@ class Collect:
                 got = self._judge_one(rec, pos + i, lines[i] if lines is not None else None)
             if got is not None:
                 row, d = got
+                if not texts[i].is_valid:  # a line json parsed and orjson did not
+                    extra[len(good)] = row["text"]
                 good.append(i)
-                if texts[i].is_valid:
-                    take.append(i)
-                else:  # a text ``texts`` lacks (a line json parsed and orjson did not)
-                    take.append(n + len(extra))
-                    extra.append(row["text"])
                 rids.append(row["record_id"])
                 urls.append(row["url"])
                 metas.append(row["metadata"])
@@ -387,8 +394,13 @@ class Collect:
         if not good:
             return
         self._seal()
+        # where each good row's text is: its row of ``texts``, or ``n + j`` for the j-th extra text
+        take = good
         if extra:
-            texts = pa.concat_arrays([texts.cast(pa.large_string()), pa.array(extra, pa.large_string())])
+            take = list(good)
+            for j, at in enumerate(extra):
+                take[at] = n + j
+            texts = pa.concat_arrays([texts.cast(pa.large_string()), pa.array(list(extra.values()), pa.large_string())])
         text = texts if len(good) == n and not extra else texts.take(pa.array(take, pa.int64()))
         text = text.cast(pa.large_string())
         self.segments.append(pa.table({
@@ -398,7 +410,7 @@ class Collect:
         self.positions.extend(i + pos for i in good)
         self.digests.extend(digests)
         taken = np.array(take, np.int64)
-        self.chars += int(lengths[taken[taken < n]].sum()) + sum(map(len, extra))
+        self.chars += int(lengths[taken[taken < n]].sum()) + sum(map(len, extra.values()))
 
     def _seal(self) -> None:
         """The rows collected one at a time so far, as a segment (to keep rows in input order)."""
