@@ -18,8 +18,6 @@ QUALITY_SCORER = 1  # stages.programs.quality_scores: fastText / HF scoring for 
 DECONTAM_HASH = 1  # stages.kernels.decontam: words(), word and n-gram hashing
 EXACT_NORMALIZE = 1  # stages.kernels.exact: normalize() and the text hash
 MINHASH_FAMILY = 1  # stages.kernels.minhash (and its GPU twin): shingles and the hash family (docs/minhash.md)
-# 2: a signature is fixed_size_binary(4 * num_perm) of little-endian uint32 (1: fixed_size_list<uint32>).
-SIGNATURE_FORMAT = 2  # stages.programs.minhash_signatures: the stored signature column
 LANGUAGE_IDENTIFIER = 1  # stages.kernels.language: line selection, the prose vote, the score
 # 2: the quarantine table names the kept document of a duplicate_record_id (duplicate_of).
 QUARANTINE_FORMAT = 2  # stages.ingest.writer: the columns of raw_documents' quarantine table
@@ -31,7 +29,7 @@ USES: dict[str, tuple[str, ...]] = {
     "document_languages": ("LANGUAGE_IDENTIFIER",),
     "filtered_documents": ("HEURISTIC_SCORER",),
     "exact_duplicates": ("EXACT_NORMALIZE",),
-    "minhash_signatures": ("MINHASH_FAMILY", "SIGNATURE_FORMAT"),
+    "minhash_signatures": ("MINHASH_FAMILY",),
     "document_embeddings": ("EMBEDDING_FORMAT",),
     "quality_scores": ("QUALITY_SCORER",),
     "contaminated_documents": ("DECONTAM_HASH",),

@@ -48,21 +48,53 @@ class Spooling:
 
 
 def unspooled(done: Done) -> Done:
-    """``done`` with its documents read back (mapped, not copied) from the file a worker wrote,
-    which is removed (the mapping holds the data until the table is gone)."""
+    """``done`` with its documents read back from the file a worker wrote (mapped, not copied;
+    read where the folder's filesystem cannot map files), which is removed (a mapping holds the
+    data until the table is gone)."""
     if done.spooled is None:
         return done
-    docs = pa.ipc.open_file(pa.memory_map(done.spooled)).read_all()
+    try:
+        docs = pa.ipc.open_file(pa.memory_map(done.spooled)).read_all()
+    except (OSError, pa.ArrowException):
+        with pa.OSFile(done.spooled) as source:
+            docs = pa.ipc.open_file(source).read_all()
     os.unlink(done.spooled)
     return replace(done, docs=docs, spooled=None)
+
+
+_PREFIX = "curate-ingest-"
 
 
 @contextmanager
 def spool_folder() -> Iterator[str]:
     """A folder under TMPDIR for one partition's spooled tasks, removed with whatever a failed
-    partition left in it."""
-    folder = tempfile.mkdtemp(prefix="curate-ingest-")
+    partition left in it; the folders of processes that died (killed, no clean-up) are removed
+    first."""
+    _sweep()
+    folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
     try:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sweep() -> None:
+    """Remove the spool folders in TMPDIR whose process is gone (its pid is in the name)."""
+    try:
+        entries = [e for e in os.scandir(tempfile.gettempdir()) if e.name.startswith(_PREFIX)]
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

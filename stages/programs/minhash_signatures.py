@@ -36,8 +36,8 @@ def signature_table(doc_id: pa.Array, sigs: np.ndarray) -> pa.Table:
 
 def signature_matrix(column: pa.ChunkedArray | pa.Array, num_perm: int) -> np.ndarray:
     """uint32 (n, num_perm) of a ``signature`` column (``signature_table``'s, or the
-    fixed_size_list<uint32> written before ``stages.versions.SIGNATURE_FORMAT`` 2); writable
-    (numba compiles another specialization for a read-only array)."""
+    fixed_size_list<uint32> of the parts written before it: the same values, so they were not
+    re-keyed); writable (numba compiles another specialization for a read-only array)."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     parts = [_matrix(chunk, num_perm) for chunk in chunks if len(chunk)]
     if not parts:
@@ -50,7 +50,7 @@ def _matrix(chunk: pa.Array, num_perm: int) -> np.ndarray:
     if pa.types.is_fixed_size_binary(chunk.type):
         if chunk.type.byte_width != 4 * num_perm:
             raise ValueError(f"signatures of {chunk.type.byte_width} bytes, not {4 * num_perm} (num_perm {num_perm})")
-        words = np.frombuffer(chunk.buffers()[1], "<u4")
+        words = np.frombuffer(chunk.buffers()[1], "<u4").astype(np.uint32, copy=False)  # a copy only on big-endian
         return words[chunk.offset * num_perm:(chunk.offset + len(chunk)) * num_perm].reshape(-1, num_perm)
     return chunk.flatten().to_numpy().reshape(-1, num_perm)
 

@@ -15,7 +15,8 @@ partition in one line.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import closing
 
 from stages.ingest.files import NoInputError, UnsupportedFileError, fingerprint, list_files
 from stages.ingest.records import Done
@@ -39,7 +40,7 @@ def _run_task(task: Task) -> Done:
     return task.run()
 
 
-def _in_parallel(tasks: Iterator[Task], execution: ExecutionParams) -> Iterator[tuple[Task, Done]]:
+def _in_parallel(tasks: Iterator[Task], execution: ExecutionParams) -> Generator[tuple[Task, Done], None, None]:
     """(task, what it found), in input order, the tasks run by ``execution``'s executor; a local
     pool's workers hand their documents over through files (``stages.ingest.spool``)."""
     if execution.executor == "ray":
@@ -64,6 +65,7 @@ def run(
     step = execution.ingest_task_bytes
     out = Output(output, params, partition.crawl, partition.source, execution.batch_rows)
     tasks = split_files(fs, files, params, step)
+    done_tasks: Generator[tuple[Task, Done], None, None]
     if sum(f.size for f in files) > step and (execution.executor == "ray" or execution.resolved_workers() > 1):
         done_tasks = _in_parallel(tasks, execution)
     else:  # one task's worth of input: no pool to start
@@ -75,20 +77,21 @@ def run(
     # done (tasks come back in input order, so a new path means the previous file is done).
     progress, credited, previous = partition.progress, Counter[str](), None
     progress.expect(nbytes=sum(f.size for f in files))
-    for task, done in done_tasks:
-        n_tasks += 1
-        path = task.file.path
-        if previous is not None and previous.path != path:
-            progress.advance(nbytes=previous.size - credited[previous.path])
-            credited[previous.path] = previous.size
-        previous = task.file
-        span = task.stop - task.start if isinstance(task, RangeTask) else 0
-        credited[path] += span
-        out.add(task, done, lines[path])
-        lines[path] += done.lines if not task.is_rows else done.docs.num_rows + len(done.bad)
-        blank += done.blank
-        records[path] += done.docs.num_rows + len(done.bad)
-        progress.advance(done.docs.num_rows + len(done.bad), span)
+    with closing(done_tasks):  # a failure ends the pool and removes its files now, not when collected
+        for task, done in done_tasks:
+            n_tasks += 1
+            path = task.file.path
+            if previous is not None and previous.path != path:
+                progress.advance(nbytes=previous.size - credited[previous.path])
+                credited[previous.path] = previous.size
+            previous = task.file
+            span = task.stop - task.start if isinstance(task, RangeTask) else 0
+            credited[path] += span
+            out.add(task, done, lines[path])
+            lines[path] += done.lines if not task.is_rows else done.docs.num_rows + len(done.bad)
+            blank += done.blank
+            records[path] += done.docs.num_rows + len(done.bad)
+            progress.advance(done.docs.num_rows + len(done.bad), span)
     if previous is not None:
         progress.advance(nbytes=previous.size - credited[previous.path])
     out.close()
