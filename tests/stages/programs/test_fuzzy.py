@@ -191,3 +191,38 @@ def test_stored_signatures_read_back_as_the_matrix_they_were(n: int, num_perm: i
     assert (signature_matrix(part, num_perm) == sigs[min(skip, n):]).all()
     old = pa.FixedSizeListArray.from_arrays(pa.array(sigs.reshape(-1), pa.uint32()), num_perm)  # SIGNATURE_FORMAT 1
     assert (signature_matrix(old, num_perm) == sigs).all()
+
+
+def test_signatures_of_the_list_format_beside_new_ones_give_the_same_candidates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A data root written before signatures were fixed-size binary keeps its parts (the values
+    are the same, nothing is re-keyed): a crawl whose sources hold both formats finds the same
+    candidate edges as one of the new format alone."""
+    import pyarrow as pa
+
+    import stages.programs.minhash_signatures as mh
+    from stages.catalog import PROGRAMS
+    from stages.execute import execute
+    from stages.store import Store
+    from tests.support.tiny_corpus import SOURCES, read, spec
+
+    crawl = spec(stages=("fuzzy",))
+    new_format = mh.signature_table
+
+    def list_format(doc_id: pa.Array, sigs: np.ndarray) -> pa.Table:
+        flat = pa.array(sigs.reshape(-1), pa.uint32())
+        return pa.table({"doc_id": doc_id, "signature": pa.FixedSizeListArray.from_arrays(flat, sigs.shape[1])})
+
+    edges = {}
+    for name, old_sources in {"new": (), "mixed": SOURCES[::2]}.items():
+        store = Store(str(tmp_path / name))
+        for program in list(PROGRAMS)[:list(PROGRAMS).index("minhash_signatures")]:
+            for part in crawl.partitions(program):
+                execute(store, crawl, program, part)
+        for source in SOURCES:
+            with monkeypatch.context() as m:
+                m.setattr(mh, "signature_table", list_format if source in old_sources else new_format)
+                execute(store, crawl, "minhash_signatures", source)
+        execute(store, crawl, "lsh_buckets", None)
+        edges[name] = read(store, crawl, "lsh_buckets", "edges").sort_by([("src", "ascending"), ("dst", "ascending")])
+    assert edges["mixed"].num_rows > 0 and edges["mixed"].equals(edges["new"])
