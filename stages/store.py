@@ -39,7 +39,7 @@ from stages.timing import timed, timed_iter
 
 MANIFEST = "_manifest.json"
 # Parquet codecs, measured on raw_documents' parts here (docs/profile.md, "Intermediate parts
-# uncompressed on a local disk"): lz4 compresses text at 230-290 MB per CPU-second (0.24-0.26 s for
+# uncompressed on a local disk, ..."): lz4 compresses text at 230-290 MB per CPU-second (0.24-0.26 s for
 # 70 MB; 1.2 ms of a 0.35 MB partition's ~7), where writing the parts uncompressed and fsyncing
 # their 2.5-3.2x bytes takes 0.10-0.14 s, and they read as fast. So intermediates (written once,
 # read by the programs after) are uncompressed on a local data root, lz4 on object storage (bytes
