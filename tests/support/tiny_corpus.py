@@ -19,7 +19,7 @@ import zstandard
 from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot
 from stages.execute import execute
-from stages.params import ExecutionParams
+from stages.params import ExecutionParams, RawDocumentsParams
 from stages.reports import RemovalLedgerReport
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -192,3 +192,17 @@ def reshard(dest: Path) -> Path:
     write_jsonl(dest / "wiki" / "pages-a.jsonl", lines[0::2][::-1])
     shutil.copy(TINY / "wiki" / "legacy-0.parquet", dest / "wiki" / "legacy-0.parquet")
     return dest
+
+
+def ingest_each(root: Path, src: Path, executions: dict[str, ExecutionParams]
+                ) -> dict[str, tuple[dict[str, Any], pa.Table, pa.Table]]:
+    """``raw_documents`` of one source ``src`` (id field ``id``) under each of ``executions``, each
+    in its own data root under ``root``: its report, documents and quarantine, by name."""
+    crawl_spec = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=str(src), id_field="id")})
+    got = {}
+    for name, execution in executions.items():
+        store = Store(str(root / name))
+        report = execute(store, crawl_spec, "raw_documents", "s", execution).manifest.report
+        pdir = DataRoot(store).output_dir(crawl_spec, "raw_documents", "s")
+        got[name] = (report, store.read_table(pdir, "documents"), store.read_table(pdir, "quarantine"))
+    return got

@@ -23,6 +23,7 @@ from stages.params import ExecutionParams, RawDocumentsParams
 from stages.spec import CrawlSpec
 from stages.store import Store
 from tests.support.peak_rss import PEAK
+from tests.support.tiny_corpus import ingest_each
 
 INGEST = PEAK + """
 import json, sys, time
@@ -114,14 +115,8 @@ def test_compressed_streams_are_cut_into_line_tasks_too(tmp_path: Path) -> None:
              for i in range(3000)]
     data = b"".join(x + b"\n" for x in lines)
     (src / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
-    spec = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=str(src), id_field="id")})
-    got = {}
-    for name, execution in {"one": ExecutionParams(workers=1, ingest_task_bytes=1 << 30),
-                            "cut": ExecutionParams(workers=2, ingest_task_bytes=1000, batch_rows=100)}.items():
-        store = Store(str(tmp_path / name))
-        report = execute(store, spec, "raw_documents", "s", execution).manifest.report
-        pdir = DataRoot(store).output_dir(spec, "raw_documents", "s")
-        got[name] = (report, store.read_table(pdir, "documents"), store.read_table(pdir, "quarantine"))
+    got = ingest_each(tmp_path, src, {"one": ExecutionParams(workers=1, ingest_task_bytes=1 << 30),
+                                      "cut": ExecutionParams(workers=2, ingest_task_bytes=1000, batch_rows=100)})
     assert got["cut"][0]["tasks"] >= 50 and got["one"][0]["tasks"] == 1
     assert got["cut"][1].equals(got["one"][1]) and got["cut"][2].equals(got["one"][2])
 

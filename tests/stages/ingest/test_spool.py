@@ -11,13 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from stages.dataroot import DataRoot
-from stages.execute import execute
 from stages.ingest.records import PARSED, Done
 from stages.ingest.spool import Spooling, unspooled
-from stages.params import ExecutionParams, RawDocumentsParams
-from stages.spec import CrawlSpec
-from stages.store import Store
+from stages.params import ExecutionParams
+from tests.support.tiny_corpus import ingest_each
 
 
 def _docs(n: int) -> pa.Table:
@@ -75,14 +72,8 @@ def test_tasks_on_workers_give_the_one_process_tables_and_leave_nothing_in_tmpdi
     lines = [json.dumps({"id": f"r{i}", "text": f"record {i % 700} " * (1 + i % 40)}) for i in range(4000)]
     lines[1234] = '{"id": "broken", "text": '
     (src / "a.jsonl").write_text("\n".join(lines) + "\n")
-    spec = CrawlSpec(crawl="c1", sources={"s": RawDocumentsParams(url=str(src), id_field="id")})
-    got = {}
-    for name, execution in {"one": ExecutionParams(workers=1, ingest_task_bytes=1 << 30),
-                            "pool": ExecutionParams(workers=2, ingest_task_bytes=20_000, batch_rows=700)}.items():
-        store = Store(str(tmp_path / name))
-        report = execute(store, spec, "raw_documents", "s", execution).manifest.report
-        pdir = DataRoot(store).output_dir(spec, "raw_documents", "s")
-        got[name] = (report, store.read_table(pdir, "documents"), store.read_table(pdir, "quarantine"))
+    got = ingest_each(tmp_path, src, {"one": ExecutionParams(workers=1, ingest_task_bytes=1 << 30),
+                                      "pool": ExecutionParams(workers=2, ingest_task_bytes=20_000, batch_rows=700)})
     assert got["pool"][0]["tasks"] >= 20 and got["one"][0]["tasks"] == 1
     assert len(files) == got["pool"][0]["tasks"]  # every task's documents came through a file
     assert got["pool"][1].equals(got["one"][1]) and got["pool"][2].equals(got["one"][2])
