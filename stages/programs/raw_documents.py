@@ -47,7 +47,7 @@ def _in_parallel(tasks: Iterator[Task], execution: ExecutionParams) -> Generator
         yield from zip_results(tasks, _run_task, execution)
         return
     with spool_folder() as folder:
-        for task, done in zip_results(tasks, Spooling(_run_task, folder), execution):
+        for task, done in zip_results(tasks, Spooling(folder), execution):
             yield task, unspooled(done)
 
 

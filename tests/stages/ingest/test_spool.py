@@ -24,18 +24,18 @@ def _docs(n: int) -> pa.Table:
 
 
 class _Found:
-    """A task's run that finds ``docs`` (module level: picklable, as a pool's function must be)."""
+    """A task that finds ``docs`` (module level: picklable, as a pool's tasks must be)."""
 
     def __init__(self, docs: pa.Table) -> None:
         self.docs = docs
 
-    def __call__(self, task: object) -> Done:
+    def run(self) -> Done:
         return Done(self.docs, b"\x00" * 16 * self.docs.num_rows, pa.array(range(self.docs.num_rows)).to_numpy())
 
 
 def test_a_spooled_table_is_read_back_whole_and_its_file_removed(tmp_path: Path) -> None:
     docs = _docs(500)
-    sent = Spooling(_Found(docs), str(tmp_path))(object())  # type: ignore[arg-type]
+    sent = Spooling(str(tmp_path))(_Found(docs))  # type: ignore[arg-type]
     assert sent.spooled is not None and sent.docs.num_rows == 0 and Path(sent.spooled).exists()
     got = unspooled(sent)
     assert got.docs.equals(docs) and got.spooled is None and not list(tmp_path.iterdir())
@@ -43,7 +43,7 @@ def test_a_spooled_table_is_read_back_whole_and_its_file_removed(tmp_path: Path)
 
 def test_a_task_whose_file_cannot_be_written_sends_its_documents_through_the_pipe(tmp_path: Path) -> None:
     docs = _docs(20)
-    sent = Spooling(_Found(docs), str(tmp_path / "gone"))(object())  # type: ignore[arg-type]
+    sent = Spooling(str(tmp_path / "gone"))(_Found(docs))  # type: ignore[arg-type]
     assert sent.spooled is None and sent.docs.equals(docs) and unspooled(sent) is sent
 
 
