@@ -18,7 +18,7 @@ from stages.progress import Progress
 from stages.reports import read
 from stages.resolve import data_version, load_program, resolve_task
 from stages.spec import CrawlSpec
-from stages.store import Manifest, Store, intermediate_compression, manifests_held
+from stages.store import Manifest, Store, manifests_held
 from stages.task import Inputs, Partition
 from stages.timing import clocked, figures, timing_report
 
@@ -58,8 +58,7 @@ def _execute(
     if existing is not None and not force:
         progress.finish(skipped=True)
         return Outcome(existing, True, time.perf_counter() - t0)
-    writer = store.writer(task.output_dir)
-    writer.compression = intermediate_compression(store, execution.intermediate_compression)
+    writer = store.writer(task.output_dir, execution.intermediate_compression)
     try:
         module = load_program(program)
         report = module.run(

@@ -383,6 +383,8 @@ class KeepParams(ProgramParams):
     source_priority: dict[str, int] = Field(default_factory=dict)
 
 
+# Parquet codecs of intermediate parts (stages.store.intermediate_compression)
+Codec = Literal["auto", "none", "lz4", "snappy", "zstd"]
 SPILL_RESERVE = 256 << 20  # bytes a spill to TMPDIR leaves free (ExecutionParams.spill_reserve_bytes)
 
 
@@ -412,7 +414,7 @@ class ExecutionParams(BaseModel):
     progress_interval_s: float = Field(default=30.0, gt=0)
     # Parquet codec of intermediate parts (stages.store.intermediate_compression): auto = none on a
     # local data root, lz4 on object storage; a crawl's output is zstd whatever this says
-    intermediate_compression: Literal["auto", "none", "lz4", "snappy", "zstd"] = "auto"
+    intermediate_compression: Codec = "auto"
 
     def resolved_workers(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
@@ -430,7 +432,7 @@ class ExecutionTuning(BaseModel):
     pairwise_batch_size: int | None = Field(default=None, ge=1)
     ingest_task_bytes: int | None = Field(default=None, ge=1)
     progress_interval_s: float | None = Field(default=None, gt=0)
-    intermediate_compression: Literal["auto", "none", "lz4", "snappy", "zstd"] | None = None
+    intermediate_compression: Codec | None = None
 
     def apply(self, execution: ExecutionParams) -> ExecutionParams:
         """``execution`` with the knobs this section sets."""

@@ -610,8 +610,9 @@ class Store:
             return pa.table({})
         return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
-    def writer(self, pdir: str) -> PartitionWriter:
-        return PartitionWriter(self, pdir)
+    def writer(self, pdir: str, compression: str = "auto") -> PartitionWriter:
+        """A writer of partition ``pdir``, its parts in ``compression`` (``intermediate_compression``)."""
+        return PartitionWriter(self, pdir, compression)
 
 
 def _fsync_dir(folder: str) -> None:
@@ -677,14 +678,14 @@ class PartitionWriter:
     concurrent attempts on one partition there are the operator's to avoid (docs/operations.md).
     """
 
-    def __init__(self, store: Store, pdir: str) -> None:
+    def __init__(self, store: Store, pdir: str, compression: str = "auto") -> None:
         self.store = store
         self.pdir = pdir
         self.attempt = uuid.uuid4().hex[:12]
         self.tables: dict[str, list[str]] = {}
         self.rows: dict[str, int] = {}
         self.schemas: dict[str, pa.Schema] = {}
-        self.compression = intermediate_compression(store)  # a program's final output sets FINAL_COMPRESSION
+        self.compression = intermediate_compression(store, compression)  # a final output sets FINAL_COMPRESSION
         # fsyncs of this attempt's commit (parts, the folder, the manifest's temporary, the folder);
         # none where it is published with others (``commits_together``: their syncs are shared)
         self.fsyncs = 0

@@ -95,10 +95,8 @@ class Output:
             rids = table["record_id"]
             has = np.flatnonzero(np.asarray(rids.is_valid()))
             if len(has):
-                if len(has) < n:
-                    rids = rids.filter(rids.is_valid())
                 # the ids' UTF-8 bytes as they are: bytes values, no str to encode
-                named = rids.cast(pa.large_binary()).to_pylist()
+                named = pc.drop_null(rids).cast(pa.large_binary()).to_pylist()
                 self.record_ids.append((
                     np.frombuffer(b"".join(map(xxhash.xxh3_128_digest, named)), "S16"),
                     np.frombuffer(done.digests, "S16")[has],
