@@ -21,7 +21,6 @@ than ``reserve`` bytes free fails first, in one line naming the settings that ma
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from stages.keep import ID_BYTES, fixed_ids
 from stages.kernels.lsh import sorted_distinct, sorted_find
 from stages.params import SPILL_RESERVE
 from stages.removal import raw_dirs
+from stages.scratch import scratch_folder
 from stages.task import Inputs
 
 _ROWS = pa.schema([("node", pa.int64()), ("text", pa.large_string())])
@@ -307,7 +307,7 @@ class PairTexts:
         self.budget = budget
         self.reserve = reserve
         self.blocks = 0  # blocks loaded over all calls
-        self._tmp = Path(tempfile.mkdtemp(prefix="pair-texts-"))
+        self._tmp = scratch_folder("pair-texts")
         self._cached: tuple[Any, npt.NDArray[np.int64]] | None = None
         try:
             self._gathered, self.size = _gather(inputs, doc_ids, sorted_distinct(np.asarray(wanted, np.int64)),

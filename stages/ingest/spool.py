@@ -4,21 +4,20 @@ A process pool returns results pickled through a pipe: a task's 8 MB of document
 pickle, written, read back in pieces and copied out, on a thread of the ingesting process (the
 partition's critical path) as much as on the worker (py-spy of one source of 78k short documents
 on 2 workers: 0.28 s of the ingesting process's samples and 0.2 s of the workers' per 70 MB). A
-worker forked on this machine writes the table as one uncompressed Arrow IPC file into a folder
-of the ingesting process's instead, which maps it: no copy, its pages read once, when the part
-is written (that partition: the ingesting process's CPU 0.38-0.42 -> 0.27-0.29 s, its wall
-0.84-1.00 -> 0.72-0.76 s). Ray's tasks run elsewhere: they return tables as they are.
+worker forked on this machine writes the table as one uncompressed Arrow IPC file into a scratch
+folder of the ingesting process's instead (``stages.scratch``), which maps it: no copy, its pages
+read once, when the part is written (that partition: the ingesting process's CPU 0.38-0.42 ->
+0.27-0.29 s, its wall 0.84-1.00 -> 0.72-0.76 s). Ray's tasks run elsewhere: they return tables as
+they are.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import replace
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -31,7 +30,7 @@ class Spooling:
     to its workers). A task whose file cannot be written (the folder's disk full) sends its
     documents through the pipe, as without a folder."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: Path) -> None:
         self.folder = folder
 
     def __call__(self, task: Task) -> Done:
@@ -62,41 +61,3 @@ def unspooled(done: Done) -> Done:
             docs = pa.ipc.open_file(source).read_all()
     os.unlink(done.spooled)
     return replace(done, docs=docs, spooled=None)
-
-
-_PREFIX = "curate-ingest-"
-
-
-@contextmanager
-def spool_folder() -> Iterator[str]:
-    """A folder under TMPDIR for one partition's spooled tasks, removed with whatever a failed
-    partition left in it; the folders of processes that died (killed, no clean-up) are removed
-    first."""
-    _sweep()
-    folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _sweep() -> None:
-    """Remove the spool folders in TMPDIR whose process is gone (its pid is in the name)."""
-    try:
-        entries = [e for e in os.scandir(tempfile.gettempdir()) if e.name.startswith(_PREFIX)]
-    except OSError:
-        return
-    for entry in entries:
-        pid = entry.name[len(_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True

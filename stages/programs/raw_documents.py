@@ -20,13 +20,14 @@ from contextlib import closing
 
 from stages.ingest.files import NoInputError, UnsupportedFileError, fingerprint, list_files
 from stages.ingest.records import Done
-from stages.ingest.spool import Spooling, spool_folder, unspooled
+from stages.ingest.spool import Spooling, unspooled
 from stages.ingest.streams import InputReadError
 from stages.ingest.tasks import RangeTask, Task, split_files
 from stages.ingest.writer import DOCUMENTS, QUARANTINE, Output
 from stages.parallel import zip_results
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.reports import DamagedFile, RawDocumentsReport
+from stages.scratch import scratch
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
 
@@ -46,7 +47,7 @@ def _in_parallel(tasks: Iterator[Task], execution: ExecutionParams) -> Generator
     if execution.executor == "ray":
         yield from zip_results(tasks, _run_task, execution)
         return
-    with spool_folder() as folder:
+    with scratch("ingest") as folder:
         for task, done in zip_results(tasks, Spooling(folder), execution):
             yield task, unspooled(done)
 

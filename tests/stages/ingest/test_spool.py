@@ -80,23 +80,3 @@ def test_tasks_on_workers_give_the_one_process_tables_and_leave_nothing_in_tmpdi
     assert got["pool"][1].num_rows == 3999 and got["pool"][2]["reason"].to_pylist() == ["invalid_json"]
     assert not list(own_tmpdir.iterdir())  # each partition's spool folder is removed
 
-
-def test_the_spool_folders_of_dead_processes_are_swept(own_tmpdir: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
-    from stages.ingest.spool import spool_folder
-
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    gone = own_tmpdir / f"curate-ingest-{dead}-ab12"
-    kept = own_tmpdir / f"curate-ingest-{os.getpid()}-cd34"
-    other = own_tmpdir / "someone-elses"
-    for made in (gone, kept, other):
-        made.mkdir()
-        (made / "task.arrow").write_bytes(b"x")
-    with spool_folder() as folder:
-        assert Path(folder).parent == own_tmpdir and Path(folder).name.startswith(f"curate-ingest-{os.getpid()}-")
-        assert not gone.exists() and kept.exists() and other.exists()
-    assert not Path(folder).exists()
