@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -435,14 +436,31 @@ class Store:
         names = manifest.parts()
         if not names:
             return []
-        if not self.is_local:
-            self.fs.invalidate_cache(pdir)  # another process may have changed it since it was listed
         try:
-            listing = retry(lambda: self.fs.ls(pdir, detail=True))
+            found = self.sizes(pdir)
         except FileNotFoundError:
             return names
-        found = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in listing}
         return [n for n in names if n not in found or (n in manifest.sizes and found[n] != manifest.sizes[n])]
+
+    def sizes(self, folder: str) -> dict[str, int | None]:
+        """Each entry of ``folder`` by name: its bytes (None for a folder, or an entry that cannot
+        be read), from one listing, never a cached one (a LIST request on object storage; another
+        process may have changed it since). ``FileNotFoundError`` where there is no such folder.
+        Locally ``os.scandir``: fsspec's listing cost a partition's commit and its planner's
+        check 0.1-0.2 ms each, at every partition."""
+        if self.is_local:
+            found: dict[str, int | None] = {}
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    try:
+                        found[entry.name] = None if entry.is_dir() else entry.stat().st_size
+                    except OSError:  # gone since it was listed, a link to nothing
+                        found[entry.name] = None
+            return found
+        self.fs.invalidate_cache(folder)
+        listing = retry(lambda: self.fs.ls(folder, detail=True))
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: (None if e.get("type") == "directory" else e.get("size"))
+                for e in listing}
 
     def is_whole(self, pdir: str, manifest: Manifest) -> bool:
         """Every part ``manifest`` names is in ``pdir`` at the size recorded at commit: what the
@@ -615,6 +633,21 @@ class Store:
         return PartitionWriter(self, pdir, compression)
 
 
+def _remove_local(folder: str, keep: Callable[[str], bool]) -> list[str]:
+    """Remove every entry of local ``folder`` whose name ``keep`` refuses (a folder with what it
+    holds, a link itself, not what it points to); the names removed, sorted."""
+    removed = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if not keep(entry.name):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed.append(entry.name)
+    return sorted(removed)
+
+
 def _fsync_dir(folder: str) -> None:
     """Make a local folder's entries (new names, a rename) durable."""
     _fsync_path(folder)
@@ -709,7 +742,10 @@ class PartitionWriter:
         # one read the manifest (a shared score cache, saved by attempts of other partitions).
         store.forget_manifest(pdir)
         try:
-            store.fs.makedirs(pdir, exist_ok=True)
+            if store.is_local:
+                os.makedirs(pdir, exist_ok=True)
+            else:
+                store.fs.makedirs(pdir, exist_ok=True)
             if self._lock is not None or self._lease is not None:
                 self.leftovers = self._remove_leftovers()
         except BaseException:  # the partition is this attempt's: give it back at once, not at GC
@@ -723,24 +759,15 @@ class PartitionWriter:
         under the partition lock or lease: no other attempt can be writing. Returns the names removed."""
         manifest = self.store.read_manifest(self.pdir)
         keep = {MANIFEST} | {n for names in (manifest.tables.values() if manifest else []) for n in names}
-        removed = []
         if self.store.is_local:
-            for entry in os.scandir(self.pdir):
-                if entry.name not in keep:
-                    if entry.is_dir(follow_symlinks=False):
-                        import shutil
-
-                        shutil.rmtree(entry.path)
-                    else:
-                        os.unlink(entry.path)
-                    removed.append(entry.name)
-            return sorted(removed)
+            return _remove_local(self.pdir, lambda name: name in keep)
         fs = self.store.fs
         fs.invalidate_cache(self.pdir)
         try:
             paths = fs.ls(self.pdir, detail=False)
         except FileNotFoundError:  # object storage has no empty folders
             return []
+        removed: list[str] = []
         for path in paths:
             name = path.rstrip("/").rsplit("/", 1)[-1]
             if name not in keep:
@@ -809,7 +836,9 @@ class PartitionWriter:
         small = [f.name for f in data.schema if f.name not in UNIQUE_COLUMNS
                  and not (pa.types.is_large_string(f.type) or pa.types.is_large_binary(f.type))]
         labels = [name for name in small if not _numeric(data.schema.field(name).type)]
-        with timed("write", data.nbytes, table), self.store.fs.open(f"{self.pdir}/{name}", "wb") as fh:
+        path = f"{self.pdir}/{name}"
+        with timed("write", data.nbytes, table), (open(path, "wb") if self.store.is_local else
+                                                   self.store.fs.open(path, "wb")) as fh:
             pq.write_table(data, fh, compression=self.compression, use_dictionary=labels, write_statistics=small)
         names.append(name)
 
@@ -828,7 +857,7 @@ class PartitionWriter:
     def iter_batches(self, table: str, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
         """Stream the rows this attempt has written to ``table`` so far, ``batch_rows`` at a time."""
         for name in list(self.tables.get(table, [])):
-            with self.store.fs.open(f"{self.pdir}/{name}", "rb") as fh:
+            with self.store._open(f"{self.pdir}/{name}") as fh:
                 yield from timed_iter(pq.ParquetFile(fh).iter_batches(batch_size=batch_rows))
 
     def _part_sizes(self) -> dict[str, int]:
@@ -837,11 +866,8 @@ class PartitionWriter:
         names = {name for names in self.tables.values() for name in names}
         if not names:
             return {}
-        if not self.store.is_local:
-            self.store.fs.invalidate_cache(self.pdir)
-        listing = retry(lambda: self.store.fs.ls(self.pdir, detail=True))
-        sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in listing}
-        return {name: int(sizes[name]) for name in sorted(names) if isinstance(sizes.get(name), int)}
+        sizes = self.store.sizes(self.pdir)
+        return {name: size for name in sorted(names) if isinstance(size := sizes.get(name), int)}
 
     def commit(self, manifest: Manifest, together: bool = False) -> Manifest:
         """Write the manifest last (atomically), then remove parts no manifest names. ``together``:
@@ -892,17 +918,18 @@ class PartitionWriter:
 
     def _remove_unnamed(self) -> None:
         """After the manifest is published: remove the partition's parts it does not name."""
-        fs = self.store.fs
         keep = {name for names in self.tables.values() for name in names} | {MANIFEST}
+        if self.store.is_local:  # os.scandir: fsspec's listing and removal cost 0.1-0.2 ms a commit
+            _remove_local(self.pdir, lambda name: name in keep or name.startswith(f".{MANIFEST}."))
+            return
+        fs = self.store.fs
         try:
             fs.invalidate_cache(self.pdir)
             for path in fs.ls(self.pdir, detail=False):
                 name = path.rstrip("/").rsplit("/", 1)[-1]
                 if name not in keep and not name.startswith(f".{MANIFEST}."):
                     fs.rm(path, recursive=True)
-        except OSError:
-            if self.store.is_local:
-                raise
-            # Committed already; leftovers are unreferenced and the next commit removes them.
+        except OSError:  # committed already; leftovers are unreferenced and the next commit removes them
+            pass
         finally:
             fs.invalidate_cache(self.pdir)

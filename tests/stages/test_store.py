@@ -192,6 +192,37 @@ def test_an_uncommitted_writer_leaves_nothing_visible(store: Store) -> None:
     assert store.read_table(pdir, "t").num_rows == 3
 
 
+def test_sizes_are_a_partitions_entries_and_their_bytes(store: Store) -> None:
+    """``Store.sizes`` (the one listing behind a commit's sizes and the planner's whole-partition
+    check): every entry by name, a file's bytes, None for a folder; no folder is an error."""
+    pdir = store.partition_dir("p", "k", "c", "s")
+    with pytest.raises(FileNotFoundError):
+        store.sizes(pdir)
+    w = store.writer(pdir)
+    w.write("t", table(3))
+    m = w.commit(manifest())
+    store.fs.makedirs(f"{pdir}/sub", exist_ok=True)
+    store.fs.pipe_file(f"{pdir}/sub/x", b"x")
+    found = store.sizes(pdir)
+    assert found == {**{n: store.fs.size(f"{pdir}/{n}") for n in [MANIFEST, *m.tables["t"]]}, "sub": None}
+    assert m.sizes == {n: found[n] for n in m.tables["t"]} and all(v > 0 for v in m.sizes.values())
+
+
+def test_a_commit_removes_a_leftover_folder_and_a_link_not_what_it_points_to(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "root"))
+    pdir = store.partition_dir("p", "k", "c", "s")
+    keep = tmp_path / "elsewhere"
+    keep.mkdir()
+    (keep / "f").write_text("mine")
+    w = store.writer(pdir)
+    os.makedirs(f"{pdir}/left/deeper")  # left while this attempt runs: its commit removes them
+    os.symlink(keep, f"{pdir}/link")
+    w.write("t", table(2))
+    w.commit(manifest())
+    assert listing(store, pdir) == {MANIFEST, *w.tables["t"]}
+    assert (keep / "f").read_text() == "mine"
+
+
 KILLED_ATTEMPT = """
 import os, signal, sys
 import pyarrow as pa
