@@ -246,6 +246,9 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
     raw_mb_s = [p["bytes"] / 1e6 / p["wall_s"] for n, p in rows.items()
                 if n.startswith("raw_documents[") and p.get("bytes") and p.get("wall_s")]
     raw_wall = sum(p.get("wall_s") or 0.0 for n, p in rows.items() if n.startswith("raw_documents["))
+    # and over their CPU seconds: the wall figure less the time they waited for a core, shared
+    # with the other worker and with the run's own process (its imports, then its recording)
+    raw_cpu = sum(p.get("cpu_s") or 0.0 for n, p in rows.items() if n.startswith("raw_documents["))
     if before:
         removed = removed_ids(wd, None)
         before = {"baseline_s": before["baseline_s"], "baseline_cpu_s": before["baseline_cpu_s"],
@@ -266,6 +269,7 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
         "to_first_s": round(to_first, 2), "load_before": load, "load_after": os.getloadavg()[0],
         "raw_documents_mb_per_partition_s": round(sum(raw_mb_s) / len(raw_mb_s), 1) if raw_mb_s else None,
         "raw_documents_text_mb_per_partition_s": round(written / raw_wall, 1) if raw_wall else None,
+        "raw_documents_text_mb_per_partition_cpu_s": round(written / raw_cpu, 1) if raw_cpu else None,
         "partitions": sum(len(parts) for parts in profile["programs"].values()),
         "steps_s": round(steps, 2),
         "overhead_mean_ms": round(1000 * sum(overhead) / len(overhead), 1) if overhead else None,

@@ -3,9 +3,12 @@
 ``stages.execute.execute`` opens a ``Clock`` around a partition (``measure``); the store adds the
 seconds and bytes of every committed-data read to it (manifests, ``read_table``, each batch of
 ``iter_batches``) and the partition writer those of every part it writes. What is neither is
-compute. The figures go into the partition's report (``report["timing"]``, so they survive in the
-manifest whichever way the partition ran: in-process, ``python -m stages``, a pod) and into its
-materialization's metadata as floats (``figures``), which the Dagster UI plots across crawls.
+compute. Beside the wall time, the CPU seconds spent meanwhile (``cpu_s``: ``cpu_seconds``), so a
+partition that waited for a core (side by side with other processes on too few) shows as one
+whose CPU time is short of its wall time. The figures go into the partition's report
+(``report["timing"]``, so they survive in the manifest whichever way the partition ran:
+in-process, ``python -m stages``, a pod) and into its materialization's metadata as floats
+(``figures``), which the Dagster UI plots across crawls.
 
 Only the outermost timed call counts (a ``read_table`` that reads its manifest is one read), and
 only in the context that opened the clock: reads in worker processes or helper threads (a
@@ -16,6 +19,7 @@ sizes (what a reader gets or a writer is given), not compressed file sizes.
 from __future__ import annotations
 
 import functools
+import resource
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,11 +33,19 @@ P = ParamSpec("P")
 Kind = Literal["read", "write"]
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user and system) of this process, all its threads, and of its child processes
+    waited for: a partition's own worker pools (``stages.parallel``) are waited for as it ends."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # os.times counts in 10 ms ticks
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 @dataclass
 class Clock:
     """Seconds and bytes of one partition's reads and writes, and when it started."""
 
     start: float = field(default_factory=time.perf_counter)
+    cpu_start: float = field(default_factory=cpu_seconds)
     read_s: float = 0.0
     write_s: float = 0.0
     read_bytes: int = 0
@@ -42,10 +54,13 @@ class Clock:
 
     def report(self) -> dict[str, Any]:
         """The ``timing`` entry of a report: wall (from ``start`` to now), read, write, compute
-        (the rest) in seconds, bytes read and bytes written per table."""
+        (the rest) in seconds, the CPU seconds meanwhile (``cpu_seconds``: a process that runs one
+        partition at a time, as a pool worker does, spent them on it), bytes read and bytes
+        written per table."""
         wall = time.perf_counter() - self.start
         return {
-            "wall_s": round(wall, 4), "read_s": round(self.read_s, 4), "write_s": round(self.write_s, 4),
+            "wall_s": round(wall, 4), "cpu_s": round(cpu_seconds() - self.cpu_start, 4),
+            "read_s": round(self.read_s, 4), "write_s": round(self.write_s, 4),
             "compute_s": round(max(wall - self.read_s - self.write_s, 0.0), 4),
             "read_bytes": self.read_bytes, "written_bytes": dict(sorted(self.written_bytes.items())),
         }
@@ -121,12 +136,12 @@ def timed_iter(items: Iterator[T]) -> Iterator[T]:
 
 
 # Float metadata of a materialization: what the Dagster UI's Plots tab charts across crawls.
-FIGURES = ("wall_s", "read_s", "compute_s", "write_s")
+FIGURES = ("wall_s", "cpu_s", "read_s", "compute_s", "write_s")
 
 
 def figures(report: dict[str, Any]) -> dict[str, float]:
-    """``wall_s``, ``read_s``, ``compute_s``, ``write_s`` of a report's ``timing`` (none before it
-    had one), as floats."""
+    """``FIGURES`` of a report's ``timing`` (those it has: none before it had one, no ``cpu_s``
+    before that was measured), as floats."""
     timing = report.get("timing")
     if not isinstance(timing, dict):
         return {}

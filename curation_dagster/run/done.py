@@ -8,6 +8,7 @@ from typing import Any
 
 from stages.checks import Verdict
 from stages.execute import Outcome
+from stages.timing import FIGURES
 
 
 @dataclass(frozen=True)
@@ -34,4 +35,4 @@ class Done:
 
 # Timings, shown after every count (the UI lists metadata in the order it is given), so a
 # partition's page reads counts first and its Plots tab keeps one series per figure.
-TIMINGS = ("seconds", "wall_s", "read_s", "compute_s", "write_s", "overhead_s")
+TIMINGS = ("seconds", *FIGURES, "overhead_s")

@@ -3,7 +3,8 @@ partition through every stage").
 
 Per program and partition: documents, bytes, wall time split into read, compute and write (the
 ``timing`` every partition's report carries since ``stages.timing``: the same figures whichever
-way it ran), the orchestration overhead, and GPU time where a GPU ran. Overhead is what Dagster
+way it ran), the CPU seconds spent meanwhile (null for a partition committed before they were
+measured), the orchestration overhead, and GPU time where a GPU ran. Overhead is what Dagster
 adds around the program: the ``overhead_s`` its materialization carries
 (``curation_dagster.run.recorder.recorded_overhead`` reads it: its time outside the program, from
 the start of its launch (a Pipes subprocess's interpreter start and imports, a pod's start) to its
@@ -66,12 +67,13 @@ def _gpu_seconds(program: str, report: dict[str, Any]) -> float | None:
 
 
 def partition_profile(program: str, report: dict[str, Any], overhead_s: float | None) -> dict[str, Any]:
-    """One partition's row: the JSON form's seven figures, and ``gpu_s`` where a GPU ran."""
+    """One partition's row: the JSON form's eight figures, and ``gpu_s`` where a GPU ran."""
     timing = report.get("timing", {})
     row: dict[str, Any] = {
         "documents": _documents(report),
         "bytes": _bytes(program, report),
         "wall_s": float(timing.get("wall_s", report.get("seconds", 0.0))),
+        "cpu_s": float(timing["cpu_s"]) if isinstance(timing.get("cpu_s"), int | float) else None,
         "read_s": float(timing.get("read_s", 0.0)),
         "compute_s": float(timing.get("compute_s", 0.0)),
         "write_s": float(timing.get("write_s", 0.0)),
@@ -137,17 +139,18 @@ def print_profile(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"crawl {result['crawl']}: where each partition's time went (seconds)")
-    for col in ("PROGRAM", "PARTITION", "DOCS", "MB", "WALL", "READ", "COMPUTE", "WRITE", "OVERHEAD", "GPU",
+    for col in ("PROGRAM", "PARTITION", "DOCS", "MB", "WALL", "CPU", "READ", "COMPUTE", "WRITE", "OVERHEAD", "GPU",
                 "DOCS/S", "MB/S"):
         table.add_column(col, justify="left" if col in ("PROGRAM", "PARTITION") else "right")
-    totals = {"documents": 0, "bytes": 0, "wall_s": 0.0, "read_s": 0.0, "compute_s": 0.0, "write_s": 0.0,
+    totals = {"documents": 0, "bytes": 0, "wall_s": 0.0, "cpu_s": 0.0, "read_s": 0.0, "compute_s": 0.0, "write_s": 0.0,
               "overhead_s": 0.0}
     for program, parts in result["programs"].items():
         for partition, row in parts.items():
             wall = row["wall_s"]
-            over = row["overhead_s"]
+            over, cpu = row["overhead_s"], row["cpu_s"]
             table.add_row(
                 program, partition, str(row["documents"]), f"{row['bytes'] / 1e6:.2f}", f"{wall:.3f}",
+                "-" if cpu is None else f"{cpu:.3f}",
                 f"{row['read_s']:.3f}", f"{row['compute_s']:.3f}", f"{row['write_s']:.3f}",
                 "-" if over is None else f"{over:.3f}", f"{row['gpu_s']:.3f}" if "gpu_s" in row else "-",
                 f"{row['documents'] / wall:.0f}" if wall > 0 else "-",
@@ -155,7 +158,7 @@ def print_profile(result: dict[str, Any]) -> None:
             )
             for key in totals:
                 totals[key] += row[key] or 0
-    table.add_row("TOTAL", "", "", "", f"{totals['wall_s']:.3f}", f"{totals['read_s']:.3f}",
+    table.add_row("TOTAL", "", "", "", f"{totals['wall_s']:.3f}", f"{totals['cpu_s']:.3f}", f"{totals['read_s']:.3f}",
                   f"{totals['compute_s']:.3f}", f"{totals['write_s']:.3f}", f"{totals['overhead_s']:.3f}", "", "", "",
                   style="bold")
     Console(width=None if sys.stdout.isatty() else 160).print(table)

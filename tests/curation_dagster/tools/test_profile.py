@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +26,9 @@ from stages.store import Manifest, Store
 from stages.timing import measure, timed, timed_iter
 from tests.support.tiny_corpus import CRAWL, curate, fast_tmp, spec, write_config
 
-FIGURES = ("wall_s", "read_s", "compute_s", "write_s")
-ROW = {"documents": int, "bytes": int, "wall_s": float, "read_s": float, "compute_s": float, "write_s": float,
-       "overhead_s": float}
+FIGURES = ("wall_s", "cpu_s", "read_s", "compute_s", "write_s")
+ROW = {"documents": int, "bytes": int, "wall_s": float, "cpu_s": float, "read_s": float, "compute_s": float,
+       "write_s": float, "overhead_s": float}
 FUZZY = ["heuristic", "exact", "fuzzy"]
 
 
@@ -52,6 +54,24 @@ def test_clock_counts_outermost_reads_and_writes_per_table(tmp_path: Path) -> No
     assert report["wall_s"] >= report["read_s"] + report["write_s"]
     assert report["compute_s"] == pytest.approx(report["wall_s"] - report["read_s"] - report["write_s"], abs=1e-3)
     assert report["compute_s"] >= 0.01  # the sleeps: 20 batches x 1 ms
+
+
+BUSY = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass\n"
+
+
+def test_cpu_seconds_count_work_not_waiting_and_a_child_waited_for() -> None:
+    """``cpu_s``: a partition that waits (a sleep here; a core taken by another process in a
+    crawl) has CPU seconds short of its wall time; its own work and that of a child process it
+    waited for (its worker pool) count."""
+    with measure() as clock:
+        time.sleep(0.2)
+        waited = clock.report()
+        exec(BUSY)  # 0.2 s of this process's CPU
+        subprocess.run([sys.executable, "-c", BUSY], check=True)  # 0.2 s of a child's, and its start
+        worked = clock.report()
+    assert waited["wall_s"] >= 0.2 and waited["cpu_s"] < 0.1
+    assert worked["cpu_s"] - waited["cpu_s"] >= 0.38
+    assert worked["cpu_s"] <= worked["wall_s"] + 0.01  # one core at a time here
 
 
 def test_no_clock_no_counting_and_nested_clocks_are_separate() -> None:
@@ -90,8 +110,8 @@ def test_partition_profile_gpu_time_only_where_a_gpu_ran() -> None:
     timing = {"wall_s": 2.0, "read_s": 0.5, "compute_s": 1.0, "write_s": 0.5, "read_bytes": 10}
     cpu = partition_profile("minhash_signatures", {"documents": 4, "backend": "cpu", "kernel_seconds": 0.8,
                                                    "timing": timing}, 0.25)
-    assert cpu == {"documents": 4, "bytes": 10, "wall_s": 2.0, "read_s": 0.5, "compute_s": 1.0, "write_s": 0.5,
-                   "overhead_s": 0.25}
+    assert cpu == {"documents": 4, "bytes": 10, "wall_s": 2.0, "cpu_s": None, "read_s": 0.5, "compute_s": 1.0,
+                   "write_s": 0.5, "overhead_s": 0.25}
     gpu = partition_profile("document_embeddings", {"input": 4, "device": "cuda:0", "embed_seconds": 0.7,
                                                     "timing": timing}, None)
     assert gpu["gpu_s"] == 0.7 and gpu["overhead_s"] is None
