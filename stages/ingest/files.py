@@ -31,7 +31,7 @@ import xxhash
 
 from stages.ingest.streams import READ_BLOCK, open_tracked, retrying, store_call
 from stages.params import RawDocumentsParams
-from stages.store import held_within
+from stages.store import held_within, is_local
 
 Format = Literal["jsonl", "parquet"]
 # suffix -> fsspec compression name; zstd is read by stages.ingest.streams (every frame)
@@ -204,8 +204,7 @@ def _list_files(params: RawDocumentsParams) -> Listing:
 
 def stamp(fs: fsspec.AbstractFileSystem, f: InputFile) -> list[Any]:
     """What identifies the content of ``f``: see the module docstring."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
-    if "file" in protocols or "local" in protocols:
+    if is_local(fs):
         st = os.stat(f.path)
         return [f.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     if f.info:

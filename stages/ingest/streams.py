@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import zstandard
 
 from stages.errors import StageError
-from stages.store import is_transient
+from stages.store import is_local, is_transient
 
 T = TypeVar("T")
 READ_BLOCK = 1 << 20  # bytes per read of a file or of a decompressed stream
@@ -100,9 +100,10 @@ def store_call(fn: Callable[[], T], what: str) -> T:
 
 @contextmanager
 def open_tracked(fs: Any, path: str) -> Iterator[Tracked]:
-    """``fs.open(path, "rb")`` as a ``Tracked`` stream; failing to open is the store's error."""
+    """``fs.open(path, "rb")`` as a ``Tracked`` stream; failing to open is the store's error. A
+    local file with the built-in ``open``: fsspec's wrapper around it cost every task 0.05 ms."""
     try:
-        fh = fs.open(path, "rb")
+        fh = open(path, "rb") if is_local(fs) else fs.open(path, "rb")
     except Exception as exc:
         raise SourceError(_describe(exc)) from exc
     try:

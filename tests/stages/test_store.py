@@ -223,6 +223,24 @@ def test_a_commit_removes_a_leftover_folder_and_a_link_not_what_it_points_to(tmp
     assert (keep / "f").read_text() == "mine"
 
 
+@pytest.mark.parametrize("report", [
+    {"kept_fraction": 0.25, "tiny": 1e-05, "big": 2**70, "nested": {"b": [1, None, True], "a": "x"}},
+    {"text": "é ü 中 \U0001F600", "ключ": 1},  # written as UTF-8 whatever the locale
+    {"mean": float("nan"), "max": float("inf")},  # orjson would write null: the json module's NaN
+    {"lone": "\ud800"},  # not UTF-8 (orjson refuses): escaped by the json module
+    {1: "an int key"},  # orjson refuses it: the json module writes "1"
+])
+def test_a_manifest_reads_back_as_written(tmp_path: Path, report: dict[str, Any]) -> None:
+    store = Store(str(tmp_path / "root"))
+    pdir = store.partition_dir("p", "k", "c", "s")
+    w = store.writer(pdir)
+    w.write("t", table(1))
+    w.commit(Manifest("p", "k", "v", "c", "s", {}, report=report))
+    got = Manifest.from_json((Path(pdir) / MANIFEST).read_bytes().decode("utf-8")).report
+    expected = {str(k): v for k, v in report.items()}
+    assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)  # NaN == NaN here
+
+
 KILLED_ATTEMPT = """
 import os, signal, sys
 import pyarrow as pa
