@@ -720,7 +720,10 @@ class PartitionWriter:
     the same partition (a rerun launched while one is running) fails at once with
     ``PartitionBusy`` instead of having its parts deleted by the other's commit. The kernel drops
     the lock when the process dies (forked pool workers close their inherited copies, and die
-    with their parent: ``stages.parallel``), so a crashed attempt never blocks its retry. On S3
+    with their parent: ``stages.parallel``), so a crashed attempt never blocks its retry. The
+    lock file is removed as the lock is released (``close``), so ``.locks`` holds the files of
+    attempts running now and of those killed since their partition's last attempt, not one file
+    per partition ever written. On S3
     an attempt holds a lease instead (``stages.lease``: conditional writes, renewed while it runs,
     checked before the manifest is published); other object stores have no lock, and two
     concurrent attempts on one partition there are the operator's to avoid (docs/operations.md).
@@ -738,6 +741,7 @@ class PartitionWriter:
         # none where it is published with others (``commits_together``: their syncs are shared)
         self.fsyncs = 0
         self._lock: int | None = None  # set first: __del__ runs even when acquiring fails
+        self._lock_path = ""  # the lock's file, removed as it is released
         self._lease: Lease | None = None
         self.leftovers: list[str] = []  # what killed attempts had left here, removed at start
         self._staged = False  # committed within ``commits_together``, not yet published
@@ -801,20 +805,32 @@ class PartitionWriter:
 
         locks = os.path.join(self.store.root, ".locks")
         os.makedirs(locks, exist_ok=True)
-        name = hashlib.sha256(os.path.abspath(self.pdir).encode()).hexdigest()[:32]
-        fd = os.open(os.path.join(locks, name), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        path = os.path.join(locks, hashlib.sha256(os.path.abspath(self.pdir).encode()).hexdigest()[:32])
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise PartitionBusy(f"{self.pdir} is being written by another attempt right now; "
+                                    "rerun once it has finished") from None
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    return None  # a filesystem without locks (some network mounts): as on object storage
+                raise
+            # The attempt before may have removed the file (``close``) between this open and this
+            # lock: a lock on a removed file excludes nobody, as the next attempt makes a new one.
+            # Held only where the name is still this file; else the name is opened again.
+            try:
+                named = os.stat(path)
+            except FileNotFoundError:
+                named = None
+            held = os.fstat(fd)
+            if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                self._lock_path = path
+                return fd
             os.close(fd)
-            raise PartitionBusy(f"{self.pdir} is being written by another attempt right now; "
-                                "rerun once it has finished") from None
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                return None  # a filesystem without locks (some network mounts): as on object storage
-            raise
-        return fd
 
     def close(self) -> None:
         """Release the partition (after ``commit``, or when the attempt is abandoned): another
@@ -825,6 +841,8 @@ class PartitionWriter:
         self.store.forget_manifest(self.pdir)
         if self._lock is not None and os.getpid() == self._pid:
             _HELD_LOCKS.discard(self._lock)
+            with suppress(OSError):  # removed while held: an attempt that opened it meanwhile opens anew
+                os.unlink(self._lock_path)
             os.close(self._lock)  # closing the last descriptor drops the flock
         self._lock = None
         if self._lease is not None and os.getpid() == self._pid:

@@ -333,8 +333,57 @@ def test_a_second_attempt_on_a_busy_partition_fails_at_once(store: Store) -> Non
                   "print('held', flush=True); os.kill(os.getpid(), 9)")
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
         assert proc.stdout.strip() == "held" and proc.returncode == -9
+        assert len(os.listdir(f"{store.root}/.locks")) == 1  # the killed attempt's lock file stays
         store.writer(pdir).close()
+        assert os.listdir(f"{store.root}/.locks") == []  # until the next attempt released the partition
     assert store.read_table(pdir, "t").num_rows == 2
+
+
+def test_lock_files_go_with_their_locks(tmp_path: Path) -> None:
+    """``.locks`` holds a file for each partition being written, not one for each ever written."""
+    store = Store(str(tmp_path / "root"))
+    writers = [store.writer(store.partition_dir("p", "k", "c", f"s{i}")) for i in range(3)]
+    assert len(os.listdir(f"{store.root}/.locks")) == 3
+    for w in writers[:2]:
+        w.write("t", table(1))
+        w.commit(manifest())
+    writers[2].close()  # abandoned
+    with stages.store.commits_together(store):
+        for i in range(3):
+            w = store.writer(store.partition_dir("p", "k", "c", f"s{i}"))
+            w.commit(manifest(), together=True)
+        assert len(os.listdir(f"{store.root}/.locks")) == 3  # held until the pack is published
+    assert os.listdir(f"{store.root}/.locks") == []
+
+
+def test_a_lock_on_a_file_removed_meanwhile_is_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attempt before releases the partition (removes its lock file, then unlocks) between
+    this attempt's open of the file and its lock: this attempt locks a file no other attempt will
+    open, so it opens the name again and holds the lock on the file there."""
+    import fcntl
+
+    store = Store(str(tmp_path / "root"))
+    pdir = store.partition_dir("p", "k", "c", "s")
+    other = Path(store.root, ".locks", hashlib.sha256(os.path.abspath(pdir).encode()).hexdigest()[:32])
+    other.parent.mkdir(parents=True)
+    other.touch()  # the other attempt's lock file
+    real_flock, calls = fcntl.flock, []
+
+    def flock(fd: int, op: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:  # the other attempt's release, just before this lock
+            other.unlink()
+        real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    w = store.writer(pdir)
+    monkeypatch.setattr(fcntl, "flock", real_flock)
+    assert len(calls) == 2  # locked twice: the removed file, then the one named now
+    assert w._lock is not None and os.fstat(w._lock).st_ino == os.stat(w._lock_path).st_ino
+    with pytest.raises(stages.store.PartitionBusy):
+        store.writer(pdir)  # the lock excludes: it is on the file the name gives
+    w.close()
+    assert os.listdir(f"{store.root}/.locks") == []
 
 
 KILLED_WITH_WORKERS = """
