@@ -11,7 +11,10 @@ into that shape's sources (one JSONL file each). Per shape:
   which), and the wall time beyond the steps per partition: (wall - steps / the processes that
   ran them side by side) / partitions, the whole process's fixed costs included; and the fixed
   cost to the first partition (``to_first_s``): from the process's launch to the start of the
-  earliest partition (its manifest's mtime minus its wall time, wherever it ran).
+  earliest partition (its manifest's mtime minus its wall time, wherever it ran); and
+  ``raw_documents``' rate, MB of text per partition-second and per partition CPU-second (the
+  difference: time its partitions waited, for a core shared with the other worker and with the
+  run's own process, or for the disk).
 - ``rensa``: a subprocess that reads the same files, shingles (char-24), RMinHash (260 perms) and
   RMinHashLSH (20 bands, threshold 0.8), and writes the removed ids: its time includes reading.
 
@@ -310,13 +313,16 @@ def main() -> None:
     print(f"{'sources':>7} {'docs':>7} {'MB':>6} {'curate s':>9} {'rensa s':>8} {'ratio':>6} {'cpu s':>11} "
           f"{'cpu ratio':>9} {'runs':>5} "
           f"{'partitions':>10} {'steps s':>8} {'overhead/partition ms (mean, max)':>34} {'beyond steps ms':>15} "
-          f"{'to first s':>10} {'load':>9}  worst")
+          f"{'to first s':>10} {'raw MB/s wall, cpu':>18} {'load':>9}  worst")
     for r in rows:
+        raw = f"{r['raw_documents_text_mb_per_partition_s']}, {r['raw_documents_text_mb_per_partition_cpu_s']}"
         print(f"{r['sources']:>7} {r['docs']:>7} {r['mb']:>6} {r['curate_s']:>9} {r['rensa_s']:>8} {r['ratio']:>6} "
               f"{str(r['curate_cpu_s']) + '/' + str(r['rensa_cpu_s']):>11} {r['cpu_ratio']:>9} {r['runs']:>5} "
               f"{r['partitions']:>10} {r['steps_s']:>8} "
               f"{str(r['overhead_mean_ms']) + ', ' + str(r['overhead_max_ms']):>34} {r['beyond_steps_ms']:>15} "
-              f"{r['to_first_s']:>10} {r['load_before']:>4.1f}-{r['load_after']:<4.1f}  {r['worst']}")
+              f"{r['to_first_s']:>10} "
+              f"{raw:>18} "
+              f"{r['load_before']:>4.1f}-{r['load_after']:<4.1f}  {r['worst']}")
     ratios = [r["ratio"] for r in rows]
     print(f"ratio rensa/curate: worst {min(ratios)}, best {max(ratios)}"
           + (f"; worst round {min(r['ratio_worst'] for r in rows)}" if args.repeat > 1 else ""))
