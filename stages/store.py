@@ -83,6 +83,16 @@ def retry(fn: Callable[[], T], attempts: int = 5, delay: float = 0.2) -> T:
     raise AssertionError("unreachable")
 
 
+def protocols(fs: fsspec.AbstractFileSystem | type[fsspec.AbstractFileSystem]) -> tuple[str, ...]:
+    """The protocols an fsspec filesystem (or its class) answers to: ``("file", "local")``, ``("s3", "s3a")``."""
+    return tuple(fs.protocol) if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether fsspec filesystem ``fs`` is this machine's own: its paths are the OS's."""
+    return bool({"file", "local"} & set(protocols(fs)))
+
+
 def use_storage_options(url: str, options: dict[str, Any] | None) -> None:
     """Make ``options`` this process's fsspec defaults for ``url``'s protocol (``s3``, ``gcs``,
     ...), so every URL of that protocol (source URLs included) opens with them; explicit
@@ -90,8 +100,7 @@ def use_storage_options(url: str, options: dict[str, Any] | None) -> None:
     if not options:
         return
     cls = fsspec.get_filesystem_class(fsspec.core.split_protocol(url)[0] or "file")
-    protocols = cls.protocol if isinstance(cls.protocol, tuple | list) else (cls.protocol,)
-    for protocol in protocols:
+    for protocol in protocols(cls):
         fsspec.config.conf.setdefault(protocol, {}).update(options)
 
 
@@ -396,12 +405,6 @@ _MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
 _MANIFEST_FIELDS = ("program", "params_key", "data_version", "crawl", "source", "params")
 
 
-def is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    """Whether fsspec filesystem ``fs`` is this machine's own: its paths are the OS's."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
-    return "file" in protocols or "local" in protocols
-
-
 class Store:
     """The data root, on any fsspec filesystem (local folder, ``s3://bucket/prefix``, ...)."""
 
@@ -506,6 +509,41 @@ class Store:
         if manifest.data_version != version or not self.is_whole(pdir, manifest):
             return None
         return manifest
+
+    def remove_entries(self, folder: str, keep: Callable[[str], bool]) -> list[str]:
+        """Remove every entry of ``folder`` whose name ``keep`` refuses (a folder with what it
+        holds; a link itself, not what it points to); the names removed, sorted. Locally by
+        ``os.scandir`` (fsspec's listing and removal cost a commit 0.1-0.2 ms), an error raised. On
+        object storage each removal is retried and one that keeps failing passed over (the next
+        commit's clean-up removes it); a folder that is not there has nothing to remove."""
+        removed: list[str] = []
+        if self.is_local:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if not keep(entry.name):
+                        if entry.is_dir(follow_symlinks=False):
+                            shutil.rmtree(entry.path)
+                        else:
+                            os.unlink(entry.path)
+                        removed.append(entry.name)
+            return sorted(removed)
+        self.fs.invalidate_cache(folder)
+        try:
+            paths = self.fs.ls(folder, detail=False)
+        except FileNotFoundError:  # object storage has no empty folders
+            return []
+        try:
+            for path in paths:
+                name = path.rstrip("/").rsplit("/", 1)[-1]
+                if not keep(name):
+                    try:
+                        retry(lambda p=path: self.fs.rm(p, recursive=True))  # type: ignore[misc]
+                    except OSError:
+                        continue
+                    removed.append(name)
+        finally:
+            self.fs.invalidate_cache(folder)
+        return sorted(removed)
 
     def read_text(self, path: str) -> str | None:
         """A small object's text (a manifest, a crawl record), or None when it does not exist.
@@ -648,21 +686,6 @@ class Store:
         return PartitionWriter(self, pdir, compression)
 
 
-def _remove_local(folder: str, keep: Callable[[str], bool]) -> list[str]:
-    """Remove every entry of local ``folder`` whose name ``keep`` refuses (a folder with what it
-    holds, a link itself, not what it points to); the names removed, sorted."""
-    removed = []
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if not keep(entry.name):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
-                removed.append(entry.name)
-    return sorted(removed)
-
-
 def _fsync_dir(folder: str) -> None:
     """Make a local folder's entries (new names, a rename) durable."""
     _fsync_path(folder)
@@ -685,6 +708,12 @@ class PartitionBusy(StageError):
 # a flock is dropped only when every descriptor of it is closed, so a worker orphaned by a killed
 # attempt would keep that partition locked for the retry. A child closes its copies at once.
 _HELD_LOCKS: set[int] = set()
+
+
+def _release_fd(fd: int) -> None:
+    """Close a partition lock's descriptor of this process."""
+    _HELD_LOCKS.discard(fd)
+    os.close(fd)
 
 
 def _close_inherited_locks() -> None:
@@ -748,8 +777,6 @@ class PartitionWriter:
         self._pid = os.getpid()  # a forked child's copy of this writer must not close a descriptor
         if store.is_local:
             self._lock = self._acquire()
-            if self._lock is not None:
-                _HELD_LOCKS.add(self._lock)
         elif supports_leases(store.fs) and checks_preconditions(store.fs, store.root):
             lease = Lease(store.fs, store.root, pdir)
             try:
@@ -778,25 +805,7 @@ class PartitionWriter:
         under the partition lock or lease: no other attempt can be writing. Returns the names removed."""
         manifest = self.store.read_manifest(self.pdir)
         keep = {MANIFEST} | {n for names in (manifest.tables.values() if manifest else []) for n in names}
-        if self.store.is_local:
-            return _remove_local(self.pdir, lambda name: name in keep)
-        fs = self.store.fs
-        fs.invalidate_cache(self.pdir)
-        try:
-            paths = fs.ls(self.pdir, detail=False)
-        except FileNotFoundError:  # object storage has no empty folders
-            return []
-        removed: list[str] = []
-        for path in paths:
-            name = path.rstrip("/").rsplit("/", 1)[-1]
-            if name not in keep:
-                try:
-                    retry(lambda p=path: fs.rm(p, recursive=True))  # type: ignore[misc]
-                except OSError:  # best effort: the commit's clean-up removes it too
-                    continue
-                removed.append(name)
-        fs.invalidate_cache(self.pdir)
-        return sorted(removed)
+        return self.store.remove_entries(self.pdir, lambda name: name in keep)
 
     def _acquire(self) -> int | None:
         import errno
@@ -808,16 +817,20 @@ class PartitionWriter:
         path = os.path.join(locks, hashlib.sha256(os.path.abspath(self.pdir).encode()).hexdigest()[:32])
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            _HELD_LOCKS.add(fd)  # from its open: a process forked meanwhile closes its copy
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                os.close(fd)
+                _release_fd(fd)
                 raise PartitionBusy(f"{self.pdir} is being written by another attempt right now; "
                                     "rerun once it has finished") from None
             except OSError as exc:
-                os.close(fd)
+                _release_fd(fd)
                 if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    return None  # a filesystem without locks (some network mounts): as on object storage
+                    # a filesystem without locks (some network mounts): as on object storage, no file
+                    with suppress(OSError):
+                        os.unlink(path)
+                    return None
                 raise
             # The attempt before may have removed the file (``close``) between this open and this
             # lock: a lock on a removed file excludes nobody, as the next attempt makes a new one.
@@ -830,7 +843,7 @@ class PartitionWriter:
             if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
                 self._lock_path = path
                 return fd
-            os.close(fd)
+            _release_fd(fd)
 
     def close(self) -> None:
         """Release the partition (after ``commit``, or when the attempt is abandoned): another
@@ -840,10 +853,9 @@ class PartitionWriter:
             return
         self.store.forget_manifest(self.pdir)
         if self._lock is not None and os.getpid() == self._pid:
-            _HELD_LOCKS.discard(self._lock)
             with suppress(OSError):  # removed while held: an attempt that opened it meanwhile opens anew
                 os.unlink(self._lock_path)
-            os.close(self._lock)  # closing the last descriptor drops the flock
+            _release_fd(self._lock)  # closing the last descriptor drops the flock
         self._lock = None
         if self._lease is not None and os.getpid() == self._pid:
             self._lease.release()
@@ -952,17 +964,9 @@ class PartitionWriter:
     def _remove_unnamed(self) -> None:
         """After the manifest is published: remove the partition's parts it does not name."""
         keep = {name for names in self.tables.values() for name in names} | {MANIFEST}
-        if self.store.is_local:  # os.scandir: fsspec's listing and removal cost 0.1-0.2 ms a commit
-            _remove_local(self.pdir, lambda name: name in keep or name.startswith(f".{MANIFEST}."))
-            return
-        fs = self.store.fs
         try:
-            fs.invalidate_cache(self.pdir)
-            for path in fs.ls(self.pdir, detail=False):
-                name = path.rstrip("/").rsplit("/", 1)[-1]
-                if name not in keep and not name.startswith(f".{MANIFEST}."):
-                    fs.rm(path, recursive=True)
-        except OSError:  # committed already; leftovers are unreferenced and the next commit removes them
-            pass
-        finally:
-            fs.invalidate_cache(self.pdir)
+            self.store.remove_entries(self.pdir, lambda name: name in keep or name.startswith(f".{MANIFEST}."))
+        except OSError:
+            if self.store.is_local:
+                raise
+            # On object storage: committed already; leftovers are unreferenced and the next commit removes them.

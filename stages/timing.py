@@ -35,7 +35,11 @@ Kind = Literal["read", "write"]
 
 def cpu_seconds() -> float:
     """CPU seconds (user and system) of this process, all its threads, and of its child processes
-    waited for: a partition's own worker pools (``stages.parallel``) are waited for as it ends."""
+    waited for. Between a partition's start and end they are the partition's where its process
+    runs nothing else (a pool worker of ``curate run``, a Pipes subprocess, a pod), its own local
+    worker pools included (``stages.parallel`` waits for them as the partition ends); not the
+    CPU of Ray tasks (other processes, not children); and, in a process that does other work
+    meanwhile (``curate run``'s own, recording while it runs a partition), that work's too."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)  # os.times counts in 10 ms ticks
     return time.process_time() + children.ru_utime + children.ru_stime
 

@@ -158,7 +158,11 @@ def print_profile(result: dict[str, Any]) -> None:
             )
             for key in totals:
                 totals[key] += row[key] or 0
-    table.add_row("TOTAL", "", "", "", f"{totals['wall_s']:.3f}", f"{totals['cpu_s']:.3f}", f"{totals['read_s']:.3f}",
+    # CPU seconds beside the wall's only where every row has them (partitions committed before
+    # they were measured have none)
+    every_cpu = all(row["cpu_s"] is not None for parts in result["programs"].values() for row in parts.values())
+    table.add_row("TOTAL", "", "", "", f"{totals['wall_s']:.3f}", f"{totals['cpu_s']:.3f}" if every_cpu else "-",
+                  f"{totals['read_s']:.3f}",
                   f"{totals['compute_s']:.3f}", f"{totals['write_s']:.3f}", f"{totals['overhead_s']:.3f}", "", "", "",
                   style="bold")
     Console(width=None if sys.stdout.isatty() else 160).print(table)

@@ -223,22 +223,27 @@ def test_a_commit_removes_a_leftover_folder_and_a_link_not_what_it_points_to(tmp
     assert (keep / "f").read_text() == "mine"
 
 
-@pytest.mark.parametrize("report", [
-    {"kept_fraction": 0.25, "tiny": 1e-05, "big": 2**70, "nested": {"b": [1, None, True], "a": "x"}},
-    {"text": "é ü 中 \U0001F600", "ключ": 1},  # written as UTF-8 whatever the locale
-    {"mean": float("nan"), "max": float("inf")},  # orjson would write null: the json module's NaN
-    {"lone": "\ud800"},  # not UTF-8 (orjson refuses): escaped by the json module
-    {1: "an int key"},  # orjson refuses it: the json module writes "1"
+@pytest.mark.parametrize(("report", "writer"), [
+    ({"kept_fraction": 0.25, "tiny": 1e-05, "one": 1.0, "zero": -0.0, "n": 2**63 - 1, "flags": [True, 1, None],
+      "nested": {"b": [1, None, True], "a": "x"}}, "orjson"),
+    ({"text": "é ü 中 \U0001F600", "ключ": 1}, "orjson"),  # written as UTF-8 whatever the locale
+    ({"big": 2**70}, "json"),  # beyond 64 bits (orjson refuses)
+    ({"mean": float("nan"), "max": float("inf")}, "json"),  # orjson would write null
+    ({"lone": "\ud800"}, "json"),  # not UTF-8 (orjson refuses): escaped by the json module
+    ({1: "an int key"}, "json"),  # orjson refuses it: the json module writes "1"
 ])
-def test_a_manifest_reads_back_as_written(tmp_path: Path, report: dict[str, Any]) -> None:
+def test_a_manifest_reads_back_as_written(tmp_path: Path, report: dict[str, Any], writer: str) -> None:
     store = Store(str(tmp_path / "root"))
     pdir = store.partition_dir("p", "k", "c", "s")
     w = store.writer(pdir)
     w.write("t", table(1))
     w.commit(Manifest("p", "k", "v", "c", "s", {}, report=report))
-    got = Manifest.from_json((Path(pdir) / MANIFEST).read_bytes().decode("utf-8")).report
+    blob = (Path(pdir) / MANIFEST).read_bytes().decode("utf-8")
+    assert blob.startswith('{\n  "' if writer == "orjson" else '{\n "')  # orjson indents by 2, json by 1
+    got = Manifest.from_json(blob).report
     expected = {str(k): v for k, v in report.items()}
     assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)  # NaN == NaN here
+    assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in expected.items()}  # 1.0 stays a float
 
 
 KILLED_ATTEMPT = """
@@ -354,6 +359,21 @@ def test_lock_files_go_with_their_locks(tmp_path: Path) -> None:
             w.commit(manifest(), together=True)
         assert len(os.listdir(f"{store.root}/.locks")) == 3  # held until the pack is published
     assert os.listdir(f"{store.root}/.locks") == []
+
+
+def test_a_filesystem_without_locks_keeps_no_lock_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import fcntl
+
+    def flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "no locks here")
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    store = Store(str(tmp_path / "root"))
+    w = store.writer(store.partition_dir("p", "k", "c", "s"))
+    assert w._lock is None and os.listdir(f"{store.root}/.locks") == []
+    w.write("t", table(1))
+    w.commit(manifest())
 
 
 def test_a_lock_on_a_file_removed_meanwhile_is_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
