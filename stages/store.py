@@ -606,7 +606,7 @@ class Store:
         if manifest is None:
             raise FileNotFoundError(f"no committed output at {pdir}")
         for name in manifest.tables.get(table, []):
-            with self._part(f"{pdir}/{name}"), self._open(f"{pdir}/{name}") as fh:
+            with self._part(f"{pdir}/{name}"), self.open_read(f"{pdir}/{name}") as fh:
                 yield from timed_iter(self._batches(pq.ParquetFile(fh), columns, batch_rows))
 
     def iter_blocks(self, pdirs: Iterable[str], table: str, columns: list[str] | None = None,
@@ -639,7 +639,7 @@ class Store:
             return
         yield from part.read(columns=columns).to_batches()
 
-    def _open(self, path: str) -> Any:
+    def open_read(self, path: str) -> Any:
         """A part file opened for reading: locally with the built-in ``open`` (fsspec's cost 0.1
         ms more a file: 0.37 against 0.26 ms a small part's read, paid per part read)."""
         return open(path, "rb") if self.is_local else self.fs.open(path, "rb")
@@ -668,7 +668,7 @@ class Store:
         tables = []
         with timed("read") as clock:
             for name in names:
-                with self._part(f"{pdir}/{name}"), self._open(f"{pdir}/{name}") as fh:
+                with self._part(f"{pdir}/{name}"), self.open_read(f"{pdir}/{name}") as fh:
                     # ParquetFile.read, not pq.read_table: read_table's dataset scanner drops its
                     # read-ahead state (holding buffers of this Python file) on an Arrow I/O thread
                     # after it returns; at interpreter exit that thread's wait for the GIL ends in
@@ -902,7 +902,7 @@ class PartitionWriter:
     def iter_batches(self, table: str, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
         """Stream the rows this attempt has written to ``table`` so far, ``batch_rows`` at a time."""
         for name in list(self.tables.get(table, [])):
-            with self.store._open(f"{self.pdir}/{name}") as fh:
+            with self.store.open_read(f"{self.pdir}/{name}") as fh:
                 yield from timed_iter(pq.ParquetFile(fh).iter_batches(batch_size=batch_rows))
 
     def _part_sizes(self) -> dict[str, int]:

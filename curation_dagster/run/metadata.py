@@ -76,7 +76,7 @@ def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | No
     schema = manifest.schema(table)  # a table with no rows has no part
     if parts:
         pdir = DataRoot(store).output_dir(spec, program, source)
-        with store.fs.open(f"{pdir}/{parts[0]}", "rb") as fh:
+        with store.open_read(f"{pdir}/{parts[0]}") as fh:
             schema = pq.read_schema(fh)
     if schema is not None:
         meta["dagster/column_schema"] = values.schema([(f.name, _column_type(f.type), f"{table}.{f.name}")
