@@ -73,7 +73,7 @@ from curation_dagster.run.done import Done
 from curation_dagster.run.judge import evaluator
 from curation_dagster.run.partition import describe, finish, one_line, told
 from curation_dagster.run.planner import Planner
-from curation_dagster.run.pool import PartitionPool
+from curation_dagster.run.pool import PartitionPool, begun
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.dataroot import DataRoot
 from stages.execute import Outcome
@@ -420,6 +420,10 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     if curation.mode == "in_process":
         launcher = pool or PartitionPool(curation, spec, config.force)
         owned = None if launcher is pool else launcher  # type: ignore[assignment]
+        after = _next_step(program, plan.stale, plan.current) if pool else None
+        if pool is not None and after is not None:
+            pool.then_ahead(program, after, spec.partitions(after),
+                            ready=lambda: config.force or not begun(curation.place(), spec, after))
     else:
         warm = run_workers(context.run_id, curation, spec.crawl) if curation.mode == "pipes" else None
         launcher = Fanout(context, curation, spec, config.force, workers=warm)
@@ -467,6 +471,20 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     if blocked or held:
         first = [blocked[s] for s in sorted(blocked, key=order.index)]
         raise Failure(description=first[0] if first else str(held))
+
+
+def _next_step(program: str, stale: list[str | None], current: list[str | None]) -> str | None:
+    """The step after ``program``'s, where its partitions may start on the run's pool as soon as
+    ``program``'s have all finished clean (``PartitionPool.then_ahead``), before this step has
+    recorded them: where this step runs every partition of ``program`` (none current, so none held
+    back by an earlier verdict). The pool then starts them where every partition of the next will
+    run (``_run_step``'s ``ready``: a forced run, or none of them committed or begun for the
+    crawl's keys, its first run). Their inputs are this step's partitions and those of earlier
+    steps, committed."""
+    at = STEPS.index(program)
+    if at + 1 == len(STEPS) or current or not stale:
+        return None
+    return STEPS[at + 1]
 
 
 def _step(program: str, first: bool) -> OpDefinition:

@@ -5,11 +5,14 @@ with the crawl. Running it: tests/curation_dagster/run/test_in_process.py and te
 from __future__ import annotations
 
 from itertools import pairwise
+from pathlib import Path
 
 from curation_dagster.defs.definitions import build_definitions
-from curation_dagster.run.crawl_job import CRAWL_JOB, CRAWL_JOB_DEF, STEPS
+from curation_dagster.defs.resources import CurationResource
+from curation_dagster.run.crawl_job import CRAWL_JOB, CRAWL_JOB_DEF, STEPS, _next_step
 from curation_dagster.run.crawl_job import _crawl_config as crawl_config
 from stages.catalog import PROGRAMS, waves
+from tests.support.tiny_corpus import spec
 
 
 def test_a_step_per_program_in_dependency_order() -> None:
@@ -36,3 +39,30 @@ def test_the_crawl_is_configured_once_for_every_step() -> None:
 def test_the_code_location_holds_the_job() -> None:
     defs = build_definitions()
     assert defs.resolve_job_def(CRAWL_JOB).name == CRAWL_JOB
+
+
+def test_the_next_step_starts_ahead_only_where_all_of_it_will_run(tmp_path: Path) -> None:
+    """``_next_step``: a step that runs every partition of its program lets the next step's start
+    at its own end (``PartitionPool.then_ahead``); not after a step with current partitions (one
+    could be held back by its verdict), nor after the last step. The pool starts them where all
+    of them will run (``begun``: none committed or begun for the crawl's keys; or a forced run)."""
+    from curation_dagster.run.pool import begun
+    from stages.execute import execute
+
+    crawl = spec(stages=["heuristic", "exact", "fuzzy"])
+    resource = CurationResource(workdir=str(tmp_path / "w"))
+    root = resource.dataroot()
+    root.register(crawl)
+    sources = crawl.partitions("raw_documents")
+    assert _next_step("raw_documents", sources, []) == "document_languages"
+    assert _next_step("filtered_documents", sources, []) == "exact_duplicates"
+    assert _next_step("raw_documents", sources[1:], sources[:1]) is None
+    assert _next_step("raw_documents", [], sources) is None
+    assert _next_step(STEPS[-1], [None], []) is None
+    assert not begun(resource.place(), crawl, "document_languages")
+    for source in sources:
+        execute(root.store, crawl, "raw_documents", source)
+    assert not begun(resource.place(), crawl, "document_languages")
+    execute(root.store, crawl, "document_languages", sources[0])
+    assert begun(resource.place(), crawl, "document_languages")  # the next run's planner decides
+    assert not begun(resource.place(), crawl, "exact_duplicates")

@@ -290,3 +290,77 @@ def test_a_pool_closed_while_its_packs_run_ahead_ends(tmp_path: Path) -> None:
         closer.join(60)
         assert not closer.is_alive()
         assert not any(thread.is_alive() for thread in pool._threads)
+
+
+def test_the_next_steps_partitions_start_before_this_steps_last_list_is_taken(tmp_path: Path) -> None:
+    """``then_ahead``: the next step's partitions start on the workers once every partition of
+    this step has finished, before its last list reaches the step (which records it meanwhile);
+    its own step then takes them as run ahead: every partition once, committed. After a step
+    with a failed partition nothing starts."""
+    crawl = _many(12)
+    sources = crawl.partitions("raw_documents")
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), workers=2)
+        resource.dataroot().register(crawl)
+        with PartitionPool(resource, crawl) as pool:
+            pool.then_ahead("raw_documents", "document_languages", sources, ready=lambda: True)
+            seen: list[bool] = []  # at each list taken: had the next step's partitions started?
+            taken = 0
+            for finished in pool.run("raw_documents", sources):
+                taken += len(finished)
+                seen.append(("document_languages", sources[0]) in pool.ahead)
+            assert taken == 12 and seen[-1] and not any(seen[:-1]), seen
+            done = [d for f in pool.run("document_languages", sources) for d in f]
+            assert sorted(d.source or "" for d in done) == sources
+            fresh = Store(resource.store().root)
+            for d in done:
+                assert d.error is None and d.outcome is not None, d.trace
+                committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, "document_languages", d.source))
+                assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
+            assert pool._then == {}
+            # Chained: a step whose own partitions ran ahead starts the next one at its last list
+            # too; where ``ready`` says no (the next step's partitions begun), nothing starts.
+            pool.then_ahead("document_languages", "filtered_documents", sources, ready=lambda: False)
+            pool.run_ahead("document_languages", sources)  # (as the previous step would have)
+            taken = sum(len(f) for f in pool.run("document_languages", sources))
+            assert taken == 12 and ("filtered_documents", sources[0]) not in pool.ahead
+    with fast_tmp(tmp_path / "u") as work:
+        resource = CurationResource(workdir=str(work), workers=2)
+        resource.dataroot().register(crawl)
+        with PartitionPool(resource, crawl) as pool:
+            pool.run_ahead("raw_documents", sources)
+            pool.then_ahead("raw_documents", "document_languages", sources, ready=lambda: True)
+            seen = []
+            for _finished in pool.run("raw_documents", sources):
+                seen.append(("document_languages", sources[0]) in pool.ahead)
+            assert seen[-1] and not any(seen[:-1]), seen
+            assert len([d for f in pool.run("document_languages", sources) for d in f]) == 12
+    broken = crawl.model_copy(update={"sources": {**crawl.sources, "c05": crawl.sources["c05"].model_copy(
+        update={"url": str(tmp_path / "missing.jsonl")})}})
+    with fast_tmp(tmp_path / "v") as work:
+        resource = CurationResource(workdir=str(work), workers=2)
+        resource.dataroot().register(broken)
+        with PartitionPool(resource, broken) as pool:
+            pool.then_ahead("raw_documents", "document_languages", sources, ready=lambda: True)
+            done = [d for f in pool.run("raw_documents", sources) for d in f]
+            assert [d.source for d in done if d.error is not None] == ["c05"]
+            assert not pool.ahead and pool._then == {}
+            # A worker forked from the command's process runs its head start only (``ahead_of_run``)
+            pool._ahead_only = True
+            pool.then_ahead("document_languages", "filtered_documents", sources, ready=lambda: True)
+            pool._then_start("document_languages", True)
+            assert not pool.ahead
+
+
+def test_a_partition_with_a_failed_blocking_check_is_not_clean() -> None:
+    from curation_dagster.run.pool import _clean
+    from stages.checks import Verdict
+    from stages.execute import Outcome
+    from stages.store import Manifest
+
+    ok = Outcome(Manifest("p", "k", "v", "c", "s", {}), False, 0.1)
+    assert _clean([Done("p", "s", ok, verdicts=[("counts", True, Verdict(True, "fine"))])])
+    assert _clean([Done("p", "s", ok, verdicts=[("size", True, Verdict(False, "small", severity="WARN"))])])
+    assert _clean([Done("p", "s", ok, verdicts=[("counts", False, Verdict(False, "off"))])])  # not blocking
+    assert not _clean([Done("p", "s", ok, verdicts=[("counts", True, Verdict(False, "off"))])])
+    assert not _clean([Done("p", "s", error="boom")])
