@@ -449,41 +449,38 @@ class PartitionPool:
         finished since the last was taken (at least one); those started ahead (``run_ahead``)
         first, as they finish, with the progress lines they told meanwhile. A worker process that
         dies (the OOM killer) breaks the pool: every partition of the step not done by then
-        fails, and so do later steps' (a rerun resumes)."""
+        fails, and so do later steps' (a rerun resumes). What ``then_ahead`` asked for after
+        ``program`` starts once all of these have finished, before the last list is yielded."""
         try:
-            yield from self._run_step(program, sources, emit, started)
+            ahead = self._ahead.pop(program, None)
+            if ahead is None:
+                yield from self._run(program, sources, emit, started, self.side_by_side(program, len(sources)),
+                                     then=True)
+                return
+            if started is not None:  # handed over already
+                started()
+            wanted, ran = set(sources), set(ahead.sources)
+            rest = [s for s in sources if s not in ran]
+            clean = True
+            while (got := ahead.take(_LINES_S)) is not None:
+                for line in ahead.told():  # as they come, where one partition runs alone
+                    if emit is not None:
+                        emit(line)
+                done = [d for d in got if d.source in wanted]
+                clean = clean and _clean(done)
+                if ahead.ended and not rest:  # the last: what comes next starts before it is recorded
+                    self._then_start(program, clean)
+                if done:
+                    yield done
+            if self._ahead_only:  # its one worker has done what it was forked for
+                self.close()
+            if rest:
+                yield from self._run(program, rest, emit, None, self.side_by_side(program, len(rest)), then=True,
+                                     clean=clean)
+            else:
+                self._then_start(program, clean)  # (where the last list was empty: nothing if started)
         finally:  # asked for, not started (a run in this process, a failure): not for a later run
             self._then.pop(program, None)
-
-    def _run_step(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None,
-                  started: Callable[[], None] | None) -> Iterator[list[Done]]:
-        """``run``'s body."""
-        ahead = self._ahead.pop(program, None)
-        if ahead is None:
-            yield from self._run(program, sources, emit, started, self.side_by_side(program, len(sources)), then=True)
-            return
-        if started is not None:  # handed over already
-            started()
-        wanted, ran = set(sources), set(ahead.sources)
-        rest = [s for s in sources if s not in ran]
-        clean = True
-        while (got := ahead.take(_LINES_S)) is not None:
-            for line in ahead.told():  # as they come, where one partition runs alone
-                if emit is not None:
-                    emit(line)
-            done = [d for d in got if d.source in wanted]
-            clean = clean and _clean(done)
-            if ahead.ended and not rest:  # the last: what comes next starts before it is recorded
-                self._then_start(program, clean)
-            if done:
-                yield done
-        if self._ahead_only:  # its one worker has done what it was forked for
-            self.close()
-        if rest:
-            yield from self._run(program, rest, emit, None, self.side_by_side(program, len(rest)), then=True,
-                                 clean=clean)
-        else:
-            self._then_start(program, clean)  # (where the last list was empty: nothing if started)
 
     def _run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None,
              started: Callable[[], None] | None, at_once: int, then: bool = False, clean: bool = True
