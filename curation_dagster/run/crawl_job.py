@@ -420,7 +420,7 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     if curation.mode == "in_process":
         launcher = pool or PartitionPool(curation, spec, config.force)
         owned = None if launcher is pool else launcher  # type: ignore[assignment]
-        after = _next_step(program, plan.stale, plan.current) if pool else None
+        after = _next_step(program, plan.stale, plan.current)
         if pool is not None and after is not None:
             pool.then_ahead(program, after, spec.partitions(after),
                             ready=lambda: config.force or not begun(curation.place(), spec, after))

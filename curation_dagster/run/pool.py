@@ -477,8 +477,6 @@ class PartitionPool:
             if rest:
                 yield from self._run(program, rest, emit, None, self.side_by_side(program, len(rest)), then=True,
                                      clean=clean)
-            else:
-                self._then_start(program, clean)  # (where the last list was empty: nothing if started)
         finally:  # asked for, not started (a run in this process, a failure): not for a later run
             self._then.pop(program, None)
 
