@@ -44,6 +44,9 @@ _PACK = 16  # the most partitions a pack takes (``_pack_size``)
 _PACK_S = 0.25  # the seconds of work a pack is sized to, at most (``_pack_size``)
 _GATHER_S = 0.1  # the longest a list of finished partitions waits for more (``PartitionPool.run``)
 _AHEAD_S = 1.0  # the work a worker is handed ahead of what it runs, about (``PartitionPool.run``)
+# A worker's resident memory grown by this much since its last release (or its start) is given
+# back after the partition (``_release``); less is kept for the next partition to reuse.
+_RELEASE_BYTES = 32 << 20
 # A worker's place (workdir and data root: ``run/place``), store and crawl, set by the pool's
 # initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
@@ -66,6 +69,7 @@ def _init_worker(place: Place, spec: CrawlSpec, environ: dict[str, str], lines: 
     # reach, so its full collections no longer walk Dagster's and the programs' modules (0.33-0.38
     # s of each worker's CPU in five collections at 200 sources).
     gc.freeze()
+    _WORKER["resident"] = _resident_bytes()
 
 
 def _work(program: str, sources: list[str | None], execution: ExecutionParams, force: bool, step: int,
@@ -203,22 +207,38 @@ class _Pace:
         return self.total / self.count if self.count else None
 
 
+def _resident_bytes() -> int | None:
+    """This process's resident memory in bytes (Linux's ``/proc/self/statm``); None elsewhere."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _release() -> None:
-    """Give the memory a finished partition freed back to the OS: Arrow's pool (jemalloc,
-    ``stages._arrow_allocator``; mimalloc when these figures were taken) and glibc's heap keep it otherwise,
-    and an idle worker then holds its last partition's peak while a crawl-wide step runs beside
-    it (on another worker, or in the parent). 1M documents, 4
-    sources, fuzzy: peak PSS of the process tree 1.48-1.52 → 1.23-1.31 GiB, wall time unchanged
-    (docs/profile.md). ~0.02 ms where there is nothing to give back."""
+    """Give the memory a finished partition freed back to the OS, where the worker's resident
+    memory grew by ``_RELEASE_BYTES`` or more since its last release (or its start; always where
+    that is not known). Arrow's pool (jemalloc, ``stages._arrow_allocator``; mimalloc when these
+    figures were taken) and glibc's heap keep it otherwise, and an idle worker then holds its last
+    partition's peak while a crawl-wide step runs beside it (on another worker, or in the parent):
+    1M documents, 4 sources, fuzzy: peak PSS of the process tree 1.48-1.52 → 1.23-1.31 GiB, wall
+    time unchanged (docs/profile.md). Not after a small partition: the next one would fault its
+    buffers in again (~280 page faults and 1-1.5 ms a 0.35 MB ``raw_documents`` partition, a
+    quarter of its time at 200 sources)."""
     import ctypes
 
     import pyarrow as pa
 
+    now, before = _resident_bytes(), _WORKER.get("resident")
+    if now is not None and before is not None and now - before < _RELEASE_BYTES:
+        return
     pa.default_memory_pool().release_unused()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+    _WORKER["resident"] = _resident_bytes()
 
 
 def _memory_bytes() -> int | None:

@@ -364,3 +364,38 @@ def test_a_partition_with_a_failed_blocking_check_is_not_clean() -> None:
     assert _clean([Done("p", "s", ok, verdicts=[("counts", False, Verdict(False, "off"))])])  # not blocking
     assert not _clean([Done("p", "s", ok, verdicts=[("counts", True, Verdict(False, "off"))])])
     assert not _clean([Done("p", "s", error="boom")])
+
+
+def test_a_worker_gives_memory_back_only_after_it_grew(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_release`` after each partition: where the worker's resident memory grew by less than
+    ``_RELEASE_BYTES`` since its last release nothing is given back (the next small partition
+    would fault its buffers in again); from that growth on it is, and the new level is the base."""
+    import pyarrow as pa
+
+    resident = pool_module._resident_bytes()
+    status = Path("/proc/self/status").read_text()
+    vm_rss = int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) * 1024
+    assert resident is not None and 10 << 20 < resident and abs(resident - vm_rss) < 8 << 20
+    level = [100 << 20]
+    monkeypatch.setattr(pool_module, "_resident_bytes", lambda: level[0])
+    monkeypatch.setitem(pool_module._WORKER, "resident", 100 << 20)
+    released: list[int] = []
+    real_pool = pa.default_memory_pool()
+
+    class CountingPool:
+        def release_unused(self) -> None:
+            released.append(1)
+            real_pool.release_unused()
+
+    monkeypatch.setattr(pa, "default_memory_pool", CountingPool)
+    level[0] += pool_module._RELEASE_BYTES - 1
+    pool_module._release()
+    assert not released and pool_module._WORKER["resident"] == 100 << 20
+    level[0] += 1
+    pool_module._release()
+    assert released == [1] and pool_module._WORKER["resident"] == level[0]
+    pool_module._release()  # no growth since: kept
+    assert released == [1]
+    monkeypatch.setitem(pool_module._WORKER, "resident", None)  # not known (no /proc): always
+    pool_module._release()
+    assert released == [1, 1]
