@@ -110,15 +110,16 @@ class RowCache:
         """Old + added rows, in that order."""
         return pa.concat_tables([self.table, *self._added]) if self._added else self.table
 
-    def save(self, batch_rows: int = 100_000) -> bool:
+    def save(self, batch_rows: int = 100_000, compression: str = "auto") -> bool:
         """Commit the added rows as new parts beside the old ones (or the empty cache, when none
         existed); False when nothing was written (nothing new, or another attempt holds the
         cache's lock). Rows saved by another attempt since this cache was read are adopted, and
-        the added rows whose keys they hold are left out."""
+        the added rows whose keys they hold are left out. ``compression``: the parts' codec, as
+        the execution's ``intermediate_compression`` names it (``stages.store.intermediate_compression``)."""
         if not self._added and self.exists:
             return False
         try:
-            writer = self.store.writer(self.dir)
+            writer = self.store.writer(self.dir, compression)
         except PartitionBusy:  # another attempt is saving this cache right now; it is only a cache
             return False
         try:

@@ -223,7 +223,7 @@ def run(
             write(*pending.result())
     if n == 0:
         output.write("embeddings", schema.empty_table())
-    cache.save()
+    cache.save(compression=execution.intermediate_compression)
     return DocumentEmbeddingsReport(
         enabled=True,
         input=n,

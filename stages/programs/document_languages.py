@@ -110,7 +110,7 @@ def _identified(params: DocumentLanguagesParams, inputs: Inputs, partition: Part
     parts = [LANGUAGES.empty_table(), *map_ordered(_IdentifyTable(params), _pieces(tables), execution)]
     result = pa.concat_tables(parts)
     cache.add(result)
-    cache.save()
+    cache.save(compression=execution.intermediate_compression)
     return result, False
 
 

@@ -114,7 +114,7 @@ def _cached(
             cache.add(scores.add_column(0, "doc_id", batch.column(0)))
     fresh = cache.added
     table = cache.content().combine_chunks()
-    cache.save()
+    cache.save(compression=execution.intermediate_compression)
     # The wanted rows, in raw order (the cache holds them in the order they were scored).
     return table.take(pc.index_in(wanted, value_set=table["doc_id"])), fresh
 

@@ -173,8 +173,8 @@ class ScoreCache:
     def add(self, keys: pa.Array, scores: npt.NDArray[np.float64]) -> None:
         self.rows.add(pa.table({"text_hash": keys, "score": pa.array(scores, pa.float64())}))
 
-    def save(self) -> None:
-        self.rows.save()
+    def save(self, compression: str = "auto") -> None:
+        self.rows.save(compression=compression)
 
 
 def _empty(output: PartitionWriter, names: list[str]) -> None:
@@ -265,7 +265,7 @@ def run(
     else:
         output.write("removed", pa.concat_tables(removed_tables) if removed_tables else REMOVED.empty_table())
     for cache in caches:
-        cache.save()
+        cache.save(execution.intermediate_compression)
 
     report_clfs: dict[str, ClassifierStats] = {}
     for k, clf in enumerate(clfs):

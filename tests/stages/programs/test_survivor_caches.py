@@ -351,3 +351,26 @@ def test_row_cache_compacts_its_parts(tmp_path: Path, monkeypatch: pytest.Monkey
     pos = final.find(text_keys([f"t{i}" for i in range(7)]))
     assert (pos >= 0).all() and final.take(pos)["score"].to_pylist() == [float(i) for i in range(7)]
     assert final.table.num_rows == 7
+
+
+def test_a_caches_parts_take_the_executions_codec(tmp_path: Path) -> None:
+    """A cache is an intermediate: its parts get ``intermediate_compression`` as the programs'
+    own parts do (none on a local data root unless the workdir names a codec)."""
+    import pyarrow.parquet as pq
+
+    from stages.params import ExecutionTuning
+
+    def codecs(folder: Path) -> set[str]:
+        return {pq.ParquetFile(p).metadata.row_group(0).column(0).compression for p in folder.rglob("*.parquet")}
+
+    store = Store(str(tmp_path / "data"))
+    cache = _cache(store)
+    cache.add(_rows(cache, ["a"], 1.0))
+    assert cache.save(compression="zstd") is True
+    assert codecs(Path(cache.dir)) == {"ZSTD"}
+    spec = make_spec(write_corpus(tmp_path / "in"), 0.8, stages=("language", "heuristic"))
+    execution = ExecutionTuning.model_validate({"intermediate_compression": "snappy"}).apply(ExecutionParams())
+    for name in ("raw_documents", "document_languages", "filtered_documents"):
+        execute(store, spec, name, "web", execution)
+    caches = [tmp_path / "data" / "language_scores", tmp_path / "data" / "heuristic_scores"]
+    assert all(codecs(folder) == {"SNAPPY"} for folder in caches)
