@@ -48,7 +48,10 @@ MANIFEST = "_manifest.json"
 # cross the network); ``ExecutionParams.intermediate_compression`` overrides. A crawl's output
 # (curated_documents) is kept and shipped: zstd.
 FINAL_COMPRESSION = "zstd"
-UNIQUE_COLUMNS = frozenset({"doc_id"})  # columns with a value per row: no dictionary, no statistics
+# Columns with a value per row, or nearly (a record's own id, URL and place in its file): no
+# dictionary, no statistics (a dictionary of distinct values is the plain column plus an index
+# each, built by hashing every value; no reader filters on them).
+UNIQUE_COLUMNS = frozenset({"doc_id", "record_id", "url", "locator"})
 # fullmatch, never match with "$": in Python "$" also matches before a trailing newline.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -788,11 +791,16 @@ class PartitionWriter:
         # one read the manifest (a shared score cache, saved by attempts of other partitions).
         store.forget_manifest(pdir)
         try:
+            made = False  # a folder made here holds nothing a killed attempt left
             if store.is_local:
-                os.makedirs(pdir, exist_ok=True)
+                try:
+                    os.makedirs(pdir)
+                    made = True
+                except FileExistsError:
+                    os.makedirs(pdir, exist_ok=True)  # raises where it is not a folder
             else:
                 store.fs.makedirs(pdir, exist_ok=True)
-            if self._lock is not None or self._lease is not None:
+            if (self._lock is not None or self._lease is not None) and not made:
                 self.leftovers = self._remove_leftovers()
         except BaseException:  # the partition is this attempt's: give it back at once, not at GC
             self.close()

@@ -44,6 +44,7 @@ QUARANTINE = pa.schema([
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+_SET_CHECKED = 4096  # record ids checked for repeats with a set, not sorted (``_duplicate_record_ids``)
 
 
 def hex_ids(raw: bytes) -> pa.Array:
@@ -145,7 +146,9 @@ class Output:
             self._flush_bad()
 
     def _flush_bad(self) -> None:
-        self.output.write("quarantine", pa.Table.from_pylist(self.bad, schema=QUARANTINE))
+        # None (the common case): the schema alone, which the manifest keeps (from_pylist costs more)
+        self.output.write("quarantine", pa.Table.from_pylist(self.bad, schema=QUARANTINE) if self.bad
+                          else QUARANTINE.empty_table())
         self.bad = []
 
     def close(self) -> None:
@@ -161,6 +164,11 @@ class Output:
             return
         rid, digest, doc = (np.concatenate(cols) for cols in zip(*self.record_ids, strict=True))
         self.record_ids = []
+        # Nearly always each id names one record. Up to a few thousand, a set of them says so for
+        # less than the sort's numpy calls cost (values out of numpy lose trailing NULs: equal
+        # there may be distinct here, which only sends them on to the sort).
+        if len(rid) <= _SET_CHECKED and len(set(rid.tolist())) == len(rid):
+            return
         order = np.lexsort((doc, rid))  # by record id, then doc_id: each group's first is its winner
         rid, digest, doc = rid[order], digest[order], doc[order]
         first = np.ones(len(rid), bool)

@@ -23,6 +23,7 @@ def _docs(n: int) -> pa.Table:
         "source": pa.array(["s"] * n, pa.string()),
         "text": pa.array([f"text number {i} " * 20 for i in range(n)], pa.large_string()),
         "node": pa.array([i % 7 for i in range(n)], pa.int64()),
+        "url": pa.array([f"https://example.org/{i}" for i in range(n)], pa.string()),
     })
 
 
@@ -48,13 +49,15 @@ def test_intermediates_and_outputs_get_their_codecs_and_long_columns_no_dictiona
     w.write("t", _docs(50))
     w.commit(_manifest())
     first, second = (pq.ParquetFile(f"{pdir}/{name}").metadata.row_group(0) for name in w.tables["t"])
-    codecs = [[first.column(i).compression for i in range(4)], [second.column(i).compression for i in range(4)]]
-    assert codecs == [["UNCOMPRESSED"] * 4, [FINAL_COMPRESSION.upper()] * 4]  # intermediates: none on a local root
+    codecs = [[first.column(i).compression for i in range(5)], [second.column(i).compression for i in range(5)]]
+    assert codecs == [["UNCOMPRESSED"] * 5, [FINAL_COMPRESSION.upper()] * 5]  # intermediates: none on a local root
     doc_id, source, text, node = (first.column(i) for i in range(4))
     assert source.statistics is not None and source.statistics.has_min_max and "RLE_DICTIONARY" in source.encodings
     assert node.statistics is not None and "RLE_DICTIONARY" not in node.encodings  # numbers: no dictionary
     assert doc_id.statistics is None and text.statistics is None
     assert "RLE_DICTIONARY" not in doc_id.encodings and "RLE_DICTIONARY" not in text.encodings
+    url = first.column(4)  # a value per row, as record ids and locators: no dictionary, no statistics
+    assert url.statistics is None and "RLE_DICTIONARY" not in url.encodings
     assert pq.read_table(f"{pdir}/{w.tables['t'][0]}").equals(_docs(50))
 
 
