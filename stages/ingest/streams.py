@@ -259,6 +259,26 @@ class Overlong:
     head: bytes
 
 
+_LONG_LINE = 1024  # a block whose first line is at least this long is cut at memchr's pace (``split_newlines``)
+
+
+def split_newlines(data: bytes) -> list[bytes]:
+    """``data.split(b"\n")``. ``bytes.split`` compares one byte at a time (0.15 ms for 0.4 MB of
+    5 KB lines here); where the first line is long (whole documents), each line is found with
+    ``bytes.find``, whose search is memchr's (0.03 ms), and where it is short the per-line cost of
+    that loop would be more (0.88 against 0.23 ms for 4,000 lines of 127 bytes): ``split``."""
+    first = data.find(b"\n", 0, _LONG_LINE)
+    if 0 <= first or len(data) < _LONG_LINE:
+        return data.split(b"\n")
+    out: list[bytes] = []
+    find, keep, start = data.find, out.append, 0
+    while (end := find(b"\n", start)) >= 0:
+        keep(data[start:end])
+        start = end + 1
+    keep(data[start:])
+    return out
+
+
 def split_lines(blocks: Iterable[bytes], max_line: int | None, head_bytes: int = 2000) -> Iterator[bytes | Overlong]:
     """Lines (without ``\\n``) of a stream given as blocks; a line longer than ``max_line`` comes
     out as an ``Overlong`` without ever being held whole. An exception of ``blocks`` propagates
@@ -268,7 +288,7 @@ def split_lines(blocks: Iterable[bytes], max_line: int | None, head_bytes: int =
     head = b""
     over = False
     for block in blocks:
-        parts = block.split(b"\n")
+        parts = split_newlines(block)
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             if over:

@@ -35,6 +35,7 @@ from stages.ingest.streams import (
     read_blocks,
     retrying,
     split_lines,
+    split_newlines,
 )
 from stages.params import RawDocumentsParams
 
@@ -87,7 +88,7 @@ class RangeTask(Task):
             if size <= WHOLE_RANGE_BYTES and (max_line is None or size <= max_line):
                 # no line can be overlong: the range is read whole and judged as one block
                 data = b"".join(read_blocks(raw, size))
-                lines = data.split(b"\n")
+                lines = split_newlines(data)
                 if lines and not lines[-1]:  # after the last newline: no line
                     lines.pop()
                 if lines and self.start == 0:
@@ -107,7 +108,7 @@ class LinesTask(Task):
 
     def run(self) -> Done:
         got = Collect(self.params)
-        got.lines_block(self.data.split(b"\n"))
+        got.lines_block(split_newlines(self.data))
         return got.done()
 
 

@@ -179,3 +179,15 @@ def test_metadata_is_every_other_field(rec: dict[str, Any], text_field: str, id_
     rest = {k: v for k, v in rec.items() if k not in (text_field, id_field, url_field)}
     _, meta = _url_and_metadata(rec, params)
     assert meta == (canonical(rest).decode() if rest else None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3000), st.sampled_from([b"x", b"\r", b"\xe9", b" "])), max_size=12),
+       st.booleans())
+def test_a_block_is_cut_into_the_lines_bytes_split_gives(lines: list[tuple[int, bytes]], newline_last: bool) -> None:
+    """``split_newlines`` (``bytes.find`` where the first line is long) is ``bytes.split``, for
+    lines short and long, empty ones, a last line with or without its newline."""
+    from stages.ingest.streams import split_newlines
+
+    data = b"\n".join(fill * n for n, fill in lines) + (b"\n" if newline_last else b"")
+    assert split_newlines(data) == data.split(b"\n")
