@@ -197,11 +197,6 @@ def _needs_judge(texts: pa.Array, lengths: np.ndarray, max_chars: int | None) ->
     return careful
 
 
-def _lengths(texts: pa.Array) -> np.ndarray:
-    """int64 (n,): characters of each text of a string column (0 where null)."""
-    return np.asarray(pc.fill_null(pc.utf8_length(texts), 0), np.int64)
-
-
 class Collect:
     """What one task finds: good records as ``PARSED`` columns with their content digests, bad
     records, and the lines it read (to number lines across the tasks of one file)."""
@@ -330,8 +325,13 @@ class Collect:
 
     def batch(self, recs: list[dict[str, Any]], text: pa.Array, pos: int) -> None:
         """Judge the records of one Parquet batch (rows ``pos ..``) exactly as ``record`` judges
-        each, with ``text`` (their text column: string or large_string, valid UTF-8) moved as it is."""
-        self._block(recs, text, pos, None, _lengths(text))
+        each, with ``text`` (their text column: string or large_string, valid UTF-8) moved as it is;
+        ``recs`` hold its values as ``str`` (None where null)."""
+        tf = self.params.text_field
+        # Each text's characters: len() of the str a record holds counts its code points, as
+        # utf8_length would count them in the column (0.01 against 0.15 ms for 0.35 MB of text).
+        lengths = np.fromiter((len(t) if type(t := rec[tf]) is str else 0 for rec in recs), np.int64, len(recs))
+        self._block(recs, text, pos, None, lengths)
 
     def _block(self, recs: list[Any], texts: pa.Array, pos: int, lines: list[bytes] | None,
                lengths: np.ndarray) -> None:
