@@ -165,8 +165,8 @@ class Output:
         rid, digest, doc = (np.concatenate(cols) for cols in zip(*self.record_ids, strict=True))
         self.record_ids = []
         # Nearly always each id names one record. Up to a few thousand, a set of them says so for
-        # less than the sort's numpy calls cost (values out of numpy lose trailing NULs: equal
-        # there may be distinct here, which only sends them on to the sort).
+        # less than the sort's numpy calls cost (values out of numpy lose trailing NULs, the same
+        # ones from the same 16 bytes: distinct digests stay distinct).
         if len(rid) <= _SET_CHECKED and len(set(rid.tolist())) == len(rid):
             return
         order = np.lexsort((doc, rid))  # by record id, then doc_id: each group's first is its winner

@@ -265,7 +265,7 @@ def run(
     else:
         output.write("removed", pa.concat_tables(removed_tables) if removed_tables else REMOVED.empty_table())
     for cache in caches:
-        cache.save(execution.intermediate_compression)
+        cache.save(compression=execution.intermediate_compression)
 
     report_clfs: dict[str, ClassifierStats] = {}
     for k, clf in enumerate(clfs):

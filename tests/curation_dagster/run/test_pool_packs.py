@@ -171,6 +171,18 @@ def test_many_sources_run_in_packs_on_a_real_pool(tmp_path: Path) -> None:
                     assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()  # type: ignore[union-attr]
                     if program == "raw_documents":
                         assert committed.rows["documents"] == done[0].outcome.manifest.rows["documents"] > 0  # type: ignore[union-attr]
+            if _resident_known():  # each worker knows what it held at its start (``_release``'s base)
+                bases = [real_submit(_worker_base).result() for _ in range(4)]
+                assert all(isinstance(b, int) and b > 10 << 20 for b in bases), bases
+
+
+def _resident_known() -> bool:
+    return Path("/proc/self/statm").exists()
+
+
+def _worker_base() -> Any:
+    """In a pool worker: the resident memory its memory releases count growth from."""
+    return pool_module._WORKER.get("resident")
 
 
 def test_partitions_run_in_this_process_go_in_packs_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -366,6 +378,7 @@ def test_a_partition_with_a_failed_blocking_check_is_not_clean() -> None:
     assert not _clean([Done("p", "s", error="boom")])
 
 
+@pytest.mark.skipif(not _resident_known(), reason="no /proc: a worker releases after each partition")
 def test_a_worker_gives_memory_back_only_after_it_grew(monkeypatch: pytest.MonkeyPatch) -> None:
     """``_release`` after each partition: where the worker's resident memory grew by less than
     ``_RELEASE_BYTES`` since its last release nothing is given back (the next small partition

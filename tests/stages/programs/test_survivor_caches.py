@@ -369,8 +369,8 @@ def test_a_caches_parts_take_the_executions_codec(tmp_path: Path) -> None:
     assert cache.save(compression="zstd") is True
     assert codecs(Path(cache.dir)) == {"ZSTD"}
     spec = make_spec(write_corpus(tmp_path / "in"), 0.8, stages=("language", "heuristic"))
-    execution = ExecutionTuning.model_validate({"intermediate_compression": "snappy"}).apply(ExecutionParams())
+    execution = ExecutionTuning.model_validate({"intermediate_compression": "lz4"}).apply(ExecutionParams())
     for name in ("raw_documents", "document_languages", "filtered_documents"):
         execute(store, spec, name, "web", execution)
     caches = [tmp_path / "data" / "language_scores", tmp_path / "data" / "heuristic_scores"]
-    assert all(codecs(folder) == {"SNAPPY"} for folder in caches)
+    assert all(codecs(folder) == {"LZ4"} for folder in caches)
