@@ -146,9 +146,7 @@ class Output:
             self._flush_bad()
 
     def _flush_bad(self) -> None:
-        # None (the common case): the schema alone, which the manifest keeps (from_pylist costs more)
-        self.output.write("quarantine", pa.Table.from_pylist(self.bad, schema=QUARANTINE) if self.bad
-                          else QUARANTINE.empty_table())
+        self.output.write("quarantine", pa.Table.from_pylist(self.bad, schema=QUARANTINE))
         self.bad = []
 
     def close(self) -> None:
