@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,6 +198,13 @@ def _needs_judge(texts: pa.Array, lengths: np.ndarray, max_chars: int | None) ->
     return careful
 
 
+def _lengths(texts: Iterable[Any], n: int) -> np.ndarray:
+    """int64 (n,): the characters of each of ``n`` texts, 0 where one is not a ``str``: ``len``
+    counts code points, as ``utf8_length`` would in their Arrow column, which costs more (0.15
+    against 0.01 ms for 0.35 MB of text)."""
+    return np.fromiter((len(t) if type(t) is str else 0 for t in texts), np.int64, n)
+
+
 class Collect:
     """What one task finds: good records as ``PARSED`` columns with their content digests, bad
     records, and the lines it read (to number lines across the tasks of one file)."""
@@ -319,19 +327,14 @@ class Collect:
             return
         base = self.lines
         self.lines += len(lines)
-        # Each text's characters: len() of a str counts its code points, as utf8_length would.
-        lengths = np.fromiter((0 if t is None else len(t) for t in texts), np.int64, len(texts))
-        self._block(recs, column, base + 1, raws, lengths)
+        self._block(recs, column, base + 1, raws, _lengths(texts, len(texts)))
 
     def batch(self, recs: list[dict[str, Any]], text: pa.Array, pos: int) -> None:
         """Judge the records of one Parquet batch (rows ``pos ..``) exactly as ``record`` judges
         each, with ``text`` (their text column: string or large_string, valid UTF-8) moved as it is;
         ``recs`` hold its values as ``str`` (None where null)."""
         tf = self.params.text_field
-        # Each text's characters: len() of the str a record holds counts its code points, as
-        # utf8_length would count them in the column (0.01 against 0.15 ms for 0.35 MB of text).
-        lengths = np.fromiter((len(t) if type(t := rec[tf]) is str else 0 for rec in recs), np.int64, len(recs))
-        self._block(recs, text, pos, None, lengths)
+        self._block(recs, text, pos, None, _lengths((rec[tf] for rec in recs), len(recs)))
 
     def _block(self, recs: list[Any], texts: pa.Array, pos: int, lines: list[bytes] | None,
                lengths: np.ndarray) -> None:
