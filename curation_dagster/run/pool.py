@@ -224,8 +224,8 @@ def _release() -> None:
     partition's peak while a crawl-wide step runs beside it (on another worker, or in the parent):
     1M documents, 4 sources, fuzzy: peak PSS of the process tree 1.48-1.52 → 1.23-1.31 GiB, wall
     time unchanged (docs/profile.md). Not after a small partition: the next one would fault its
-    buffers in again (~280 page faults and 1-1.5 ms a 0.35 MB ``raw_documents`` partition, a
-    quarter of its time at 200 sources)."""
+    buffers in again (a 0.35 MB ``raw_documents`` partition: 145-290 page faults, up to 1.5 ms of
+    its 5-7, short and long documents, JSONL and Parquet)."""
     import ctypes
 
     import pyarrow as pa
