@@ -47,9 +47,8 @@ class LeaseLost(RuntimeError):
 
 def supports_leases(fs: Any) -> bool:
     """s3fs: its writes pass ``IfNoneMatch`` / ``IfMatch`` to PutObject."""
-    from stages.store import protocols  # stages.store imports this module
-
-    return bool({"s3", "s3a"} & set(protocols(fs)))
+    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return bool({"s3", "s3a"} & set(protocol))
 
 
 _CHECKED: dict[str, bool] = {}  # bucket -> whether its store refuses a failed precondition
