@@ -91,10 +91,15 @@ _texts = st.one_of(st.text(max_size=50), st.sampled_from(["", " ", "\x00", "ok",
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.fixed_dictionaries({"text": _texts}, optional={"id": _values, "url": _values, "extra": _values}),
-                min_size=1, max_size=12))
-def test_random_jsonl_blocks(records: list[dict[str, Any]]) -> None:
-    lines = [json.dumps(r).encode() for r in records]
-    one, block = _both_ways(lines)
+                min_size=1, max_size=12),
+       st.sampled_from([("id", "url"), ("id", None), (None, "url"), (None, None)]), st.booleans())
+def test_random_jsonl_blocks(records: list[dict[str, Any]], fields: tuple[str | None, str | None],
+                             escaped: bool) -> None:
+    # without an id or url field, a record's "id" or "url" is metadata: the block's inline judging
+    # of the usual record (those fields alone, ASCII strings) must not take it for one
+    lines = [json.dumps(r, ensure_ascii=escaped).encode("utf-8", "surrogatepass") for r in records]
+    params = RawDocumentsParams(url="unused", id_field=fields[0], url_field=fields[1], max_chars=40)
+    one, block = _both_ways(lines, params)
     assert block == one
 
 
@@ -120,6 +125,25 @@ def test_parquet_batch_is_judged_record_by_record() -> None:
     one, block = _batch_both_ways(table)
     assert block == one
     assert [d["record_id"] for d in one["docs"]] == ["1", "6"]
+
+
+def test_block_ids_and_urls_are_the_record_rules() -> None:
+    # A block judges the usual record (text, id and url alone; id and url strings) inline,
+    # any other through the record rule: each kind of id and url value must come out the same,
+    # a lone surrogate (which no reader here produces, but a caller's dict may hold) escaped.
+    values = ["ascii", "\u00e9t\u00e9", "lone \ud800", 7, True, None, ["a"], {"k": 1}]
+    recs = [{"text": f"text {i}", "id": rid, "url": url} for i, (rid, url) in
+            enumerate((rid, url) for rid in values for url in values)]
+    recs += [{"text": "only text"}, {"text": "with metadata", "id": "x", "lang": "en"}]
+    one = Collect(PARAMS)
+    for i, rec in enumerate(recs):
+        one.record(dict(rec), i + 1)
+    block = Collect(PARAMS)
+    block.batch([dict(rec) for rec in recs], pa.array([rec["text"] for rec in recs], pa.large_string()), 1)
+    got, want = _done_as_dict(block.done()), _done_as_dict(one.done())
+    assert got == want
+    assert {d["record_id"] for d in want["docs"]} >= {"ascii", "\u00e9t\u00e9", "lone \\ud800", "7", "true"}
+    assert want["docs"][-1]["metadata"] == '{"lang":"en"}' and want["docs"][-2]["record_id"] is None
 
 
 def test_parquet_dictionary_text_is_taken_as_it_is() -> None:
