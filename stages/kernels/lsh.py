@@ -412,8 +412,14 @@ def _fallback_pairs(
     cannot change the components). Bands stream: only the distinct chosen pairs are held.
     """
     packed = np.zeros(0, np.int64)
+    # Only an edge of a member with a failed pair can be stray: a bitmap of those members passes
+    # the binary search a fraction of each band (20 bands of 73k edges, 16k failed: 0.11 -> 0.04 s).
+    failing = np.zeros(label.shape[0], dtype=bool)
+    failing[failed >> 31] = True
     for _, src, dst in bands:
-        stray = sorted_find(failed, (src << 31) | dst) >= 0
+        stray = failing[src]
+        at = np.flatnonzero(stray)
+        stray[at] = sorted_find(failed, (src[at] << 31) | dst[at]) >= 0
         who, mate = _band_offers(src, dst, stray, max_fallback)
         apart = label[who] != label[mate]
         hi, lo = np.maximum(who, mate)[apart], np.minimum(who, mate)[apart]
