@@ -356,8 +356,8 @@ class Collect:
         idf, uf = params.id_field, params.url_field
         named = _named((params.text_field, idf, uf))
         for i in range(n):
-            rec = recs[i]  # a dict: its text is a string
-            if not careful[i]:
+            rec = recs[i]
+            if not careful[i]:  # a dict with a string text
                 try:
                     canon = dumps(rec, option=sort_keys, default=str)
                     rid = rec.get(idf) if idf else None

