@@ -37,7 +37,9 @@ the CPU ratio is what is left of it where other work takes the other cores. Usag
 
 With ``--repeat N`` each shape runs N rounds of (baseline, ours, rensa) in turn: the seconds and
 the ratio are the rounds' medians (a round's ratio: its rensa over its ours), ``ratio_worst`` the
-worst round's; the profile columns are the last round's.
+worst round's; the profile columns are the last round's. Every run's workdir is kept until the
+benchmark ends (see ``run_shape``): ~250 MB a run at 70 MB of text, 2 × N runs a shape with
+``--baseline``, so several GB for the default shapes with ``--repeat 3``.
 """
 
 from __future__ import annotations
@@ -215,10 +217,10 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
                 base_removed = removed_ids(base_wd, baseline)
         # Workdirs stay until the benchmark ends (the temporary folder; ~250 MB for 70 MB of
         # text): on ext4 without a journal (this machine) the kernel allocates each new file or
-        # folder past the inodes freed in the last minutes, checking each, so deleting a workdir
-        # (6,300 files) here made the file work of the next run's partitions 0.24-0.37 ms slower
-        # each (1,400 partitions' mkdir, create, rename, measured alone): ours, which ran right
-        # after, not the baseline, which runs after rensa.
+        # folder past the inodes freed in the last 60 s or more, checking each, so deleting a
+        # workdir (6,300 files) here made the file work of the next run's partitions 0.24-0.37 ms
+        # slower each (1,400 partitions' mkdir, create, rename, measured alone): ours, which ran
+        # right after; the baseline ran ~30 s after, still within that window from round 2 on.
         wall, wd, first, cpu = run_curate(work, f"wd{k}", None)
         ours_s.append(wall)
         ours_cpu.append(cpu)

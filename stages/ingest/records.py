@@ -174,7 +174,8 @@ def _named(fields: tuple[str | None, ...]) -> frozenset[str]:
 def _url_and_metadata(rec: dict[str, Any], params: RawDocumentsParams) -> tuple[str | None, str | None]:
     """(url, metadata) of a record object as its document row holds them: the url through
     ``as_id``, every field but text, id and url as canonical JSON (None: there is none). The
-    record rule and the block path both use it, so a block's rows are the record rule's."""
+    record rule and the block path use it (the block's usual record, judged inline, gets what it
+    would give), so a block's rows are the record rule's."""
     fields = (params.text_field, params.id_field, params.url_field)
     # A record of those fields alone (the common case) has none: one comparison of its keys, not a
     # dict built per record (1.8 -> 1.2 us a record of those three here; short documents are 15-20
