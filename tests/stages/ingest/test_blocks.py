@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stages.ingest.records import Collect, Done
@@ -193,18 +193,24 @@ def test_random_parquet_batches(values: list[tuple[str | None, int | None, float
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(["text", "id", "url", "body", "lang", "ID"]), _values, max_size=5),
+@given(st.dictionaries(st.sampled_from(["text", "id", "url", "body", "lang", "ID"]),
+                       st.one_of(_values, st.sampled_from(["\u00e9t\u00e9", "lone \ud800", "pair \ud83d\ude00"])),
+                       max_size=5),
        st.sampled_from(["text", "body"]), st.sampled_from(["id", "ID", None]), st.sampled_from(["url", None]))
-def test_metadata_is_every_other_field(rec: dict[str, Any], text_field: str, id_field: str | None,
-                                       url_field: str | None) -> None:
-    """A record's metadata: every field but its text, id and url fields (whichever the source has),
-    as canonical JSON; None where there is none (the fast path of a record of those fields alone)."""
-    from stages.ingest.records import _url_and_metadata, canonical
+@example({"text": "t", "id": "lone \ud800", "url": "u"}, "text", "id", "url")  # the usual record's shape,
+@example({"text": "t", "id": "i", "url": "lone \udc00"}, "text", "id", "url")  # a surrogate in it
+def test_a_records_fields_are_as_id_and_every_other_field(rec: dict[str, Any], text_field: str, id_field: str | None,
+                                                          url_field: str | None) -> None:
+    """A record's id and url as ``as_id`` gives them (the usual record's ASCII strings taken as they
+    are, any other value through it: a surrogate escaped), and its metadata: every field but its
+    text, id and url fields (whichever the source has), as canonical JSON; None where there is none."""
+    from stages.ingest.records import _fields, as_id, canonical
 
     params = RawDocumentsParams(url="unused", text_field=text_field, id_field=id_field, url_field=url_field)
     rest = {k: v for k, v in rec.items() if k not in (text_field, id_field, url_field)}
-    _, meta = _url_and_metadata(rec, params)
-    assert meta == (canonical(rest).decode() if rest else None)
+    want = (as_id(rec.get(id_field)) if id_field else None, as_id(rec.get(url_field)) if url_field else None,
+            canonical(rest).decode() if rest else None)
+    assert _fields(params)(rec) == want
 
 
 @settings(max_examples=300, deadline=None)
