@@ -9,13 +9,16 @@ heuristic removals, a dedup stage's duplicates of earlier crawls' documents).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stages.catalog import QUARANTINE, STAGES
 from stages.dataroot import DataRoot
 from stages.errors import DamagedFile
 from stages.reports import RemovalLedgerReport, read_as
 from stages.store import MANIFEST, Manifest
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 class NoLedger(LookupError):
@@ -109,8 +112,8 @@ def print_report(report: RemovalLedgerReport) -> None:
 PIPED_WIDTH = 160  # the width of the table where stdout is no terminal
 
 
-def rich_table(title: str, labels: list[str], rows: list[list[str]]) -> Any:
-    """``print_report``'s table (a ``rich.table.Table``): the first column left-justified, the
+def rich_table(title: str, labels: list[str], rows: list[list[str]]) -> Table:
+    """``print_report``'s table: the first column left-justified, the
     others right, the last row (TOTAL) bold."""
     from rich.table import Table
 
