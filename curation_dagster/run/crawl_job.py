@@ -73,7 +73,7 @@ from curation_dagster.run.done import Done
 from curation_dagster.run.judge import evaluator
 from curation_dagster.run.partition import describe, finish, one_line, told
 from curation_dagster.run.planner import Planner
-from curation_dagster.run.pool import PartitionPool, begun
+from curation_dagster.run.pool import PartitionPool
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.dataroot import DataRoot
 from stages.execute import Outcome
@@ -420,10 +420,8 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     if curation.mode == "in_process":
         launcher = pool or PartitionPool(curation, spec, config.force)
         owned = None if launcher is pool else launcher  # type: ignore[assignment]
-        after = _next_step(program, plan.stale, plan.current)
-        if pool is not None and after is not None:
-            pool.then_ahead(program, after, spec.partitions(after),
-                            ready=lambda: config.force or not begun(curation.place(), spec, after))
+        if pool is not None and _next_step(program, plan.stale, plan.current) is not None:
+            pool.then_ahead(program)
     else:
         warm = run_workers(context.run_id, curation, spec.crawl) if curation.mode == "pipes" else None
         launcher = Fanout(context, curation, spec, config.force, workers=warm)
@@ -478,9 +476,9 @@ def _next_step(program: str, stale: list[str | None], current: list[str | None])
     ``program``'s have all finished clean (``PartitionPool.then_ahead``), before this step has
     recorded them: where this step runs every partition of ``program`` (none current, so none held
     back by an earlier verdict). The pool then starts them where every partition of the next will
-    run (``_run_step``'s ``ready``: a forced run, or none of them committed or begun for the
-    crawl's keys, its first run). Their inputs are this step's partitions and those of earlier
-    steps, committed."""
+    run (a forced run, or none of them committed or begun for the crawl's keys, its first run),
+    and so on down the steps. Their inputs are this step's partitions and those of earlier steps,
+    committed."""
     at = STEPS.index(program)
     if at + 1 == len(STEPS) or current or not stale:
         return None

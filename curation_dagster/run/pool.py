@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import multiprocessing
 import os
 import posixpath
@@ -42,6 +43,7 @@ DIED = "its worker process died (out of memory?)"
 _LINES_S = 0.5  # how often a partition's progress lines are passed on while it runs
 _PACK = 16  # the most partitions a pack takes (``_pack_size``)
 _PACK_S = 0.25  # the seconds of work a pack is sized to, at most (``_pack_size``)
+_PACK_LEAST_S = 0.025  # the seconds of work a pack holds at least, where it can (``_pack_size``)
 _GATHER_S = 0.1  # the longest a list of finished partitions waits for more (``PartitionPool.run``)
 _AHEAD_S = 1.0  # the work a worker is handed ahead of what it runs, about (``PartitionPool.run``)
 # A worker's resident memory grown by this much since its last release (or its start) is given
@@ -297,9 +299,13 @@ class PartitionPool:
         self._pool: ProcessPoolExecutor | None = None
         self._lines: Any = None  # a SimpleQueue of the workers' progress lines
         self._ahead: dict[str, _Ahead] = {}  # by program, until its step asks for them
-        # ``then_ahead``: by the program that ends first
-        self._then: dict[str, tuple[str, list[str | None], Callable[[], bool]]] = {}
+        # ``then_ahead``: by the program that ends first, whether all of a later step will run
+        self._then: dict[str, Callable[[str], bool]] = {}
         self._threads: list[threading.Thread] = []  # those that ran partitions ahead
+        # The threads that run partitions ahead start the next step's (``_then_start``) while this
+        # process's run takes what they finished: what they share changes under this lock.
+        self._lock = threading.RLock()
+        self._closing = False
         self.ahead: frozenset[tuple[str, str | None]] = frozenset()  # the partitions run ahead (``run_ahead``)
         # A worker forked from this process runs only what runs ahead: a later step's partition
         # would find the state of this process at the fork, not the fork server's. Forked only
@@ -352,7 +358,7 @@ class PartitionPool:
             # Not warmed: a worker's start from the fork server waits for its imports, which the
             # thread that hands the partitions over waits for, not this process (``run_ahead``).
             pool = cls(place, spec, force, execution=execution, fork=fork)
-            pool.run_ahead(program, spec.partitions(program))
+            pool.run_ahead(program, spec.partitions(program), then=pool._all_will_run)
         except BaseException as exc:  # only a head start: what failed here fails where it would have, in the run
             if pool is not None:
                 pool.close()
@@ -367,6 +373,8 @@ class PartitionPool:
     def close(self) -> None:
         """End the workers once what they run now ends (what was only handed over is not run,
         unless a thread running partitions ahead waits on it: then it is), and those threads."""
+        with self._lock:  # no thread starts the next step's partitions from now on
+            self._closing = True
         if self._pool is not None:
             # A thread running partitions ahead waits on what it handed over, and a cancelled
             # future wakes no waiter (``Future.cancel``): that work runs to its end instead (about
@@ -415,53 +423,73 @@ class PartitionPool:
             fit = min(fit, int(self.memory // (max(resources.memory_gib, 0.25) * 2**30)))
         return min(fit, partitions) if fit >= min(partitions, 2) else 0
 
-    def run_ahead(self, program: str, sources: list[str | None]) -> None:
+    def run_ahead(self, program: str, sources: list[str | None], then: Callable[[str], bool] | None = None) -> None:
         """Start ``program``'s ``sources`` on the workers now, before its step asks for them
         (``run``): a thread of this process hands them over and gathers what finishes, as ``run``
         does, while this process goes on (``ahead_of_run``); on a worker forked from this process
-        (``fork``), one partition at a time."""
-        if self._ahead_only:
-            at_once = 1 if self._pool is not None else 0
-        else:
-            at_once = self.side_by_side(program, len(sources))
-        if not sources or not at_once or program in self._ahead:
-            return
-        ahead = _Ahead(list(sources))
-        self._ahead[program] = ahead
-        self.ahead = self.ahead | {(program, s) for s in sources}
+        (``fork``), one partition at a time. ``then``: ``sources`` are every partition of
+        ``program``, and the step after it starts as they end (``then_ahead``, with that ``ready``)."""
+        with self._lock:
+            if self._ahead_only:
+                at_once = 1 if self._pool is not None else 0
+            else:
+                at_once = self.side_by_side(program, len(sources))
+            if not sources or not at_once or program in self._ahead or self._closing:
+                return
+            ahead = _Ahead(list(sources))
+            self._ahead[program] = ahead
+            self.ahead = self.ahead | {(program, s) for s in sources}
+            if then is not None:
+                self._then[program] = then
 
-        def drive() -> None:
-            try:
-                for done in self._run(program, ahead.sources, ahead.lines.put, None, at_once):
-                    ahead.lists.put(done)
-            except BaseException as exc:  # handed to the step, which raises it (``run``)
-                ahead.lists.put(exc)
-            finally:
-                ahead.lists.put(None)
+            def drive() -> None:
+                try:
+                    chained = then is not None
+                    for done in self._run(program, ahead.sources, ahead.lines.put, None, at_once, then=chained):
+                        ahead.lists.put(done)
+                except BaseException as exc:  # handed to the step, which raises it (``run``)
+                    ahead.lists.put(exc)
+                finally:
+                    ahead.lists.put(None)
 
-        thread = threading.Thread(target=drive, name=f"{program}-ahead", daemon=True)
-        self._threads.append(thread)
-        thread.start()
+            thread = threading.Thread(target=drive, name=f"{program}-ahead", daemon=True)
+            self._threads.append(thread)
+            thread.start()
 
-    def then_ahead(self, program: str, after: str, sources: list[str | None], ready: Callable[[], bool]) -> None:
-        """Start ``after``'s ``sources`` (``run_ahead``) as soon as every partition of ``program``'s
-        next ``run`` has finished, none failed and none failed a blocking check, where they would
-        run on the workers and ``ready()`` says so then: the next step's partitions run while this
-        step's last are recorded, and while the run ends this step and plans the next (0.05-0.36 s
-        a step at 200 sources, the workers idle). The caller vouches, through ``ready``, that all
-        of ``after``'s ``sources`` will run, and that their inputs are those partitions' outputs
-        or committed before."""
-        self._then[program] = (after, list(sources), ready)
+    def then_ahead(self, program: str, ready: Callable[[str], bool] | None = None) -> None:
+        """Start the next step's partitions (``run_ahead``: every partition of the program after
+        ``program`` in the crawl's steps, ``waves``) as soon as every partition of ``program``'s
+        next ``run`` has finished, none failed and none failed a blocking check, where they run on
+        the workers and ``ready(step)`` says then that all of them will run (by default: a forced
+        run, or none of them committed or begun for the crawl's keys, ``begun``); and so on down
+        the steps, each started as the one before it ends clean. The workers run on while this
+        process records what they finished, ends the step and plans the next: at 200 sources
+        recording a partition takes this process ~2 ms, a switched-off program's partition a
+        worker ~1 ms. The caller vouches that ``program``'s run covers every partition of it (a
+        step with none current: then the next step finds every partition of its own stale, the
+        ones run ahead committed but not recorded, and so on), and that the steps run in that order."""
+        with self._lock:
+            self._then[program] = ready or self._all_will_run
+
+    def _all_will_run(self, program: str) -> bool:
+        """Whether every partition of ``program`` will run in this pool's run: it is forced, or
+        none of them is committed or begun for the crawl's keys (``then_ahead``'s default)."""
+        return self.force or not begun(self.resource, self.spec, program)
 
     def _then_start(self, program: str, clean: bool) -> None:
         """``program``'s run has every partition (``clean``: none failed, none failed a blocking
-        check): start what ``then_ahead`` asked for after it, where it is clean."""
-        then = self._then.pop(program, None)
-        if then is None or not clean or self._ahead_only:  # a worker forked from this process runs
-            return  # only the head start (``__init__``)
-        after, sources, ready = then
-        if self.side_by_side(after, len(sources)) and ready():
-            self.run_ahead(after, sources)
+        check): start the next step's, where ``then_ahead`` asked for it and it is clean."""
+        with self._lock:
+            ready = self._then.pop(program, None)
+            if ready is None or not clean or self._ahead_only or self._closing:  # a worker forked from this
+                return  # process runs only the head start (``__init__``)
+        steps = [p for wave in waves() for p in wave]
+        if steps.index(program) + 1 == len(steps):
+            return
+        after = steps[steps.index(program) + 1]
+        sources = self.spec.partitions(after)
+        if self.side_by_side(after, len(sources)) and ready(after):
+            self.run_ahead(after, sources, then=ready)
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None,
             started: Callable[[], None] | None = None) -> Iterator[list[Done]]:
@@ -472,7 +500,8 @@ class PartitionPool:
         fails, and so do later steps' (a rerun resumes). What ``then_ahead`` asked for after
         ``program`` starts once all of these have finished, before the last list is yielded."""
         try:
-            ahead = self._ahead.pop(program, None)
+            with self._lock:
+                ahead = self._ahead.pop(program, None)
             if ahead is None:
                 yield from self._run(program, sources, emit, started, self.side_by_side(program, len(sources)),
                                      then=True)
@@ -498,7 +527,8 @@ class PartitionPool:
                 yield from self._run(program, rest, emit, None, self.side_by_side(program, len(rest)), then=True,
                                      clean=clean)
         finally:  # asked for, not started (a run in this process, a failure): not for a later run
-            self._then.pop(program, None)
+            with self._lock:
+                self._then.pop(program, None)
 
     def _run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None,
              started: Callable[[], None] | None, at_once: int, then: bool = False, clean: bool = True
@@ -512,7 +542,7 @@ class PartitionPool:
             judge = step_judge(self.resource, self.spec.crawl) if sources else None
             pace, queue = _Pace(), list(sources)
             while queue:
-                size = _pack_size(len(queue), 1, pace.seconds)
+                size = _pack_size(len(queue), 1, pace.seconds, least_s=0.0)  # no hand-over to wait for
                 ran = run_pack(self.resource, self.store, self.spec, program, queue[:size], self.execution,
                                self.force, emit, judge)
                 del queue[:size]
@@ -609,14 +639,20 @@ def begun(place: Place, spec: CrawlSpec, program: str) -> bool:
     return any(root.store.fs.exists(folder) for folder in folders)
 
 
-def _pack_size(remaining: int, at_once: int, seconds: float | None) -> int:
+def _pack_size(remaining: int, at_once: int, seconds: float | None, least_s: float = _PACK_LEAST_S) -> int:
     """How many of a step's ``remaining`` partitions the next pack takes: as many as run in about
     ``_PACK_S`` (``seconds``: the mean a partition of the step has taken so far; None before the
     first ends: one), at most ``_PACK``, and at most a quarter of what remains over the
-    ``at_once`` run side by side (guided self-scheduling: the last packs are single partitions,
-    so no worker waits on another's long pack at a step's end). A partition of more than half
-    ``_PACK_S`` goes alone: its commit's fsyncs are a small part of it, and a pack would hold
-    back its recording and lose more of what it did to a process that dies."""
+    ``at_once`` run side by side (guided self-scheduling: the last packs shrink, so no worker
+    waits on another's long pack at a step's end), but not under ``least_s`` of work (0: packs
+    run in this process). A pack handed to a worker waits for this process's executor thread,
+    which shares the interpreter with the thread recording the step: 5-50 ms a pack at 200
+    sources, where a switched-off program's step of partitions of 1-3 ms ended in 16 packs of one
+    each, 80 ms of its 240. A partition of more than half ``_PACK_S`` goes alone: its commit's
+    fsyncs are a small part of it, and a pack would hold back its recording and lose more of what
+    it did to a process that dies."""
     if seconds is None:
         return 1
-    return max(1, min(_PACK, int(_PACK_S / max(seconds, 1e-6)), remaining // (4 * at_once)))
+    seconds = max(seconds, 1e-6)
+    least = math.ceil(least_s / seconds)
+    return max(1, min(_PACK, int(_PACK_S / seconds), max(remaining // (4 * at_once), least), remaining))

@@ -1,13 +1,16 @@
 """The warm pool's packs: a step's short partitions go to a worker a few at a time (as many as run
 in about ``_PACK_S``, by the step's pace so far; guided self-scheduling, down to one each at the
-step's end; a long partition alone), each pack's commits published together
+step's end, or to what runs in ``_PACK_LEAST_S`` where partitions are shorter; a long partition
+alone), each pack's commits published together
 (``stages.store.commits_together``) and the crawl's keys derived once for it, every partition
 described as if it ran alone."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run import pool as pool_module
 from curation_dagster.run.done import TIMINGS, Done
 from curation_dagster.run.partition import finish, step_judge
-from curation_dagster.run.pool import _PACK, _PACK_S, PartitionPool, _pack_size
+from curation_dagster.run.pool import _PACK, _PACK_LEAST_S, _PACK_S, PartitionPool, _pack_size
 from stages import store as store_module
 from stages.spec import CrawlSpec
 from stages.store import Store
@@ -26,21 +29,32 @@ from tests.support.tiny_corpus import CRAWL, EXPECTED, fast_tmp, source_config
 
 
 @pytest.mark.parametrize("at_once", [1, 2, 4])
-@pytest.mark.parametrize("seconds", [None, 1e-5, 0.002, 0.05, _PACK_S / 3, _PACK_S, 30.0])
-def test_a_pack_holds_what_runs_in_its_time_and_shrinks_to_one_at_the_end(seconds: float | None,
-                                                                          at_once: int) -> None:
+@pytest.mark.parametrize("seconds", [None, 1e-5, 0.002, 0.005, _PACK_LEAST_S, 0.05, _PACK_S / 3, _PACK_S, 30.0])
+def test_a_pack_holds_what_runs_in_its_time_and_shrinks_toward_the_end(seconds: float | None, at_once: int) -> None:
     sizes = []
     remaining = 1000
     while remaining:
         sizes.append(_pack_size(remaining, at_once, seconds))
         remaining -= sizes[-1]
-    assert sizes == sorted(sizes, reverse=True) and max(sizes) <= _PACK and sizes[-1] == 1
+    assert sizes == sorted(sizes, reverse=True) and max(sizes) <= _PACK and sizes[-1] >= 1
     if seconds is None or seconds >= _PACK_S / 2:  # before the pace is known, or too long to share
         assert set(sizes) == {1}
+        return
+    assert sizes[0] == min(_PACK, int(_PACK_S / seconds)) > 1
+    # the step's end: down to one each where a partition is worth a pack's hand-over on its own,
+    # else never under what runs in ``_PACK_LEAST_S`` (the last pack: what remains)
+    least = min(_PACK, math.ceil(_PACK_LEAST_S / seconds))
+    if least <= 1:
+        assert sizes[-4 * at_once:] == [1] * (4 * at_once)
     else:
-        assert sizes[0] == min(_PACK, int(_PACK_S / seconds)) > 1
-        assert sizes[-4 * at_once:] == [1] * (4 * at_once)  # the step's end: one each
-    assert _pack_size(7, 2, 1e-5) == 1  # fewer than eight a worker: one each
+        assert min(sizes[:-1]) >= least and sizes[-1] <= least
+        assert len(sizes) <= math.ceil(1000 / least)
+
+
+def test_what_remains_of_a_step_of_tiny_partitions_goes_in_one_pack() -> None:
+    assert _pack_size(7, 2, 1e-5) == 7
+    assert _pack_size(7, 2, 0.1) == 1  # fewer than eight a worker of long partitions: one each
+    assert _pack_size(7, 1, 1e-5, least_s=0.0) == 1  # packs run in this process: no hand-over to wait for
 
 
 def _many(n: int) -> CrawlSpec:
@@ -143,7 +157,7 @@ def test_a_partition_that_fails_in_a_pack_leaves_the_others_published(tmp_path: 
 
 def test_many_sources_run_in_packs_on_a_real_pool(tmp_path: Path) -> None:
     """40 sources on two workers: one partition a worker until the first ends, then packs (of the
-    crawl's short partitions), one each at the end; every partition ends once, committed."""
+    crawl's short partitions), smaller toward the end; every partition ends once, committed."""
     crawl = _many(40)
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work), workers=2)
@@ -163,7 +177,7 @@ def test_many_sources_run_in_packs_on_a_real_pool(tmp_path: Path) -> None:
                 assert sorted(d.source or "" for d in done) == sorted(s or "" for s in crawl.partitions(program))
                 assert [s for p in packs for s in p] == crawl.partitions(program)
                 sizes = [len(p) for p in packs]
-                assert sizes[:2] == [1, 1] and max(sizes) > 1 and sizes[-1] == 1, sizes
+                assert sizes[:2] == [1, 1] and max(sizes) > 1 and sizes[2:] == sorted(sizes[2:], reverse=True), sizes
                 assert all(d.error is None and d.outcome is not None for d in done), [d.trace for d in done]
                 fresh = Store(resource.store().root)
                 for d in done:
@@ -304,62 +318,78 @@ def test_a_pool_closed_while_its_packs_run_ahead_ends(tmp_path: Path) -> None:
         assert not any(thread.is_alive() for thread in pool._threads)
 
 
+def _until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.01)
+
+
 def test_the_next_steps_partitions_start_before_this_steps_last_list_is_taken(tmp_path: Path) -> None:
     """``then_ahead``: the next step's partitions start on the workers once every partition of
-    this step has finished, before its last list reaches the step (which records it meanwhile);
-    its own step then takes them as run ahead: every partition once, committed. After a step
-    with a failed partition nothing starts."""
+    this step has finished, before its last list reaches the step (which records it meanwhile),
+    and the step after that one's as they end, while no step has taken any of them; each step
+    then takes its partitions as run ahead: every partition once, committed. The chain ends at
+    the first step ``ready`` says no to, and after a step with a failed partition nothing starts."""
     crawl = _many(12)
     sources = crawl.partitions("raw_documents")
+    asked: list[str] = []
+
+    def ready(step: str) -> bool:  # the chain's steps: two, then no
+        asked.append(step)
+        return step in ("document_languages", "filtered_documents")
+
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work), workers=2)
         resource.dataroot().register(crawl)
         with PartitionPool(resource, crawl) as pool:
-            pool.then_ahead("raw_documents", "document_languages", sources, ready=lambda: True)
+            pool.then_ahead("raw_documents", ready)
             seen: list[bool] = []  # at each list taken: had the next step's partitions started?
             taken = 0
             for finished in pool.run("raw_documents", sources):
                 taken += len(finished)
                 seen.append(("document_languages", sources[0]) in pool.ahead)
             assert taken == 12 and seen[-1] and not any(seen[:-1]), seen
-            done = [d for f in pool.run("document_languages", sources) for d in f]
-            assert sorted(d.source or "" for d in done) == sources
+            _until(lambda: "exact_duplicates" in asked)  # document_languages' step took nothing yet
+            assert asked == ["document_languages", "filtered_documents", "exact_duplicates"]
+            assert ("filtered_documents", sources[0]) in pool.ahead and ("exact_duplicates", None) not in pool.ahead
             fresh = Store(resource.store().root)
-            for d in done:
-                assert d.error is None and d.outcome is not None, d.trace
-                committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, "document_languages", d.source))
-                assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
+            for program in ("document_languages", "filtered_documents"):
+                done = [d for f in pool.run(program, sources) for d in f]
+                assert sorted(d.source or "" for d in done) == sources
+                for d in done:
+                    assert d.error is None and d.outcome is not None, d.trace
+                    committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, program, d.source))
+                    assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
             assert pool._then == {}
-            # Chained: a step whose own partitions ran ahead starts the next one at its last list
-            # too; where ``ready`` says no (the next step's partitions begun), nothing starts.
-            pool.then_ahead("document_languages", "filtered_documents", sources, ready=lambda: False)
-            pool.run_ahead("document_languages", sources)  # (as the previous step would have)
-            taken = sum(len(f) for f in pool.run("document_languages", sources))
-            assert taken == 12 and ("filtered_documents", sources[0]) not in pool.ahead
     with fast_tmp(tmp_path / "u") as work:
         resource = CurationResource(workdir=str(work), workers=2)
         resource.dataroot().register(crawl)
-        with PartitionPool(resource, crawl) as pool:
-            pool.run_ahead("raw_documents", sources)
-            pool.then_ahead("raw_documents", "document_languages", sources, ready=lambda: True)
-            seen = []
-            for _finished in pool.run("raw_documents", sources):
-                seen.append(("document_languages", sources[0]) in pool.ahead)
-            assert seen[-1] and not any(seen[:-1]), seen
+        with PartitionPool(resource, crawl) as pool:  # the head start's chain, from its own thread
+            pool.run_ahead("raw_documents", sources, then=lambda step: step == "document_languages")
+            _until(lambda: ("document_languages", sources[0]) in pool.ahead)  # no list taken yet
+            assert sum(len(f) for f in pool.run("raw_documents", sources)) == 12
             assert len([d for f in pool.run("document_languages", sources) for d in f]) == 12
+            assert ("filtered_documents", sources[0]) not in pool.ahead
     broken = crawl.model_copy(update={"sources": {**crawl.sources, "c05": crawl.sources["c05"].model_copy(
         update={"url": str(tmp_path / "missing.jsonl")})}})
     with fast_tmp(tmp_path / "v") as work:
         resource = CurationResource(workdir=str(work), workers=2)
         resource.dataroot().register(broken)
         with PartitionPool(resource, broken) as pool:
-            pool.then_ahead("raw_documents", "document_languages", sources, ready=lambda: True)
+            pool.then_ahead("raw_documents", lambda step: True)
             done = [d for f in pool.run("raw_documents", sources) for d in f]
             assert [d.source for d in done if d.error is not None] == ["c05"]
             assert not pool.ahead and pool._then == {}
             # A worker forked from the command's process runs its head start only (``ahead_of_run``)
             pool._ahead_only = True
-            pool.then_ahead("document_languages", "filtered_documents", sources, ready=lambda: True)
+            pool.then_ahead("document_languages", lambda step: True)
+            pool._then_start("document_languages", True)
+            assert not pool.ahead
+            # A closing pool starts nothing more
+            pool._ahead_only = False
+            pool.close()
+            pool.then_ahead("document_languages", lambda step: True)
             pool._then_start("document_languages", True)
             assert not pool.ahead
 
