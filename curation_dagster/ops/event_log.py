@@ -20,7 +20,11 @@ tests/curation_dagster/defs/test_dagster_tools.py fails if it moves or stops loa
 private names, ``AssetCheckEvaluationTargetMaterializationData`` (``_target``, the one place a
 check evaluation's target is built) and the event log's tables (``store_together`` writes the
 rows Dagster's ``store_event`` writes), have no public export either; test_checks.py reads the
-check state they feed, and test_event_batches.py compares the rows with Dagster's own.
+check state they feed, and test_event_batches.py compares the rows with Dagster's own. So do the
+names of Dagster's serialization that ``_packed`` walks with (its whitelist, its object and
+metadata field serializers); test_event_batches.py compares its text with ``serialize_value``'s on
+a real run's events and on metadata of every kind, and a process checks the first event of each
+type (``_dumps``).
 """
 
 from __future__ import annotations
@@ -120,6 +124,88 @@ def _serialized_schema(value: Any) -> str | None:
     if held[1] is None:
         held = _SCHEMAS[id(value.schema)] = (value.schema, serialize_value(value))
     return held[1]
+
+
+# Dagster's serialization of an event, made faster. ``serialize_value`` packs an event object by
+# object through a generic walk that builds a descent path (for its error messages) at every node
+# and drives the JSON encoder through lazy wrappers' generators: 0.25-0.45 ms a materialization
+# (17 metadata entries), 0.12-0.2 ms a check evaluation, about a fifth of what recording a
+# partition costs ``curate run``'s process at 200 sources. ``_packed`` walks the same objects with
+# Dagster's own serializers (their storage names, field serializers, skipped fields and old
+# fields; a metadata dict as the list of entries ``MetadataFieldSerializer`` makes) into plain
+# dicts and lists, and hands anything else (an enum, a set, an object whose serializer packs in
+# its own way) to Dagster's ``pack_value``; the JSON is Dagster's ``json.dumps`` with sorted
+# keys. The 4,111 events of a 200-source crawl came out byte for byte Dagster's, in 0.79 s against
+# 1.40 s. The first event of each type in a process is serialized both ways and compared: where
+# they differ (another Dagster), that type is serialized by Dagster from then on.
+_OBJECTS: dict[type, Any] = {}  # a type's serializer, where ``_packed`` packs it; False: Dagster does
+_SAME: dict[str | None, bool] = {}  # by event type: whether ``_packed`` gave Dagster's text
+
+
+def _serializer(kind: type) -> Any:
+    """The whitelisted serializer of ``kind`` where it packs its fields the common way (its class's
+    own, ``pack_items`` and ``before_pack`` not overridden), else False."""
+    from dagster_shared.serdes.serdes import _WHITELIST_MAP, ObjectSerializer
+
+    serializer = _WHITELIST_MAP.object_serializers.get(kind.__name__)
+    if serializer is None or serializer.klass is not kind or \
+            type(serializer).pack_items is not ObjectSerializer.pack_items or \
+            type(serializer).before_pack is not ObjectSerializer.before_pack:
+        return False
+    return serializer
+
+
+def _packed(value: Any) -> Any:
+    """Dagster's ``pack_value(value)``: JSON-ready dicts, lists and scalars (see above)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind is list:
+        return [_packed(v) for v in value]
+    if kind is dict:
+        return {k: _packed(v) for k, v in value.items()}
+    serializer = _OBJECTS.get(kind)
+    if serializer is None:
+        serializer = _OBJECTS[kind] = _serializer(kind)
+    if serializer is False:
+        from dagster_shared.serdes.serdes import pack_value
+
+        return pack_value(value)
+    from dagster._core.definitions.metadata import MetadataFieldSerializer
+    from dagster_shared.serdes.serdes import _WHITELIST_MAP, EMPTY_VALUES_TO_SKIP
+
+    out: dict[str, Any] = {"__class__": serializer.get_storage_name()}
+    names, custom = serializer.storage_field_names, serializer.field_serializers
+    for key, inner in serializer.object_as_mapping(value).items():
+        field = custom.get(key)
+        if type(field) is MetadataFieldSerializer:  # its list of entries, their values packed here
+            inner = [{"__class__": "EventMetadataEntry", "label": label, "entry_data": _packed(v), "description": None}
+                     for label, v in inner.items()]
+        elif field is not None:
+            inner = field.pack(inner, whitelist_map=_WHITELIST_MAP, descent_path=key)
+        if (key in serializer.skip_when_empty_fields and inner in EMPTY_VALUES_TO_SKIP) or \
+                (key in serializer.skip_when_none_fields and inner is None):
+            continue
+        out[names.get(key, key)] = inner if type(field) is MetadataFieldSerializer else _packed(inner)
+    for key, default in serializer.old_fields.items():
+        out[key] = default
+    return out
+
+
+def _dumps(event: Any) -> str:
+    """``serialize_value(event)``, byte for byte, mostly by ``_packed`` (see above)."""
+    import json
+
+    kind = event.dagster_event.event_type_value if event.dagster_event is not None else None
+    same = _SAME.get(kind)
+    if same is False:
+        return serialize_value(event)
+    text = json.dumps(_packed(event), sort_keys=True)
+    if same is None:
+        dagster = serialize_value(event)
+        _SAME[kind] = text == dagster
+        return dagster
+    return text
 
 
 def _with_placeholder(event: Any) -> Any:
@@ -408,18 +494,32 @@ class EventBatches:
         raise NotImplementedError
 
     def _event_to_row(self, event: Any) -> dict[str, Any]:
-        """Dagster's row of ``event`` (``SqlEventLogStorage._event_to_row``), its serialized form
-        the same bytes, made with a materialization's column schema serialized once for all the
-        events that share it (``_serialized_schema``)."""
+        """Dagster's row of ``event`` (``SqlEventLogStorage._event_to_row``: the same columns, filled
+        the same way), its serialized form the same bytes, made faster (``_dumps``) and with a
+        materialization's column schema serialized once for all the events that share it
+        (``_serialized_schema``)."""
+        dagster_event = event.dagster_event
+        return {
+            "run_id": event.run_id,
+            "event": self._serialized(event),
+            "dagster_event_type": dagster_event.event_type_value if dagster_event is not None else None,
+            "timestamp": self._event_insert_timestamp(event),
+            "step_key": dagster_event.step_key if dagster_event is not None else event.step_key,
+            "asset_key": dagster_event.asset_key.to_string() if dagster_event is not None and
+            dagster_event.asset_key else None,
+            "partition": dagster_event.partition if dagster_event is not None and dagster_event.partition else None,
+        }
+
+    @staticmethod
+    def _serialized(event: Any) -> str:
+        """``serialize_value(event)``, byte for byte (``_event_to_row``)."""
         value = _column_schema(event)
         schema = None if value is None else _serialized_schema(value)
         if schema is not None:
-            row: dict[str, Any] = super()._event_to_row(_with_placeholder(event))  # type: ignore[misc]
-            head, _, tail = row["event"].partition(_PLACEHOLDER_JSON)
+            head, _, tail = _dumps(_with_placeholder(event)).partition(_PLACEHOLDER_JSON)
             if _PLACEHOLDER_JSON not in tail:  # else the placeholder's text is in the event itself
-                row["event"] = head + schema + tail
-                return row
-        return super()._event_to_row(event)  # type: ignore[no-any-return, misc]
+                return head + schema + tail
+        return _dumps(event)
 
     if TYPE_CHECKING:  # Dagster's SqlEventLogStorage's, which the storages this mixes into have
         def _store_asset_event_tags(self, conn: Any, events: Sequence[Any], event_ids: Sequence[int]) -> None: ...

@@ -492,10 +492,11 @@ class PartitionPool:
             self.run_ahead(after, sources, then=ready)
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None,
-            started: Callable[[], None] | None = None) -> Iterator[list[Done]]:
+            started: Callable[[set[str | None]], None] | None = None) -> Iterator[list[Done]]:
         """Every partition of ``program`` in ``sources``, as they finish: each list holds those
         finished since the last was taken (at least one); those started ahead (``run_ahead``)
-        first, as they finish, with the progress lines they told meanwhile. A worker process that
+        first, as they finish, with the progress lines they told meanwhile. ``started``: called
+        once they are handed over, with those that had ended already (started ahead; else none). A worker process that
         dies (the OOM killer) breaks the pool: every partition of the step not done by then
         fails, and so do later steps' (a rerun resumes). What ``then_ahead`` asked for after
         ``program`` starts once all of these have finished, before the last list is yielded."""
@@ -506,12 +507,13 @@ class PartitionPool:
                 yield from self._run(program, sources, emit, started, self.side_by_side(program, len(sources)),
                                      then=True)
                 return
-            if started is not None:  # handed over already
-                started()
             wanted, ran = set(sources), set(ahead.sources)
+            got = ahead.take(0.0)  # what ended before this step began: recorded first, at once
+            if started is not None:  # handed over already
+                started({d.source for d in got or ()} & wanted)
             rest = [s for s in sources if s not in ran]
             clean = True
-            while (got := ahead.take(_LINES_S)) is not None:
+            while got is not None:
                 for line in ahead.told():  # as they come, where one partition runs alone
                     if emit is not None:
                         emit(line)
@@ -521,6 +523,7 @@ class PartitionPool:
                     self._then_start(program, clean)
                 if done:
                     yield done
+                got = ahead.take(_LINES_S)
             if self._ahead_only:  # its one worker has done what it was forked for
                 self.close()
             if rest:
@@ -531,14 +534,14 @@ class PartitionPool:
                 self._then.pop(program, None)
 
     def _run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None,
-             started: Callable[[], None] | None, at_once: int, then: bool = False, clean: bool = True
+             started: Callable[[set[str | None]], None] | None, at_once: int, then: bool = False, clean: bool = True
              ) -> Iterator[list[Done]]:
         """``run``, ``at_once`` partitions side by side on the workers (0: here, in turn). ``then``:
         what ``then_ahead`` asked for after ``program`` starts before its last list is yielded
         (``clean``: none failed so far), where they run on the workers."""
         if not at_once:
             if started is not None:
-                started()
+                started(set())
             judge = step_judge(self.resource, self.spec.crawl) if sources else None
             pace, queue = _Pace(), list(sources)
             while queue:
@@ -586,7 +589,7 @@ class PartitionPool:
 
         broken = hand_over()
         if started is not None:  # handed over: the workers run them meanwhile
-            started()
+            started(set())
         if broken:
             clean = False
             yield broken
