@@ -8,6 +8,7 @@ parameter re-keys that output and everything below it.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
@@ -23,6 +24,9 @@ from stages.store import check_name, held_within
 # CrawlSpec.keys() of the most recently used specs, by their JSON (a few crawls at a time).
 _KEYS: dict[str, dict[tuple[str, str | None], str]] = {}
 _KEYS_KEPT = 16
+# ``curate run``'s pool derives keys in the threads that start steps ahead, beside the run's own
+# (``curation_dagster.run.pool.PartitionPool.then_ahead``)
+_KEYS_LOCK = threading.Lock()
 
 # The keys derived within ``keys_held``, by the spec's JSON: equal specs (a pool worker's, and its
 # checks' evaluator's, read from the data root) share one derivation.
@@ -157,7 +161,8 @@ class CrawlSpec(BaseModel):
                      for p in PROGRAMS.values()]
         versions = [(p.params.version, code_versions(p.name)) for p in PROGRAMS.values()]
         ident = self._dumped() + repr(validated) + repr(versions)
-        cached = _KEYS.pop(ident, None)
+        with _KEYS_LOCK:
+            cached = _KEYS.pop(ident, None)
         if cached is None:
             cached = self._derive_keys()
         _remember(ident, cached)
@@ -177,9 +182,10 @@ class CrawlSpec(BaseModel):
 
 
 def _remember(ident: str, keys: dict[tuple[str, str | None], str]) -> None:
-    _KEYS[ident] = keys  # most recent last
-    while len(_KEYS) > _KEYS_KEPT:
-        del _KEYS[next(iter(_KEYS))]
+    with _KEYS_LOCK:
+        _KEYS[ident] = keys  # most recent last
+        while len(_KEYS) > _KEYS_KEPT:
+            del _KEYS[next(iter(_KEYS))]
 
 
 def adopt_keys(ident: str, keys: dict[tuple[str, str | None], str]) -> None:

@@ -200,12 +200,14 @@ def _dumps(event: Any) -> str:
     same = _SAME.get(kind)
     if same is False:
         return serialize_value(event)
-    text = json.dumps(_packed(event), sort_keys=True)
-    if same is None:
+    if same is None:  # the type's first event: both ways, Dagster's kept
         dagster = serialize_value(event)
-        _SAME[kind] = text == dagster
+        try:
+            _SAME[kind] = json.dumps(_packed(event), sort_keys=True) == dagster
+        except Exception:  # what Dagster serialized and this walk could not
+            _SAME[kind] = False
         return dagster
-    return text
+    return json.dumps(_packed(event), sort_keys=True)
 
 
 def _with_placeholder(event: Any) -> Any:

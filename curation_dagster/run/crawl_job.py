@@ -385,11 +385,15 @@ def _planned(context: OpExecutionContext, program: str, keys: list[str]) -> None
 def run_step(context: OpExecutionContext, curation: CurationResource, config: CrawlConfig, program: str
              ) -> Iterator[Any]:
     """One step of the crawl job: plan ``program``'s partitions, run the stale ones, record each.
-    A step that fails or is stopped, wherever (planning included), ends the run's warm workers:
-    no later step of the run runs."""
+    A step that fails or is stopped, wherever (planning included), ends the run's warm workers
+    and its pool's chain of steps started ahead (``PartitionPool.stop_ahead``): no later step of
+    the run runs."""
     try:
         yield from _run_step(context, curation, config, program)
     except BaseException:
+        pool = _POOLS.get(config.crawl) if curation.mode == "in_process" else None
+        if pool is not None:
+            pool.stop_ahead()
         retire_workers(context.run_id)
         raise
 

@@ -271,8 +271,9 @@ class PartitionPool:
     its ``ExecutionParams.workers`` (its process pools), its numba, torch and OpenMP threads. A
     step of one partition (a crawl-wide program's) runs it on a worker with every core, where the
     pool has a worker per core (``side_by_side``).
-    Short partitions go to a worker in packs (``_pack_size``: about ``_PACK_S`` of work; run
-    here, in the same packs), each pack's commits published together (``run_pack``).
+    Short partitions go to a worker in packs (``_pack_size``: about ``_PACK_S`` of work, and no
+    less than ``_PACK_LEAST_S`` where it can; run here, in packs of the same size down to one),
+    each pack's commits published together (``run_pack``).
     Finished partitions are handed to the step in lists, gathered for up to ``_GATHER_S``.
     ``warm``: start the fork server and a first worker at once (``curate run``'s pool, for the
     whole run), not when the first partitions are handed over. A step's partitions may be
@@ -373,8 +374,7 @@ class PartitionPool:
     def close(self) -> None:
         """End the workers once what they run now ends (what was only handed over is not run,
         unless a thread running partitions ahead waits on it: then it is), and those threads."""
-        with self._lock:  # no thread starts the next step's partitions from now on
-            self._closing = True
+        self.stop_ahead()  # no thread starts the next step's partitions from now on
         if self._pool is not None:
             # A thread running partitions ahead waits on what it handed over, and a cancelled
             # future wakes no waiter (``Future.cancel``): that work runs to its end instead (about
@@ -487,19 +487,34 @@ class PartitionPool:
         if steps.index(program) + 1 == len(steps):
             return
         after = steps[steps.index(program) + 1]
-        sources = self.spec.partitions(after)
-        if self.side_by_side(after, len(sources)) and ready(after):
-            self.run_ahead(after, sources, then=ready)
+        try:
+            sources = self.spec.partitions(after)
+            if self.side_by_side(after, len(sources)) and ready(after):
+                self.run_ahead(after, sources, then=ready)
+        except Exception:  # only a head start: ``after``'s step runs it, and fails where it would have
+            return
+
+    def stop_ahead(self) -> None:
+        """Start no further step ahead (``then_ahead``): the run failed or was stopped. What was
+        handed over runs to its end (``close``)."""
+        with self._lock:
+            self._closing = True
+            self._then.clear()
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None,
             started: Callable[[set[str | None]], None] | None = None) -> Iterator[list[Done]]:
         """Every partition of ``program`` in ``sources``, as they finish: each list holds those
         finished since the last was taken (at least one); those started ahead (``run_ahead``)
         first, as they finish, with the progress lines they told meanwhile. ``started``: called
-        once they are handed over, with those that had ended already (started ahead; else none). A worker process that
+        once they are handed over, with those that had ended committed already (started ahead;
+        else none): a step's planned materializations are for the others (a partition that
+        failed is planned: Dagster counts a failed partition by its planned materialization
+        with no materialization after it). A worker process that
         dies (the OOM killer) breaks the pool: every partition of the step not done by then
         fails, and so do later steps' (a rerun resumes). What ``then_ahead`` asked for after
-        ``program`` starts once all of these have finished, before the last list is yielded."""
+        ``program`` starts once all of these have finished, before the last list is yielded
+        (where they ran ahead, from the thread that ran them: the steps after it may have started
+        before this step began)."""
         try:
             with self._lock:
                 ahead = self._ahead.pop(program, None)
@@ -508,9 +523,14 @@ class PartitionPool:
                                      then=True)
                 return
             wanted, ran = set(sources), set(ahead.sources)
-            got = ahead.take(0.0)  # what ended before this step began: recorded first, at once
-            if started is not None:  # handed over already
-                started({d.source for d in got or ()} & wanted)
+            try:
+                got = ahead.take(0.0)  # what ended before this step began: recorded first, at once
+            except BaseException:
+                if started is not None:
+                    started(set())
+                raise
+            if started is not None:  # handed over already; a failed one is planned (Dagster shows it failed)
+                started({d.source for d in got or () if d.outcome is not None} & wanted)
             rest = [s for s in sources if s not in ran]
             clean = True
             while got is not None:
