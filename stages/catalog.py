@@ -185,6 +185,18 @@ def waves() -> list[list[str]]:
     return out
 
 
+def steps() -> list[str]:
+    """The programs in the order a crawl's run takes them, a step each: ``waves`` flattened."""
+    return [p for wave in waves() for p in wave]
+
+
+def step_after(program: str) -> str | None:
+    """The step a crawl's run takes after ``program``'s (``steps``), None after the last."""
+    order = steps()
+    at = order.index(program) + 1
+    return order[at] if at < len(order) else None
+
+
 def partition_name(program: str, crawl: str, source: str | None) -> str:
     """``program[crawl|source]`` or ``program[crawl]``: how messages name a program's partition."""
     return f"{program}[{crawl}|{source}]" if source is not None else f"{program}[{crawl}]"

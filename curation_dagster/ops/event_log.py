@@ -29,6 +29,7 @@ type (``_dumps``).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -37,7 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from dagster import TableSchemaMetadataValue, TextMetadataValue, serialize_value
+from dagster._core.definitions.metadata import MetadataFieldSerializer
 from dagster._core.storage.event_log import ConsolidatedSqliteEventLogStorage
+from dagster_shared.serdes.serdes import _WHITELIST_MAP, EMPTY_VALUES_TO_SKIP, ObjectSerializer, pack_value
 from watchdog.events import PatternMatchingEventHandler
 
 BUSY_TIMEOUT_S = 30  # as Dagster's SQLite storages wait on a locked database
@@ -145,8 +148,6 @@ _SAME: dict[str | None, bool] = {}  # by event type: whether ``_packed`` gave Da
 def _serializer(kind: type) -> Any:
     """The whitelisted serializer of ``kind`` where it packs its fields the common way (its class's
     own, ``pack_items`` and ``before_pack`` not overridden), else False."""
-    from dagster_shared.serdes.serdes import _WHITELIST_MAP, ObjectSerializer
-
     serializer = _WHITELIST_MAP.object_serializers.get(kind.__name__)
     if serializer is None or serializer.klass is not kind or \
             type(serializer).pack_items is not ObjectSerializer.pack_items or \
@@ -168,17 +169,13 @@ def _packed(value: Any) -> Any:
     if serializer is None:
         serializer = _OBJECTS[kind] = _serializer(kind)
     if serializer is False:
-        from dagster_shared.serdes.serdes import pack_value
-
         return pack_value(value)
-    from dagster._core.definitions.metadata import MetadataFieldSerializer
-    from dagster_shared.serdes.serdes import _WHITELIST_MAP, EMPTY_VALUES_TO_SKIP
-
     out: dict[str, Any] = {"__class__": serializer.get_storage_name()}
     names, custom = serializer.storage_field_names, serializer.field_serializers
     for key, inner in serializer.object_as_mapping(value).items():
         field = custom.get(key)
-        if type(field) is MetadataFieldSerializer:  # its list of entries, their values packed here
+        entries = type(field) is MetadataFieldSerializer  # its list of entries, their values packed here
+        if entries:
             inner = [{"__class__": "EventMetadataEntry", "label": label, "entry_data": _packed(v), "description": None}
                      for label, v in inner.items()]
         elif field is not None:
@@ -186,7 +183,7 @@ def _packed(value: Any) -> Any:
         if (key in serializer.skip_when_empty_fields and inner in EMPTY_VALUES_TO_SKIP) or \
                 (key in serializer.skip_when_none_fields and inner is None):
             continue
-        out[names.get(key, key)] = inner if type(field) is MetadataFieldSerializer else _packed(inner)
+        out[names.get(key, key)] = inner if entries else _packed(inner)
     for key, default in serializer.old_fields.items():
         out[key] = default
     return out
@@ -194,8 +191,6 @@ def _packed(value: Any) -> Any:
 
 def _dumps(event: Any) -> str:
     """``serialize_value(event)``, byte for byte, mostly by ``_packed`` (see above)."""
-    import json
-
     kind = event.dagster_event.event_type_value if event.dagster_event is not None else None
     same = _SAME.get(kind)
     if same is False:

@@ -3,7 +3,7 @@ finishes.
 
 ``curate_run`` is a static job of the code location (it shows in the Launchpad, its config is
 the crawl: ``{crawl: NAME, force: false}``, the spec itself is the data root's). Its steps are the
-programs in dependency order (``stages.catalog.waves`` flattened). A step plans its program's
+programs in dependency order (``stages.catalog.steps``: ``waves`` flattened). A step plans its program's
 partitions when it starts (``curation_dagster.run.planner``: the steps before it have committed their
 outputs), logs a planned materialization for each stale one not done yet (the UI shows it in
 progress), fans
@@ -75,14 +75,14 @@ from curation_dagster.run.judge import evaluator
 from curation_dagster.run.partition import describe, finish, one_line, told
 from curation_dagster.run.planner import Planner
 from curation_dagster.run.pool import PartitionPool
-from stages.catalog import PROGRAMS, partition_name, waves
+from stages.catalog import PROGRAMS, partition_name, step_after, steps
 from stages.dataroot import DataRoot
 from stages.execute import Outcome
 from stages.spec import CrawlSpec
 
 CRAWL_JOB = "curate_run"
 CRAWL_TAG = "curate/crawl"  # on every run of a crawl (``curate run``, ``curate submit``)
-STEPS = [program for wave in waves() for program in wave]
+STEPS = steps()
 
 
 class CrawlConfig(Config):
@@ -489,10 +489,7 @@ def _next_step(program: str, stale: list[str | None], current: list[str | None])
     run (a forced run, or none of them committed or begun for the crawl's keys, its first run),
     and so on down the steps. Their inputs are this step's partitions and those of earlier steps,
     committed."""
-    at = STEPS.index(program)
-    if at + 1 == len(STEPS) or current or not stale:
-        return None
-    return STEPS[at + 1]
+    return None if current or not stale else step_after(program)
 
 
 def _step(program: str, first: bool) -> OpDefinition:

@@ -30,7 +30,7 @@ from curation_dagster.run.forkserver import start as start_fork_server
 from curation_dagster.run.judge import Judge
 from curation_dagster.run.partition import finish, one_line, step_judge
 from curation_dagster.run.place import Curation, Place
-from stages.catalog import PROGRAMS, waves
+from stages.catalog import PROGRAMS, step_after, waves
 from stages.parallel import adopt_environment, die_with_parent, limit_threads, usable_cores
 from stages.params import ExecutionParams
 from stages.spec import CrawlSpec, adopt_keys, keys_held
@@ -306,7 +306,7 @@ class PartitionPool:
         # The threads that run partitions ahead start the next step's (``_then_start``) while this
         # process's run takes what they finished: what they share changes under this lock.
         self._lock = threading.RLock()
-        self._closing = False
+        self._stopped = False  # ``stop_ahead``: no further step starts ahead
         self.ahead: frozenset[tuple[str, str | None]] = frozenset()  # the partitions run ahead (``run_ahead``)
         # A worker forked from this process runs only what runs ahead: a later step's partition
         # would find the state of this process at the fork, not the fork server's. Forked only
@@ -434,7 +434,7 @@ class PartitionPool:
                 at_once = 1 if self._pool is not None else 0
             else:
                 at_once = self.side_by_side(program, len(sources))
-            if not sources or not at_once or program in self._ahead or self._closing:
+            if not sources or not at_once or program in self._ahead or self._stopped:
                 return
             ahead = _Ahead(list(sources))
             self._ahead[program] = ahead
@@ -481,12 +481,11 @@ class PartitionPool:
         check): start the next step's, where ``then_ahead`` asked for it and it is clean."""
         with self._lock:
             ready = self._then.pop(program, None)
-            if ready is None or not clean or self._ahead_only or self._closing:  # a worker forked from this
+            if ready is None or not clean or self._ahead_only or self._stopped:  # a worker forked from this
                 return  # process runs only the head start (``__init__``)
-        steps = [p for wave in waves() for p in wave]
-        if steps.index(program) + 1 == len(steps):
+        after = step_after(program)
+        if after is None:
             return
-        after = steps[steps.index(program) + 1]
         try:
             sources = self.spec.partitions(after)
             if self.side_by_side(after, len(sources)) and ready(after):
@@ -498,7 +497,7 @@ class PartitionPool:
         """Start no further step ahead (``then_ahead``): the run failed or was stopped. What was
         handed over runs to its end (``close``)."""
         with self._lock:
-            self._closing = True
+            self._stopped = True
             self._then.clear()
 
     def run(self, program: str, sources: list[str | None], emit: Callable[[str], None] | None = None,
