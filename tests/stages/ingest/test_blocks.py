@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stages.ingest.records import Collect, Done
-from stages.ingest.tasks import _valid_text_column, rows
+from stages.ingest.tasks import _valid_text_column, plain_fields, rows
 from stages.params import RawDocumentsParams
 
 PARAMS = RawDocumentsParams(url="unused", id_field="id", url_field="url", max_chars=40)
@@ -105,16 +105,18 @@ def test_random_jsonl_blocks(records: list[dict[str, Any]], fields: tuple[str | 
     assert block == one
 
 
-def _batch_both_ways(table: pa.Table) -> tuple[dict[str, Any], dict[str, Any]]:
+def _batch_both_ways(table: pa.Table, params: RawDocumentsParams = PARAMS) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Parquet batch judged record by record, and as ``ParquetTask`` judges it (one block, its
+    ids and urls taken whole where ``plain_fields`` can)."""
     batch = table.to_batches()[0]
     recs = rows(batch, "text")
-    one = Collect(PARAMS)
+    one = Collect(params)
     for i, rec in enumerate(recs):
-        one.record(rec, i + 1)
+        one.record(dict(rec), i + 1)
     text = _valid_text_column(batch, "text")
     assert text is not None
-    block = Collect(PARAMS)
-    block.batch(recs, text, 1)
+    block = Collect(params)
+    block.batch(recs, text, 1, plain_fields(batch, params))
     return _done_as_dict(one.done()), _done_as_dict(block.done())
 
 
@@ -190,6 +192,61 @@ def test_random_parquet_batches(values: list[tuple[str | None, int | None, float
                       "score": pa.array([v[2] for v in values], pa.float64())})
     one, block = _batch_both_ways(table)
     assert block == one
+
+
+_IDS = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8),
+                 st.sampled_from(["", "\u00e9t\u00e9", "pair \U0001f600", "a\x00b"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=30), st.sampled_from(["", " ", "a\x00", "x" * 41])),
+                          _IDS, _IDS), min_size=1, max_size=10),
+       st.sampled_from(["string", "large_string", "dictionary", "int64", "uint8", "nulls", "absent"]),
+       st.sampled_from(["string", "string_view", "absent"]), st.sampled_from(["id", None]),
+       st.sampled_from(["url", None]))
+def test_a_batch_of_text_id_and_url_alone_takes_its_ids_whole(
+        values: list[tuple[str | None, Any, Any]], id_kind: str, url_kind: str, id_field: str | None,
+        url_field: str | None) -> None:
+    """A batch whose columns are its text, id and url fields alone, ids and urls strings or
+    integers however stored, has its ids and urls taken as columns (``plain_fields``): the same
+    documents, ids, urls, digests and quarantine as each record judged on its own. With another
+    column, or an id or url field the source does not name (then metadata), or ids of another
+    type, ``plain_fields`` declines."""
+    ints = id_kind in ("int64", "uint8")
+    ids = [v[1] if not ints or isinstance(v[1], int) or v[1] is None else len(v[1]) for v in values]
+    if id_kind == "uint8":
+        ids = [None if i is None else abs(i) % 256 for i in ids]
+    ids = [None if i is None else (i if ints else str(i)) for i in ids]
+    urls = [None if v[2] is None else str(v[2]) for v in values]
+    columns: dict[str, pa.Array] = {"text": pa.array([v[0] for v in values], pa.string())}
+    if id_kind != "absent":
+        columns["id"] = {"string": lambda: pa.array(ids, pa.string()),
+                         "large_string": lambda: pa.array(ids, pa.large_string()),
+                         "dictionary": lambda: pa.array(ids, pa.string()).dictionary_encode(),
+                         "int64": lambda: pa.array(ids, pa.int64()), "uint8": lambda: pa.array(ids, pa.uint8()),
+                         "nulls": lambda: pa.nulls(len(ids), pa.string())}[id_kind]()
+    if url_kind != "absent":
+        kind = pa.string_view() if url_kind == "string_view" else pa.string()
+        columns["url"] = pa.array(urls, pa.string()).cast(kind)
+    params = RawDocumentsParams(url="unused", id_field=id_field, url_field=url_field, max_chars=40)
+    table = pa.table(columns)
+    plain = plain_fields(table.to_batches()[0], params)
+    assert (plain is None) == (("id" in columns and id_field is None) or ("url" in columns and url_field is None))
+    one, block = _batch_both_ways(table, params)
+    assert block == one
+
+
+def test_plain_fields_declines_other_columns_and_other_ids() -> None:
+    text = pa.array(["a", "b"])
+    assert plain_fields(pa.record_batch({"text": text, "lang": pa.array(["en", "de"])}), PARAMS) is None
+    assert plain_fields(pa.record_batch({"text": text, "id": pa.array([1.5, 2.0])}), PARAMS) is None
+    assert plain_fields(pa.record_batch({"text": text, "id": pa.array([True, False])}), PARAMS) is None
+    bad = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x01\x00\x00\x00"),
+                                                 pa.py_buffer(b"\xff")])
+    assert plain_fields(pa.record_batch({"text": pa.array(["a"]), "id": bad}), PARAMS) is None
+    plain = plain_fields(pa.record_batch({"text": text, "id": pa.array([7, None], pa.int32())}), PARAMS)
+    assert plain is not None
+    assert plain[0].to_pylist() == ["7", None] and plain[1].to_pylist() == [None, None]
 
 
 @settings(max_examples=200, deadline=None)
