@@ -21,7 +21,7 @@ import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import orjson
@@ -219,7 +219,10 @@ def _lengths(texts: Iterable[Any], n: int) -> np.ndarray:
     return np.fromiter((len(t) if type(t) is str else 0 for t in texts), np.int64, n)
 
 
-def _strings(values: list[str | None] | pa.Array) -> pa.Array:
+_Strings: TypeAlias = list[str | None] | pa.Array  # a column of strings: a list, or already an array
+
+
+def _strings(values: _Strings) -> pa.Array:
     """string (n,): ``values``, a list or already a string array."""
     return values if isinstance(values, pa.Array) else pa.array(values, pa.string())
 
@@ -355,20 +358,19 @@ class Collect:
         ``recs`` hold its values as ``str`` (None where null). ``plain``: the batch's record ids and
         urls, where no record has metadata (``tasks.plain_fields``), taken as they are."""
         tf = self.params.text_field
-        self._block(recs, text, pos, None, _lengths((rec[tf] for rec in recs), len(recs)), plain)
+        lengths = _lengths((rec[tf] for rec in recs), len(recs))
+        if plain is not None:
+            self._plain_block(recs, text, pos, lengths, plain)
+        else:
+            self._block(recs, text, pos, None, lengths)
 
     def _block(self, recs: list[Any], texts: pa.Array, pos: int, lines: list[bytes] | None,
-               lengths: np.ndarray, plain: tuple[pa.Array, pa.Array] | None = None) -> None:
+               lengths: np.ndarray) -> None:
         """Records ``recs`` found at ``pos, pos + 1, ..``; ``texts``: the string column of their
         texts (null where a record has no string text), ``lengths``: int64 (n,), the characters of
-        each (0 where null); ``plain``: string (n,) each, the records' ids and urls as ``_fields``
-        gives them where none has metadata (else None: each record's are taken on its own). A
-        record every vectorized check passes (string text, not blank, no NUL, within
-        ``max_chars``) is judged here; any other record by ``judge`` (the same rules, in their
-        order, so the same reason, and the same id and url)."""
-        if plain is not None:
-            self._plain_block(recs, texts, pos, lengths, plain)
-            return
+        each (0 where null). A record every vectorized check passes (string text, not blank, no
+        NUL, within ``max_chars``) is judged here; any other record by ``judge`` (the same rules,
+        in their order, so the same reason)."""
         n = len(recs)
         careful = _needs_judge(texts, lengths, self.params.max_chars).tolist()
         params = self.params
@@ -412,9 +414,10 @@ class Collect:
 
     def _plain_block(self, recs: list[Any], texts: pa.Array, pos: int, lengths: np.ndarray,
                      plain: tuple[pa.Array, pa.Array]) -> None:
-        """``_block`` of records whose ids and urls are ``plain`` and that have no metadata: a
-        record the vectorized checks pass costs its canonical JSON and digest alone (of 390
-        three-field rows' ~0.4 ms, the fields were a third)."""
+        """``_block`` of records that have no metadata, ``plain`` (string (n,) each) their ids and
+        urls as ``_fields`` gives them: a record the vectorized checks pass costs its canonical
+        JSON and digest alone (390 rows of three fields: 0.42 -> ~0.25 ms), any other goes through
+        ``judge``, whose id and url are the same ``as_id``'s."""
         careful = _needs_judge(texts, lengths, self.params.max_chars).tolist()
         good: list[int] = []
         digests: list[bytes] = []
@@ -430,7 +433,7 @@ class Collect:
                     digests.append(digest(canon))
                     continue
             got = self._judge_one(rec, pos + i, None)
-            if got is not None:  # its id and url are those of ``plain``: the same ``as_id``
+            if got is not None:
                 good.append(i)
                 digests.append(got[1])
         taken = None if len(good) == len(recs) else pa.array(good, pa.int64())
@@ -438,7 +441,7 @@ class Collect:
         self._segment(texts, pos, lengths, good, {}, (rids, urls, pa.nulls(len(good), pa.string())), digests)
 
     def _segment(self, texts: pa.Array, pos: int, lengths: np.ndarray, good: list[int], extra: dict[int, str],
-                 fields: tuple[Any, Any, Any], digests: list[bytes]) -> None:
+                 fields: tuple[_Strings, _Strings, _Strings], digests: list[bytes]) -> None:
         """The good rows of a block (``good``: their rows of ``texts``; ``extra``: texts
         ``texts`` lacks, by their place in ``good``), their ids, urls and metadata (``fields``:
         lists or string arrays, one value per good row) and digests, as a segment."""

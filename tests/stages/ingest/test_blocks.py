@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -105,14 +106,15 @@ def test_random_jsonl_blocks(records: list[dict[str, Any]], fields: tuple[str | 
     assert block == one
 
 
-def _batch_both_ways(table: pa.Table, params: RawDocumentsParams = PARAMS) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A Parquet batch judged record by record, and as ``ParquetTask`` judges it (one block, its
-    ids and urls taken whole where ``plain_fields`` can)."""
-    batch = table.to_batches()[0]
+def _batch_both_ways(table: pa.Table | pa.RecordBatch, params: RawDocumentsParams = PARAMS
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Parquet batch (a table's first) judged record by record, and as ``ParquetTask`` judges
+    it (one block, its ids and urls taken whole where ``plain_fields`` can)."""
+    batch = table if isinstance(table, pa.RecordBatch) else table.to_batches()[0]
     recs = rows(batch, "text")
     one = Collect(params)
     for i, rec in enumerate(recs):
-        one.record(dict(rec), i + 1)
+        one.record(rec, i + 1)
     text = _valid_text_column(batch, "text")
     assert text is not None
     block = Collect(params)
@@ -236,14 +238,36 @@ def test_a_batch_of_text_id_and_url_alone_takes_its_ids_whole(
     assert block == one
 
 
+_OFFSETS = pa.py_buffer(b"\x00\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00")
+_INVALID = pa.Array.from_buffers(pa.string(), 2, [None, _OFFSETS, pa.py_buffer(b"\xffz")])  # "\xff", "z"
+
+
+@pytest.mark.parametrize(("columns", "fields", "taken"), [
+    ({"text": ["t1", "t2"], "id": pa.array([0, 2**64 - 1], pa.uint64())}, ("id", "url"), True),
+    ({"text": ["t1", "t2"], "id": pa.array([-(2**63), 2**63 - 1]).dictionary_encode()}, ("id", "url"), True),
+    ({"text": ["t1", " "], "url": ["u", None]}, ("text", "url"), True),  # the text is also the id
+    ({"text": ["t1", "t2"], "id": ["a", "\u00e9"]}, ("id", "id"), True),  # the id is also the url
+    ({"text": pa.array([], pa.string()), "id": pa.array([], pa.string())}, ("id", "url"), True),
+    ({"text": ["t1", "t2"], "id": _INVALID.cast(pa.large_string())}, ("id", "url"), False),
+    ({"text": ["t1", "t2"], "id": _INVALID.cast(pa.string_view())}, ("id", "url"), False),
+])
+def test_a_plain_batch_is_judged_as_its_records(columns: dict[str, Any], fields: tuple[str, str], taken: bool) -> None:
+    """Ids and urls taken as columns are what each record's ``as_id`` gives, where a field is also
+    another (the text an id, the id a url), at the integers' bounds, dictionary-encoded, in an
+    empty batch; ids not valid UTF-8, however stored, are left to the record rule."""
+    params = RawDocumentsParams(url="unused", id_field=fields[0], url_field=fields[1], max_chars=40)
+    batch = pa.record_batch(columns)
+    assert (plain_fields(batch, params) is not None) == taken
+    one, block = _batch_both_ways(batch, params)
+    assert block == one
+
+
 def test_plain_fields_declines_other_columns_and_other_ids() -> None:
     text = pa.array(["a", "b"])
     assert plain_fields(pa.record_batch({"text": text, "lang": pa.array(["en", "de"])}), PARAMS) is None
     assert plain_fields(pa.record_batch({"text": text, "id": pa.array([1.5, 2.0])}), PARAMS) is None
     assert plain_fields(pa.record_batch({"text": text, "id": pa.array([True, False])}), PARAMS) is None
-    bad = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x01\x00\x00\x00"),
-                                                 pa.py_buffer(b"\xff")])
-    assert plain_fields(pa.record_batch({"text": pa.array(["a"]), "id": bad}), PARAMS) is None
+    assert plain_fields(pa.record_batch({"text": text, "id": _INVALID}), PARAMS) is None
     plain = plain_fields(pa.record_batch({"text": text, "id": pa.array([7, None], pa.int32())}), PARAMS)
     assert plain is not None
     assert plain[0].to_pylist() == ["7", None] and plain[1].to_pylist() == [None, None]

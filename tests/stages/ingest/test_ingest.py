@@ -191,11 +191,16 @@ def test_parquet_with_a_wrong_typed_text_column_gives_one_row_per_record(tmp_pat
     pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "text": [1, 2, 3, 4]}), path)
     pq.write_table(pa.table({"id": ["e", "f"], "body": ["x", "y"]}), tmp_path / "in" / "missing.parquet")
     pq.write_table(pa.table({"id": ["g"], "text": ["fine"]}), tmp_path / "in" / "ok.parquet")
+    # two columns named text (Arrow writes it): which is the text cannot be told
+    twice = pa.Table.from_arrays([pa.array(["h", "i"]), pa.array(["one", "two"]), pa.array(["un", "deux"])],
+                                 names=["id", "text", "text"])
+    pq.write_table(twice, tmp_path / "in" / "twice.parquet")
     got = ingest(tmp_path, tmp_path / "in", id_field="id")
-    assert got.reasons == {"wrong_schema": 6}
+    assert got.reasons == {"wrong_schema": 8}
     assert [d["record_id"] for d in got.docs] == ["g"]
-    assert got.report["input"] == 7
+    assert got.report["input"] == 9
     assert any("int64" in b["detail"] for b in got.bad) and any("missing" in b["detail"] for b in got.bad)
+    assert sorted(b["record_id"] for b in got.bad if "appears 2 times" in b["detail"]) == ["h", "i"]
 
 
 def test_parquet_records_bad_values_and_metadata(tmp_path: Path) -> None:
