@@ -37,7 +37,9 @@ the CPU ratio is what is left of it where other work takes the other cores. Usag
 
 With ``--repeat N`` each shape runs N rounds of (baseline, ours, rensa) in turn: the seconds and
 the ratio are the rounds' medians (a round's ratio: its rensa over its ours), ``ratio_worst`` the
-worst round's; the profile columns are the last round's. Every run's workdir is kept until the
+worst round's; ``raw_documents``' rates per partition-second are the rounds' medians (each
+round's in ``raw_rounds``; the baseline's medians beside them), the other profile columns the last
+round's. Every run's workdir is kept until the
 benchmark ends (see ``run_shape``): ~250 MB a run at 70 MB of text, 2 × N runs a shape with
 ``--baseline``, so several GB for the default shapes with ``--repeat 3``.
 """
@@ -183,6 +185,17 @@ def run_curate(work: Path, name: str, tree: Path | None) -> tuple[float, Path, f
     return wall, wd, first_partition_start(wd) - launched, cpu
 
 
+def raw_rates(wd: Path, written: float) -> tuple[float | None, float | None]:
+    """``raw_documents``' MB of text (``written``) per partition-second of one run: over its
+    partitions' summed wall seconds and summed CPU seconds (their manifests' timing)."""
+    wall = cpu = 0.0
+    for path in (wd / "data" / "raw_documents").glob("*/bench/**/_manifest.json"):
+        timing = json.loads(path.read_text())["report"].get("timing", {})
+        wall += timing.get("wall_s") or 0.0
+        cpu += timing.get("cpu_s") or 0.0
+    return (round(written / wall, 1) if wall else None, round(written / cpu, 1) if cpu else None)
+
+
 def first_partition_start(wd: Path) -> float:
     """When the crawl's earliest partition started (epoch seconds): over its committed manifests,
     the file's mtime (written at commit, the partition's end) minus the partition's wall time."""
@@ -206,6 +219,7 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
     # worst round's ratio beside them.
     ours_s, firsts, rensa_s, base_s, base_firsts = [], [], [], [], []
     ours_cpu, rensa_cpu, base_cpu = [], [], []
+    raw, base_raw = [], []  # each round's raw_documents rates (wall, CPU): they move with the machine's phase
     base_removed: list[str] | None = None
     for k in range(repeat):
         if baseline is not None:  # first, so neither tree profits from the other's warm page cache alone
@@ -213,6 +227,7 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
             base_s.append(wall)
             base_cpu.append(cpu)
             base_firsts.append(first)
+            base_raw.append(raw_rates(base_wd, written))
             if base_removed is None:
                 base_removed = removed_ids(base_wd, baseline)
         # Workdirs stay until the benchmark ends (the temporary folder; ~250 MB for 70 MB of
@@ -225,6 +240,7 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
         ours_s.append(wall)
         ours_cpu.append(cpu)
         firsts.append(first)
+        raw.append(raw_rates(wd, written))
         wall, _, cpu = _timed_cpu([sys.executable, __file__, "--rensa", str(data), str(work / "rensa.txt")])
         rensa_s.append(wall)
         rensa_cpu.append(cpu)
@@ -248,20 +264,29 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
     with sqlite3.connect(wd / "dagster" / "history" / "runs.db") as db:  # the SQLite instance's run table
         runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     # Ingestion's rate, two ways: each partition's input file bytes over its wall time (for
-    # Parquet, compressed bytes), averaged; and the MB of text dealt over the partitions' summed
-    # wall time (MB of text per partition-second, whatever the format).
+    # Parquet, compressed bytes), averaged (the last round's); and the MB of text dealt over the
+    # partitions' summed wall time (MB of text per partition-second, whatever the format), and
+    # over their CPU seconds: the wall figure less the time they waited for a core, shared with
+    # the other worker and with the run's own process (its imports, then its recording). Those
+    # two for every round (``raw_rates``): the rounds' medians, and each round's.
     raw_mb_s = [p["bytes"] / 1e6 / p["wall_s"] for n, p in rows.items()
                 if n.startswith("raw_documents[") and p.get("bytes") and p.get("wall_s")]
-    raw_wall = sum(p.get("wall_s") or 0.0 for n, p in rows.items() if n.startswith("raw_documents["))
-    # and over their CPU seconds: the wall figure less the time they waited for a core, shared
-    # with the other worker and with the run's own process (its imports, then its recording)
-    raw_cpu = sum(p.get("cpu_s") or 0.0 for n, p in rows.items() if n.startswith("raw_documents["))
+    def medians(rates: list[tuple[float | None, float | None]]) -> list[float | None]:
+        """The rounds' median wall and CPU rates (None where no round had one)."""
+        out: list[float | None] = []
+        for i in (0, 1):
+            got = [v for r in rates if (v := r[i]) is not None]
+            out.append(round(statistics.median(got), 1) if got else None)
+        return out
+
     if before:
+        before["baseline_raw_text_mb_per_partition_s"] = medians(base_raw)
         removed = removed_ids(wd, None)
         before = {"baseline_s": before["baseline_s"], "baseline_cpu_s": before["baseline_cpu_s"],
                   "baseline_ratio": round(statistics.median(r / b for r, b in zip(rensa_s, base_s, strict=True)), 2),
                   "baseline_to_first_s": before["baseline_to_first_s"],
-                  "same_removals": removed == before["baseline_removed"], "removed": len(removed)}
+                  "same_removals": removed == before["baseline_removed"], "removed": len(removed),
+                  "baseline_raw_text_mb_per_partition_s": before["baseline_raw_text_mb_per_partition_s"]}
     return {
         "format": fmt, "sources": sources, "docs": docs, "mb": round(written, 1), "curate_s": round(ours, 2),
         "rensa_s": round(rensa, 2), "ratio": round(statistics.median(ratios), 2),
@@ -275,8 +300,9 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
         **before, "runs": runs,
         "to_first_s": round(to_first, 2), "load_before": load, "load_after": os.getloadavg()[0],
         "raw_documents_mb_per_partition_s": round(sum(raw_mb_s) / len(raw_mb_s), 1) if raw_mb_s else None,
-        "raw_documents_text_mb_per_partition_s": round(written / raw_wall, 1) if raw_wall else None,
-        "raw_documents_text_mb_per_partition_cpu_s": round(written / raw_cpu, 1) if raw_cpu else None,
+        "raw_documents_text_mb_per_partition_s": medians(raw)[0],
+        "raw_documents_text_mb_per_partition_cpu_s": medians(raw)[1],
+        "raw_rounds": [list(r) for r in raw],
         "partitions": sum(len(parts) for parts in profile["programs"].values()),
         "steps_s": round(steps, 2),
         "overhead_mean_ms": round(1000 * sum(overhead) / len(overhead), 1) if overhead else None,
