@@ -21,7 +21,7 @@ import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 import orjson
@@ -219,12 +219,9 @@ def _lengths(texts: Iterable[Any], n: int) -> np.ndarray:
     return np.fromiter((len(t) if type(t) is str else 0 for t in texts), np.int64, n)
 
 
-_Strings: TypeAlias = list[str | None] | pa.Array  # a column of strings: a list, or already an array
-
-
-def _strings(values: _Strings) -> pa.Array:
-    """string (n,): ``values``, a list or already a string array."""
-    return values if isinstance(values, pa.Array) else pa.array(values, pa.string())
+def _no_fields(rec: dict[str, Any]) -> tuple[None, None, None]:
+    """``Collect._block``'s ``fields`` where the block's ids and urls are columns already."""
+    return None, None, None
 
 
 class Collect:
@@ -358,22 +355,21 @@ class Collect:
         ``recs`` hold its values as ``str`` (None where null). ``plain``: the batch's record ids and
         urls, where no record has metadata (``tasks.plain_fields``), taken as they are."""
         tf = self.params.text_field
-        lengths = _lengths((rec[tf] for rec in recs), len(recs))
-        if plain is not None:
-            self._plain_block(recs, text, pos, lengths, plain)
-        else:
-            self._block(recs, text, pos, None, lengths)
+        self._block(recs, text, pos, None, _lengths((rec[tf] for rec in recs), len(recs)), plain)
 
     def _block(self, recs: list[Any], texts: pa.Array, pos: int, lines: list[bytes] | None,
-               lengths: np.ndarray) -> None:
+               lengths: np.ndarray, plain: tuple[pa.Array, pa.Array] | None = None) -> None:
         """Records ``recs`` found at ``pos, pos + 1, ..``; ``texts``: the string column of their
         texts (null where a record has no string text), ``lengths``: int64 (n,), the characters of
-        each (0 where null). A record every vectorized check passes (string text, not blank, no
-        NUL, within ``max_chars``) is judged here; any other record by ``judge`` (the same rules,
-        in their order, so the same reason)."""
+        each (0 where null); ``plain``: string (n,) each, their ids and urls as ``_fields`` gives
+        them where none has metadata (a Parquet batch's columns), else None. A record every
+        vectorized check passes (string text, not blank, no NUL, within ``max_chars``) is judged
+        here, its fields taken by ``_fields`` unless ``plain`` has them (then it costs its
+        canonical JSON and digest alone: 390 rows of three fields, 0.67-0.71 -> 0.46-0.49 ms);
+        any other record by ``judge`` (the same rules, in their order, so the same reason, and
+        the same ``as_id``)."""
         n = len(recs)
         careful = _needs_judge(texts, lengths, self.params.max_chars).tolist()
-        params = self.params
         good: list[int] = []  # rows of ``recs`` that are documents
         extra: dict[int, str] = {}  # texts ``texts`` lacks, by their row's place in ``good``
         rids: list[str | None] = []
@@ -381,7 +377,7 @@ class Collect:
         metas: list[str | None] = []
         digests: list[bytes] = []
         dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
-        fields = _fields(params)
+        fields = _fields(self.params) if plain is None else _no_fields
         for i in range(n):
             rec = recs[i]
             if not careful[i]:  # a dict with a string text
@@ -410,45 +406,8 @@ class Collect:
                 urls.append(row["url"])
                 metas.append(row["metadata"])
                 digests.append(d)
-        self._segment(texts, pos, lengths, good, extra, (rids, urls, metas), digests)
-
-    def _plain_block(self, recs: list[Any], texts: pa.Array, pos: int, lengths: np.ndarray,
-                     plain: tuple[pa.Array, pa.Array]) -> None:
-        """``_block`` of records that have no metadata, ``plain`` (string (n,) each) their ids and
-        urls as ``_fields`` gives them: a record the vectorized checks pass costs its canonical
-        JSON and digest alone (390 rows of three fields, the batch judged: 0.67-0.71 -> 0.46-0.49
-        ms), any other goes through ``judge``, whose id and url are the same ``as_id``'s."""
-        careful = _needs_judge(texts, lengths, self.params.max_chars).tolist()
-        good: list[int] = []
-        digests: list[bytes] = []
-        dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
-        for i, rec in enumerate(recs):
-            if not careful[i]:
-                try:
-                    canon = dumps(rec, option=sort_keys, default=str)
-                except Exception:  # anything unusual: the record rule says what it is
-                    pass
-                else:
-                    good.append(i)
-                    digests.append(digest(canon))
-                    continue
-            got = self._judge_one(rec, pos + i, None)
-            if got is not None:
-                good.append(i)
-                digests.append(got[1])
-        taken = None if len(good) == len(recs) else pa.array(good, pa.int64())
-        rids, urls = (col if taken is None else col.take(taken) for col in plain)
-        self._segment(texts, pos, lengths, good, {}, (rids, urls, pa.nulls(len(good), pa.string())), digests)
-
-    def _segment(self, texts: pa.Array, pos: int, lengths: np.ndarray, good: list[int], extra: dict[int, str],
-                 fields: tuple[_Strings, _Strings, _Strings], digests: list[bytes]) -> None:
-        """The good rows of a block (``good``: their rows of ``texts``; ``extra``: texts
-        ``texts`` lacks, by their place in ``good``), their ids, urls and metadata (``fields``:
-        lists or string arrays, one value per good row) and digests, as a segment."""
         if not good:
             return
-        n = len(texts)
-        rids, urls, metas = fields
         self._seal()
         # where each good row's text is: its row of ``texts``, or ``n + j`` for the j-th extra text
         take = good
@@ -457,10 +416,15 @@ class Collect:
             for j, at in enumerate(extra):
                 take[at] = n + j
             texts = pa.concat_arrays([texts.cast(pa.large_string()), pa.array(list(extra.values()), pa.large_string())])
-        text = texts if len(good) == n and not extra else texts.take(pa.array(take, pa.int64()))
-        text = text.cast(pa.large_string())
+        whole = len(good) == n and not extra
+        text = texts if whole else texts.take(pa.array(take, pa.int64()))
+        if plain is None:
+            columns = [pa.array(values, pa.string()) for values in (rids, urls, metas)]
+        else:  # ``plain``'s rows of the good records (no extra text: not a JSONL block), no metadata
+            columns = [c if whole else c.take(pa.array(good, pa.int64())) for c in plain]
+            columns.append(pa.nulls(len(good), pa.string()))
         self.segments.append(pa.table({
-            "record_id": _strings(rids), "url": _strings(urls), "text": text, "metadata": _strings(metas),
+            "record_id": columns[0], "url": columns[1], "text": text.cast(pa.large_string()), "metadata": columns[2],
         }, schema=PARSED))
         self.positions.extend(i + pos for i in good)
         self.digests.extend(digests)
