@@ -359,7 +359,8 @@ class PartitionPool:
             # Not warmed: a worker's start from the fork server waits for its imports, which the
             # thread that hands the partitions over waits for, not this process (``run_ahead``).
             pool = cls(place, spec, force, execution=execution, fork=fork)
-            pool.run_ahead(program, spec.partitions(program), then=pool._all_will_run)
+            pool.then_ahead(program)  # and the steps after it, down the chain
+            pool.run_ahead(program, spec.partitions(program))
         except BaseException as exc:  # only a head start: what failed here fails where it would have, in the run
             if pool is not None:
                 pool.close()
@@ -423,12 +424,13 @@ class PartitionPool:
             fit = min(fit, int(self.memory // (max(resources.memory_gib, 0.25) * 2**30)))
         return min(fit, partitions) if fit >= min(partitions, 2) else 0
 
-    def run_ahead(self, program: str, sources: list[str | None], then: Callable[[str], bool] | None = None) -> None:
+    def run_ahead(self, program: str, sources: list[str | None]) -> None:
         """Start ``program``'s ``sources`` on the workers now, before its step asks for them
         (``run``): a thread of this process hands them over and gathers what finishes, as ``run``
         does, while this process goes on (``ahead_of_run``); on a worker forked from this process
-        (``fork``), one partition at a time. ``then``: ``sources`` are every partition of
-        ``program``, and the step after it starts as they end (``then_ahead``, with that ``ready``)."""
+        (``fork``), one partition at a time. Where ``sources`` are every partition of ``program``,
+        what ``then_ahead`` asked for after it starts from that thread as they end."""
+        whole = set(sources) == set(self.spec.partitions(program))
         with self._lock:
             if self._ahead_only:
                 at_once = 1 if self._pool is not None else 0
@@ -439,13 +441,10 @@ class PartitionPool:
             ahead = _Ahead(list(sources))
             self._ahead[program] = ahead
             self.ahead = self.ahead | {(program, s) for s in sources}
-            if then is not None:
-                self._then[program] = then
 
             def drive() -> None:
                 try:
-                    chained = then is not None
-                    for done in self._run(program, ahead.sources, ahead.lines.put, None, at_once, then=chained):
+                    for done in self._run(program, ahead.sources, ahead.lines.put, None, at_once, then=whole):
                         ahead.lists.put(done)
                 except BaseException as exc:  # handed to the step, which raises it (``run``)
                     ahead.lists.put(exc)
@@ -489,7 +488,8 @@ class PartitionPool:
         try:
             sources = self.spec.partitions(after)
             if self.side_by_side(after, len(sources)) and ready(after):
-                self.run_ahead(after, sources, then=ready)
+                self.then_ahead(after, ready)
+                self.run_ahead(after, sources)
         except Exception:  # only a head start: ``after``'s step runs it, and fails where it would have
             return
 

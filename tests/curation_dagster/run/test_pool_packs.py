@@ -231,7 +231,8 @@ def test_partitions_run_in_this_process_go_in_packs_too(tmp_path: Path, monkeypa
 
 def test_partitions_run_ahead_are_handed_to_their_step_once(tmp_path: Path) -> None:
     """``run_ahead`` starts some of a step's partitions before it asks; its ``run`` hands over
-    those first, then runs the rest: every partition once, committed. A pool closed before its
+    those first, then runs the rest: every partition once, committed. The next step (``then_ahead``)
+    starts once all of them have ended, not when those run ahead have. A pool closed before its
     step asked ends the thread that ran them."""
     crawl = _many(12)
     sources = crawl.partitions("raw_documents")
@@ -239,9 +240,11 @@ def test_partitions_run_ahead_are_handed_to_their_step_once(tmp_path: Path) -> N
         resource = CurationResource(workdir=str(work), workers=2)
         resource.dataroot().register(crawl)
         with PartitionPool(resource.place(), crawl, execution=resource.execution()) as pool:
+            pool.then_ahead("raw_documents", lambda step: step == "document_languages")
             pool.run_ahead("raw_documents", sources[:8])
             assert pool.ahead == {("raw_documents", s) for s in sources[:8]}
             pool._threads[0].join(60)  # all eight ended before their step asks for them
+            assert pool.ahead == {("raw_documents", s) for s in sources[:8]}  # a part ended: nothing next
             started: list[set[str | None]] = []  # the partitions that had ended, at the hand-over
             lists = list(pool.run("raw_documents", sources, started=started.append))
             done = [d for finished in lists for d in finished]
@@ -252,7 +255,8 @@ def test_partitions_run_ahead_are_handed_to_their_step_once(tmp_path: Path) -> N
                 assert d.error is None and d.outcome is not None, d.trace
                 committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, "raw_documents", d.source))
                 assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
-            # A later step runs as before; its partitions were not run ahead.
+            # every partition ended: the next step's started, and its step takes them
+            assert ("document_languages", sources[0]) in pool.ahead
             assert len([d for f in pool.run("document_languages", sources) for d in f]) == 12
         with PartitionPool(resource.place(), crawl, force=True, execution=resource.execution()) as pool:
             pool.run_ahead("raw_documents", sources)
@@ -367,7 +371,8 @@ def test_the_next_steps_partitions_start_before_this_steps_last_list_is_taken(tm
         resource = CurationResource(workdir=str(work), workers=2)
         resource.dataroot().register(crawl)
         with PartitionPool(resource, crawl) as pool:  # the head start's chain, from its own thread
-            pool.run_ahead("raw_documents", sources, then=lambda step: step == "document_languages")
+            pool.then_ahead("raw_documents", lambda step: step == "document_languages")
+            pool.run_ahead("raw_documents", sources)
             _until(lambda: ("document_languages", sources[0]) in pool.ahead)  # no list taken yet
             assert sum(len(f) for f in pool.run("raw_documents", sources)) == 12
             assert len([d for f in pool.run("document_languages", sources) for d in f]) == 12
