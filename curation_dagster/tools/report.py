@@ -137,23 +137,22 @@ def plain_table(title: str, labels: list[str], rows: list[list[str]], width: int
     if any(ch in text for text in texts for ch in "[:\n\t\r") or any(ch in title for ch in "[\n\t\r") \
             or title.count(":") > 1:
         return None
-    widths = [cell_len(label) for label in labels]
-    for cells in rows:
-        widths = [max(w, cell_len(cell)) for w, cell in zip(widths, cells, strict=True)]
+    lengths = [[cell_len(cell) for cell in cells] for cells in (labels, *rows)]  # each cell measured once
+    widths = [max(column) for column in zip(*lengths, strict=True)]
     total = sum(widths) + 3 * len(widths) + 1
     if total > width or cell_len(title) > total:
         return None
 
-    def line(left: str, mid: str, right: str, cells: list[str]) -> str:
-        padded = [f" {cell}{' ' * (w - cell_len(cell))} " if i == 0 else f" {' ' * (w - cell_len(cell))}{cell} "
-                  for i, (cell, w) in enumerate(zip(cells, widths, strict=True))]
+    def line(left: str, mid: str, right: str, cells: list[str], used: list[int]) -> str:
+        padded = [f" {cell}{' ' * (w - n)} " if i == 0 else f" {' ' * (w - n)}{cell} "
+                  for i, (cell, n, w) in enumerate(zip(cells, used, widths, strict=True))]
         return left + mid.join(padded) + right
 
     space = total - cell_len(title)
     out = [" " * (space // 2) + title + " " * (space - space // 2),
            "┏" + "┳".join("━" * (w + 2) for w in widths) + "┓",
-           line("┃", "┃", "┃", labels),
+           line("┃", "┃", "┃", labels, lengths[0]),
            "┡" + "╇".join("━" * (w + 2) for w in widths) + "┩",
-           *(line("│", "│", "│", cells) for cells in rows),
+           *(line("│", "│", "│", cells, used) for cells, used in zip(rows, lengths[1:], strict=True)),
            "└" + "┴".join("─" * (w + 2) for w in widths) + "┘"]
     return "\n".join(out) + "\n"
