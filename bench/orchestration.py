@@ -172,9 +172,10 @@ def removed_ids(wd: Path, tree: Path | None) -> list[str]:
     return sorted(f"{r['doc_id']} {r['stage']}" for r in ledger.to_pylist())
 
 
-def run_curate(work: Path, name: str, tree: Path | None) -> tuple[float, Path, float, float]:
+def run_curate(work: Path, name: str, tree: Path | None, written: float) -> tuple[float, Path, float, float, Rates]:
     """Wall seconds of one fuzzy-only ``curate run`` of ``work``'s crawl (a fresh workdir), the
-    workdir, the seconds from its launch to its first partition's start, and its CPU seconds."""
+    workdir, the seconds from its launch to its first partition's start, its CPU seconds, and
+    ``raw_documents``' rates (``written`` MB of text)."""
     wd = work / name
     wd.mkdir()
     # The corpus is copies of copies by construction: lift the over-deletion guard for it.
@@ -182,29 +183,28 @@ def run_curate(work: Path, name: str, tree: Path | None) -> tuple[float, Path, f
     launched = time.time()
     wall, _, cpu = _timed_cpu([*CURATE, "run", "--workdir", str(wd), "--crawl", "bench", "--config",
                                str(work / "curate.json"), "--stages", "fuzzy", "--quiet"], tree=tree)
-    return wall, wd, first_partition_start(wd) - launched, cpu
+    first, rates = from_manifests(wd, written)
+    return wall, wd, first - launched, cpu, rates
 
 
-def raw_rates(wd: Path, written: float) -> tuple[float | None, float | None]:
-    """``raw_documents``' MB of text (``written``) per partition-second of one run: over its
-    partitions' summed wall seconds and summed CPU seconds (their manifests' timing)."""
-    wall = cpu = 0.0
-    for path in (wd / "data" / "raw_documents").glob("*/bench/**/_manifest.json"):
-        timing = json.loads(path.read_text())["report"].get("timing", {})
-        wall += timing.get("wall_s") or 0.0
-        cpu += timing.get("cpu_s") or 0.0
-    return (round(written / wall, 1) if wall else None, round(written / cpu, 1) if cpu else None)
+Rates = tuple[float | None, float | None]  # MB of text per partition-second: wall, CPU
 
 
-def first_partition_start(wd: Path) -> float:
-    """When the crawl's earliest partition started (epoch seconds): over its committed manifests,
-    the file's mtime (written at commit, the partition's end) minus the partition's wall time."""
-    starts = []
+def from_manifests(wd: Path, written: float) -> tuple[float, Rates]:
+    """Over a run's committed manifests, read once: when its earliest partition started (epoch
+    seconds: the file's mtime, written at commit, the partition's end, less its wall time), and
+    ``raw_documents``' MB of text (``written``) over its partitions' summed wall seconds and
+    summed CPU seconds."""
+    starts, wall, cpu = [], 0.0, 0.0
     for path in (wd / "data").glob("*/*/bench/**/_manifest.json"):
-        wall = json.loads(path.read_text())["report"].get("timing", {}).get("wall_s")
-        if wall is not None:
-            starts.append(path.stat().st_mtime - wall)
-    return min(starts)
+        timing = json.loads(path.read_text())["report"].get("timing", {})
+        if timing.get("wall_s") is None:
+            continue
+        starts.append(path.stat().st_mtime - timing["wall_s"])
+        if path.relative_to(wd / "data").parts[0] == "raw_documents":
+            wall += timing["wall_s"]
+            cpu += timing.get("cpu_s") or 0.0
+    return min(starts), (round(written / wall, 1) if wall else None, round(written / cpu, 1) if cpu else None)
 
 
 def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: float, fmt: str,
@@ -219,15 +219,16 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
     # worst round's ratio beside them.
     ours_s, firsts, rensa_s, base_s, base_firsts = [], [], [], [], []
     ours_cpu, rensa_cpu, base_cpu = [], [], []
-    raw, base_raw = [], []  # each round's raw_documents rates (wall, CPU): they move with the machine's phase
+    raw: list[Rates] = []  # each round's raw_documents rates: they move with the machine's phase
+    base_raw: list[Rates] = []
     base_removed: list[str] | None = None
     for k in range(repeat):
         if baseline is not None:  # first, so neither tree profits from the other's warm page cache alone
-            wall, base_wd, first, cpu = run_curate(work, f"wd-baseline{k}", baseline)
+            wall, base_wd, first, cpu, rates = run_curate(work, f"wd-baseline{k}", baseline, written)
             base_s.append(wall)
             base_cpu.append(cpu)
             base_firsts.append(first)
-            base_raw.append(raw_rates(base_wd, written))
+            base_raw.append(rates)
             if base_removed is None:
                 base_removed = removed_ids(base_wd, baseline)
         # Workdirs stay until the benchmark ends (the temporary folder; ~250 MB for 70 MB of
@@ -236,11 +237,11 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
         # workdir (6,300 files) here made the file work of the next run's partitions 0.24-0.37 ms
         # slower each (1,400 partitions' mkdir, create, rename, measured alone): ours, which ran
         # right after; the baseline ran ~30 s after, still within that window from round 2 on.
-        wall, wd, first, cpu = run_curate(work, f"wd{k}", None)
+        wall, wd, first, cpu, rates = run_curate(work, f"wd{k}", None, written)
         ours_s.append(wall)
         ours_cpu.append(cpu)
         firsts.append(first)
-        raw.append(raw_rates(wd, written))
+        raw.append(rates)
         wall, _, cpu = _timed_cpu([sys.executable, __file__, "--rensa", str(data), str(work / "rensa.txt")])
         rensa_s.append(wall)
         rensa_cpu.append(cpu)
@@ -268,10 +269,11 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
     # partitions' summed wall time (MB of text per partition-second, whatever the format), and
     # over their CPU seconds: the wall figure less the time they waited for a core, shared with
     # the other worker and with the run's own process (its imports, then its recording). Those
-    # two for every round (``raw_rates``): the rounds' medians, and each round's.
+    # two for every round (``from_manifests``): the rounds' medians, and each round's.
     raw_mb_s = [p["bytes"] / 1e6 / p["wall_s"] for n, p in rows.items()
                 if n.startswith("raw_documents[") and p.get("bytes") and p.get("wall_s")]
-    def medians(rates: list[tuple[float | None, float | None]]) -> list[float | None]:
+
+    def medians(rates: list[Rates]) -> list[float | None]:
         """The rounds' median wall and CPU rates (None where no round had one)."""
         out: list[float | None] = []
         for i in (0, 1):
@@ -279,14 +281,14 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
             out.append(round(statistics.median(got), 1) if got else None)
         return out
 
+    rate = medians(raw)
     if before:
-        before["baseline_raw_text_mb_per_partition_s"] = medians(base_raw)
         removed = removed_ids(wd, None)
         before = {"baseline_s": before["baseline_s"], "baseline_cpu_s": before["baseline_cpu_s"],
                   "baseline_ratio": round(statistics.median(r / b for r, b in zip(rensa_s, base_s, strict=True)), 2),
                   "baseline_to_first_s": before["baseline_to_first_s"],
                   "same_removals": removed == before["baseline_removed"], "removed": len(removed),
-                  "baseline_raw_text_mb_per_partition_s": before["baseline_raw_text_mb_per_partition_s"]}
+                  "baseline_raw_text_mb_per_partition_s": medians(base_raw)}
     return {
         "format": fmt, "sources": sources, "docs": docs, "mb": round(written, 1), "curate_s": round(ours, 2),
         "rensa_s": round(rensa, 2), "ratio": round(statistics.median(ratios), 2),
@@ -300,8 +302,7 @@ def run_shape(texts: Iterable[tuple[str, str]], work: Path, sources: int, mb: fl
         **before, "runs": runs,
         "to_first_s": round(to_first, 2), "load_before": load, "load_after": os.getloadavg()[0],
         "raw_documents_mb_per_partition_s": round(sum(raw_mb_s) / len(raw_mb_s), 1) if raw_mb_s else None,
-        "raw_documents_text_mb_per_partition_s": medians(raw)[0],
-        "raw_documents_text_mb_per_partition_cpu_s": medians(raw)[1],
+        "raw_documents_text_mb_per_partition_s": rate[0], "raw_documents_text_mb_per_partition_cpu_s": rate[1],
         "raw_rounds": [list(r) for r in raw],
         "partitions": sum(len(parts) for parts in profile["programs"].values()),
         "steps_s": round(steps, 2),
