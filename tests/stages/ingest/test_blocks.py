@@ -211,9 +211,9 @@ def test_a_batch_of_text_id_and_url_alone_takes_its_ids_whole(
         url_field: str | None) -> None:
     """A batch whose columns are its text, id and url fields alone, ids and urls strings or
     integers however stored, has its ids and urls taken as columns (``plain_fields``): the same
-    documents, ids, urls, digests and quarantine as each record judged on its own. With another
-    column, or an id or url field the source does not name (then metadata), or ids of another
-    type, ``plain_fields`` declines."""
+    documents, ids, urls, digests and quarantine as each record judged on its own. With an id or
+    url column the source's fields do not name (then metadata), ``plain_fields`` declines (other
+    columns and other types: ``test_plain_fields_declines_other_columns_and_other_ids``)."""
     ints = id_kind in ("int64", "uint8")
     ids = [v[1] if not ints or isinstance(v[1], int) or v[1] is None else len(v[1]) for v in values]
     if id_kind == "uint8":
