@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from stages.errors import DamagedFile, StageError
 from stages.lease import Lease, LeaseBusy, LeaseLost, checks_preconditions, supports_leases
+from stages.parallel import arrow_threads
 from stages.timing import timed, timed_iter
 
 MANIFEST = "_manifest.json"
@@ -638,9 +639,9 @@ class Store:
         against 0.37 ms a part at 200 sources of 79 documents, both through fsspec's ``open``),
         paid by every program for every source it reads."""
         if part.metadata.num_rows > batch_rows:
-            yield from part.iter_batches(batch_size=batch_rows, columns=columns)
+            yield from part.iter_batches(batch_size=batch_rows, columns=columns, use_threads=arrow_threads())
             return
-        yield from part.read(columns=columns).to_batches()
+        yield from part.read(columns=columns, use_threads=arrow_threads()).to_batches()
 
     def open_read(self, path: str) -> Any:
         """A part file opened for reading: locally with the built-in ``open`` (fsspec's cost 0.1
@@ -677,7 +678,7 @@ class Store:
                     # after it returns; at interpreter exit that thread's wait for the GIL ends in
                     # std::terminate (exit 134: issue 30). Rarer this way, not gone: processes end
                     # through stages.parallel.exit_process, without the teardown.
-                    tables.append(pq.ParquetFile(fh).read(columns=columns))
+                    tables.append(pq.ParquetFile(fh).read(columns=columns, use_threads=arrow_threads()))
             if clock is not None:
                 clock.read_bytes += sum(t.nbytes for t in tables)
         if not tables:
@@ -911,7 +912,8 @@ class PartitionWriter:
         """Stream the rows this attempt has written to ``table`` so far, ``batch_rows`` at a time."""
         for name in list(self.tables.get(table, [])):
             with self.store.open_read(f"{self.pdir}/{name}") as fh:
-                yield from timed_iter(pq.ParquetFile(fh).iter_batches(batch_size=batch_rows))
+                yield from timed_iter(pq.ParquetFile(fh).iter_batches(batch_size=batch_rows,
+                                                                      use_threads=arrow_threads()))
 
     def _part_sizes(self) -> dict[str, int]:
         """Bytes of each part this attempt publishes, from one listing of the partition: what

@@ -370,7 +370,9 @@ def test_storage_options_reach_ray_tasks_without_their_secrets(monkeypatch: pyte
     a worker takes its credentials from its own $CURATE_STORAGE_OPTIONS (a local instance
     inherits the driver's environment; a cluster's workers have the Secret)."""
     import fsspec.config
+    import numba
 
+    from stages import parallel
     from stages.credentials import STORAGE_OPTIONS_ENV
     from stages.parallel import _worker_setup, shared_storage_conf
     from stages.store import use_storage_options
@@ -385,6 +387,11 @@ def test_storage_options_reach_ray_tasks_without_their_secrets(monkeypatch: pyte
     # In a worker: the shared defaults, then the worker's own credentials over them.
     monkeypatch.setattr(fsspec.config, "conf", {})
     monkeypatch.setenv(STORAGE_OPTIONS_ENV, json.dumps({"key": "worker-key", "secret": "worker-secret"}))
-    _worker_setup(1, shared)
+    monkeypatch.setattr(parallel, "_CORES", parallel._CORES)  # it limits this process's kernels: put back after
+    numba_threads = numba.get_num_threads()
+    try:
+        _worker_setup(1, shared)
+    finally:
+        numba.set_num_threads(numba_threads)
     assert fsspec.config.conf["s3"] == {"endpoint_url": "http://127.0.0.1:9", "client_kwargs": {
         "region_name": "eu-west-1"}, "key": "worker-key", "secret": "worker-secret"}

@@ -37,6 +37,7 @@ from stages.ingest.streams import (
     split_lines,
     split_newlines,
 )
+from stages.parallel import arrow_threads
 from stages.params import RawDocumentsParams
 
 BOM = b"\xef\xbb\xbf"
@@ -166,7 +167,7 @@ class ParquetTask(Task):
             done_groups = 0
             try:
                 for g in groups:
-                    for batch in pf.iter_batches(batch_size=4096, row_groups=[g]):
+                    for batch in pf.iter_batches(batch_size=4096, row_groups=[g], use_threads=arrow_threads()):
                         recs = rows(batch, self.params.text_field)
                         text = _valid_text_column(batch, self.params.text_field) if wrong is None else None
                         if text is not None:

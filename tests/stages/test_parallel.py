@@ -77,3 +77,36 @@ print(seen)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[False, True, 0, True, True, False]"
+
+
+def test_a_process_limited_to_one_core_decodes_parquet_on_its_reading_thread(tmp_path: Path) -> None:
+    """A fresh process: ``arrow_threads`` says a Parquet read decodes on Arrow's pool where the
+    process's kernels have more than one core (``limit_threads``, a Ray task's setup too; where
+    never called, the cores it may run on), on the reading thread with one; the store's reads
+    give the same rows either way, and Arrow's pool keeps its size."""
+    probe = f"""
+import numba, pyarrow as pa
+from stages.parallel import _worker_setup, arrow_threads, limit_threads, usable_cores
+from stages.store import Manifest, Store
+
+pdir = {str(tmp_path / "root" / "p")!r}
+store = Store({str(tmp_path / "root")!r})
+w = store.writer(pdir)
+w.write("t", pa.table({{"x": list(range(5000)), "s": [str(i) * 3 for i in range(5000)]}}))
+w.commit(Manifest("p", "k", "v", "c", "s", {{}}))
+pool = pa.cpu_count()
+seen = [arrow_threads() == (usable_cores() > 1)]
+limit_threads(2)
+seen.append(arrow_threads())
+wide = store.read_table(pdir, "t")
+limit_threads(1)
+seen += [numba.get_num_threads(), arrow_threads(), store.read_table(pdir, "t").equals(wide),
+         sum(b.num_rows for b in store.iter_batches(pdir, "t", batch_rows=1000))]
+limit_threads(2)
+_worker_setup(1, None)
+seen += [arrow_threads(), pa.cpu_count() == pool]
+print(seen)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[True, True, 1, False, True, 5000, False, True]"
