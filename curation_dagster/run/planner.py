@@ -67,24 +67,35 @@ class Planner:
         """The partition's committed output is current and the instance recorded it: its latest
         materialization carries that output's data version. An output committed and not recorded
         since (its run ended in between; ``curate run``'s head start, ``PartitionPool.ahead_of_run``)
-        is stale, whatever the instance recorded of the partition before, so its run records it."""
+        is stale, whatever the instance recorded of the partition before, so its run records it.
+        A partition the instance never recorded is stale without a look at its output (a crawl's
+        first run: its head start's 200 outputs were read, their sizes listed and their inputs
+        fingerprinted for 40 ms of the run's start, while the workers run)."""
+        recorded = self._recorded_versions(program).get(str(partition_key(self.spec.crawl, source)))
+        if recorded is None:
+            return False
         try:
             task = resolve_task(self.store, self.spec, program, source)
             # Committed for its inputs' versions now, every part it names whole (a deleted or
             # truncated part is recomputed, never served). The version is worked out only where
-            # the partition has a manifest (it reads every input's; in a crawl's first run none
-            # has one); a source that cannot be fingerprinted fails its partition when it runs.
+            # the partition has a manifest (it reads every input's); a source that cannot be
+            # fingerprinted fails its partition when it runs.
             manifest = self.store.current_manifest(task.output_dir, lambda: data_version(self.store, task))
             if manifest is None:
                 return False
         except FileNotFoundError:  # an input not committed yet
             return False
-        if program not in self._recorded:  # one query a program
+        return recorded == manifest.data_version
+
+    def _recorded_versions(self, program: str) -> dict[str, str]:
+        """The data version of each partition key of ``program`` as the instance last recorded it
+        (one query a program)."""
+        if program not in self._recorded:
             self._recorded[program] = {key: tags[recorder.DATA_VERSION_TAG] for key, tags in
                                        self.instance.event_log_storage.get_latest_tags_by_partition(
                                            AssetKey(program), DagsterEventType.ASSET_MATERIALIZATION,
                                            [recorder.DATA_VERSION_TAG]).items() if recorder.DATA_VERSION_TAG in tags}
-        return self._recorded[program].get(str(partition_key(self.spec.crawl, source))) == manifest.data_version
+        return self._recorded[program]
 
     def step(self, program: str) -> StepPlan:
         """What ``program``'s step runs now, its inputs as committed by the steps before it."""

@@ -302,7 +302,8 @@ def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
 def test_a_first_runs_plan_reads_no_inputs_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A partition with no manifest of its own is stale whatever its inputs' versions, so planning
     it works none out (each reads every input's manifest, ingestion's lists its source's files:
-    0.6 s of a 200-source crawl's first run); a committed partition's is."""
+    0.6 s of a 200-source crawl's first run); a committed partition's is, where the instance
+    recorded the partition; one it never recorded is stale unread."""
     from curation_dagster.run import planner
 
     crawl = spec(stages=["fuzzy"])
@@ -321,6 +322,15 @@ def test_a_first_runs_plan_reads_no_inputs_manifest(tmp_path: Path, monkeypatch:
         asked.clear()
         plan = planner.Planner(instance, resource, crawl).step("minhash_signatures")
         assert plan.current == sorted(crawl.sources) and asked == ["minhash_signatures"] * len(crawl.sources)
+        # Committed, and never recorded by this instance (a head start's outputs as its run plans
+        # them): stale, and neither their manifests nor their inputs' are read.
+        other = DagsterInstance.from_config(str(ensure_instance_config(work / "other")))
+        looked: list[str] = []
+        monkeypatch.setattr(Store, "current_manifest", lambda self, pdir, version: looked.append(pdir))
+        asked.clear()
+        for program in ("raw_documents", "minhash_signatures"):
+            plan = planner.Planner(other, resource, crawl).step(program)
+            assert plan.stale == sorted(crawl.sources) and looked == [] and asked == []
 
 
 def test_a_steps_plan_derives_the_crawls_keys_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
