@@ -23,6 +23,8 @@ crawl step records, and for which ``curate run`` of a current crawl makes a run)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from dagster import AssetCheckEvaluation, AssetKey, DagsterEventType, DagsterInstance
@@ -34,8 +36,10 @@ from curation_dagster.run import recorder
 from curation_dagster.run.judge import Judge, evaluator
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.checks import CHECK_KINDS, CheckKind, Verdict, manifests_read_once
+from stages.ingest.files import listings_held
 from stages.resolve import data_version, resolve_task
 from stages.spec import CrawlSpec, keys_held
+from stages.store import manifests_held
 
 
 @dataclass
@@ -100,18 +104,30 @@ class Planner:
     def step(self, program: str) -> StepPlan:
         """What ``program``'s step runs now, its inputs as committed by the steps before it."""
         plan = StepPlan(program)
-        with keys_held():  # one derivation of the keys for the step's partitions, not one each
+        with self._held():
             for source in self.spec.partitions(program):
                 current = not self.force and self.current(program, source)
                 (plan.current if current else plan.stale).append(source)
         return plan
+
+    @staticmethod
+    @contextmanager
+    def _held() -> Iterator[None]:
+        """Within, for one plan: the crawl's keys derived once, not once a partition; each
+        manifest read once (a partition's own, and again as an input of each partition whose data
+        version it is part of: a crawl-wide one, 200 times at 200 sources) and each source listed
+        once (its partition's data version). A rerun of 200 sources, every one of its 1,408
+        partitions current, was planned in 0.80-0.90 s, 0.31 s so. What is read is what was
+        committed when the plan began."""
+        with keys_held(), manifests_held(), listings_held():
+            yield
 
     def crawl(self) -> tuple[dict[str, StepPlan], str | None]:
         """Every program's plan before anything runs (a partition that reads a stale one is stale
         too), up to the first wave a current partition's failed blocking check holds back (of that
         wave, the current partitions up to that one); and that check's failure (None when nothing
         holds the crawl back)."""
-        with keys_held():  # one derivation of the keys for every partition's plan, not one each
+        with self._held():
             return self._crawl()
 
     def _crawl(self) -> tuple[dict[str, StepPlan], str | None]:
