@@ -21,6 +21,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from stages.fingerprint import expand
+from stages.parallel import arrow_threads
 from stages.params import BENCHMARK_SUFFIXES, Benchmark
 
 
@@ -50,7 +51,7 @@ def _flatten(value: Any) -> Iterator[str]:
 def _rows(path: Path) -> Iterator[dict[str, Any]]:
     name = path.name
     if name.endswith(".parquet"):
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096, use_threads=arrow_threads()):
             yield from batch.to_pylist()
         return
     data = path.read_bytes()

@@ -65,8 +65,8 @@ def map_ordered(
     # process's, so ``die_with_parent`` ended each at once and the pool broke. A forked child must
     # not run an OpenMP kernel where this process has run one (GNU OpenMP is not fork-safe): a
     # program whose calls run a multi-threaded kernel takes ``kernel_cpus`` and runs them here.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=die_with_parent,
-                             initargs=(os.getpid(),)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_forked,
+                             initargs=(os.getpid(), max(1, int(num_cpus)))) as pool:
         pending: deque[Future[R]] = deque()
         for item in items:
             pending.append(pool.submit(fn, item))
@@ -104,6 +104,16 @@ def load_kernel_target() -> None:
         cpu_target.target_context.refresh()
     except Exception:  # the fork server dies on its preload's errors (but ImportError): never for a head start
         pass
+
+
+def _forked(parent: int, cores: int) -> None:
+    """A worker forked by ``map_ordered``: it dies with ``parent`` (``die_with_parent``) and
+    decodes Parquet as a process of ``cores`` cores does (``arrow_threads``), not as its parent
+    (every core of the partition); numba's threads stay as forked (a forked child must not start
+    OpenMP's)."""
+    global _CORES
+    die_with_parent(parent)
+    _CORES = cores
 
 
 def die_with_parent(parent: int) -> None:
@@ -312,8 +322,8 @@ _CORES: int | None = None
 
 def limit_threads(cores: int) -> None:
     """Kernels of this process on ``cores`` cores: numba's threads (a ``parallel=True`` kernel
-    takes every core otherwise), torch's, where torch is loaded, and Arrow's Parquet decoding
-    (``arrow_threads``)."""
+    takes every core otherwise) and torch's, where torch is loaded; and whether Arrow decodes
+    Parquet on its pool, only with more than one (``arrow_threads``; the pool keeps its size)."""
     import numba
 
     global _CORES

@@ -389,9 +389,13 @@ def test_storage_options_reach_ray_tasks_without_their_secrets(monkeypatch: pyte
     monkeypatch.setenv(STORAGE_OPTIONS_ENV, json.dumps({"key": "worker-key", "secret": "worker-secret"}))
     monkeypatch.setattr(parallel, "_CORES", parallel._CORES)  # it limits this process's kernels: put back after
     numba_threads = numba.get_num_threads()
+    torch = sys.modules.get("torch")
+    torch_threads = torch.get_num_threads() if torch is not None else None
     try:
         _worker_setup(1, shared)
     finally:
         numba.set_num_threads(numba_threads)
+        if torch is not None:
+            torch.set_num_threads(torch_threads)
     assert fsspec.config.conf["s3"] == {"endpoint_url": "http://127.0.0.1:9", "client_kwargs": {
         "region_name": "eu-west-1"}, "key": "worker-key", "secret": "worker-secret"}

@@ -36,7 +36,6 @@ from curation_dagster.run import recorder
 from curation_dagster.run.judge import Judge, evaluator
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.checks import CHECK_KINDS, CheckKind, Verdict, manifests_read_once
-from stages.ingest.files import listings_held
 from stages.resolve import data_version, resolve_task
 from stages.spec import CrawlSpec, keys_held
 from stages.store import manifests_held
@@ -74,7 +73,8 @@ class Planner:
         is stale, whatever the instance recorded of the partition before, so its run records it.
         A partition the instance never recorded is stale without a look at its output (a crawl's
         first run: its head start's 200 outputs were read, their sizes listed and their inputs
-        fingerprinted for 40 ms of the run's start, while the workers run)."""
+        fingerprinted for 40 ms of the run's start, while the workers run); so a damaged manifest
+        of such a partition fails that partition when it runs (``stages.execute``), not the plan."""
         recorded = self._recorded_versions(program).get(str(partition_key(self.spec.crawl, source)))
         if recorded is None:
             return False
@@ -113,13 +113,12 @@ class Planner:
     @staticmethod
     @contextmanager
     def _held() -> Iterator[None]:
-        """Within, for one plan: the crawl's keys derived once, not once a partition; each
+        """Within, for one plan: the crawl's keys derived once, not once a partition, and each
         manifest read once (a partition's own, and again as an input of each partition whose data
-        version it is part of: a crawl-wide one, 200 times at 200 sources) and each source listed
-        once (its partition's data version). A rerun of 200 sources, every one of its 1,408
-        partitions current, was planned in 0.80-0.90 s, 0.31 s so. What is read is what was
-        committed when the plan began."""
-        with keys_held(), manifests_held(), listings_held():
+        version it is part of: a crawl-wide one, 200 times at 200 sources), so the plan works from
+        one reading of each. A rerun of 200 sources, every one of its 1,408 partitions current,
+        was planned in 0.80-0.90 s, 0.31 s so."""
+        with keys_held(), manifests_held():
             yield
 
     def crawl(self) -> tuple[dict[str, StepPlan], str | None]:

@@ -1,13 +1,16 @@
 """What a worker process of ``stages.parallel.map_ordered`` starts with: the modules every worker
 would otherwise import itself (pyarrow imports pandas at its first conversion of Python objects,
 0.2-0.3 s of CPU a process), imported once in the process that forks the workers; and that it is
-forked from the process that calls it, wherever that process was started."""
+forked from the process that calls it, wherever that process was started; and how it decodes
+Parquet with the cores it was given."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+from stages.parallel import usable_cores
 
 # A fresh interpreter (pytest's own has imported pandas long ago): the workers report whether
 # pandas was loaded when their first item came, before anything in them could import it.
@@ -80,33 +83,50 @@ print(seen)
 
 
 def test_a_process_limited_to_one_core_decodes_parquet_on_its_reading_thread(tmp_path: Path) -> None:
-    """A fresh process: ``arrow_threads`` says a Parquet read decodes on Arrow's pool where the
+    """A fresh process: a Parquet read decodes on Arrow's pool (``use_threads``) where the
     process's kernels have more than one core (``limit_threads``, a Ray task's setup too; where
-    never called, the cores it may run on), on the reading thread with one; the store's reads
-    give the same rows either way, and Arrow's pool keeps its size."""
+    never called, the cores it may run on), on the reading thread with one, whichever way the
+    store reads a part (whole, in batches, a writer's own); a worker ``map_ordered`` forks decodes
+    as a process of its ``num_cpus``. The rows are the same either way, and Arrow's pool keeps
+    its size."""
     probe = f"""
-import numba, pyarrow as pa
-from stages.parallel import _worker_setup, arrow_threads, limit_threads, usable_cores
+import numba, pyarrow as pa, pyarrow.parquet as pq
+from stages.parallel import _worker_setup, arrow_threads, limit_threads, map_ordered, usable_cores
+from stages.params import ExecutionParams
 from stages.store import Manifest, Store
+
+asked = []
+for name in ("read", "iter_batches"):
+    def spy(self, *a, _real=getattr(pq.ParquetFile, name), **kw):
+        asked.append(kw.get("use_threads"))
+        return _real(self, *a, **kw)
+    setattr(pq.ParquetFile, name, spy)
+
+def child(_):
+    return arrow_threads()
 
 pdir = {str(tmp_path / "root" / "p")!r}
 store = Store({str(tmp_path / "root")!r})
 w = store.writer(pdir)
 w.write("t", pa.table({{"x": list(range(5000)), "s": [str(i) * 3 for i in range(5000)]}}))
+own = sum(b.num_rows for b in w.iter_batches("t", 1000))
 w.commit(Manifest("p", "k", "v", "c", "s", {{}}))
 pool = pa.cpu_count()
 seen = [arrow_threads() == (usable_cores() > 1)]
 limit_threads(2)
-seen.append(arrow_threads())
 wide = store.read_table(pdir, "t")
+seen += [arrow_threads(), list(map_ordered(child, range(4), ExecutionParams(workers=2)))]
 limit_threads(1)
 seen += [numba.get_num_threads(), arrow_threads(), store.read_table(pdir, "t").equals(wide),
-         sum(b.num_rows for b in store.iter_batches(pdir, "t", batch_rows=1000))]
+         sum(b.num_rows for b in store.iter_batches(pdir, "t", batch_rows=1000)), own]
 limit_threads(2)
 _worker_setup(1, None)
-seen += [arrow_threads(), pa.cpu_count() == pool]
+seen += [arrow_threads(), pa.cpu_count() == pool, asked]
 print(seen)
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[True, True, 1, False, True, 5000, False, True]"
+    # the writer's own read (never limited), the read at 2 cores, the two at 1
+    asked = f"[{usable_cores() > 1}, True, False, False]"
+    forked = "[False, False, False, False]"  # map_ordered's workers of one core each
+    assert done.stdout.strip() == f"[True, True, {forked}, 1, False, True, 5000, 5000, False, True, {asked}]"
