@@ -343,14 +343,15 @@ def arrow_threads() -> bool:
     cores, a source's Parquet file (390 short documents) took 0.93-1.05 ms of wall time to decode
     on the pool (0.18-0.20 ms of the reader's CPU), 0.63 ms on the reader. Arrow's pool keeps its
     size: sized to one thread (``pyarrow.set_cpu_count``) it raised the peak PSS of a crawl of 1M
-    documents from 880-1021 to 1030-1161 MiB (7 runs against 6), decoding on the reader or not."""
+    documents from 880-1021 MiB (8 runs) to 1030-1161 (7), decoding on the reader or not."""
     return (_CORES if _CORES is not None else usable_cores()) > 1
 
 
 def _worker_setup(threads: int, conf: dict[str, dict[str, Any]] | None) -> None:
-    """In a Ray worker: kernels on the task's cores (``limit_threads``); the driver's fsspec defaults, with the
-    worker's own ``$CURATE_STORAGE_OPTIONS`` over them (its credentials: from its environment,
-    as a local instance inherits the driver's, or the cluster's Secret; else the AWS chain)."""
+    """In a Ray worker: kernels on the task's cores (``limit_threads``); the driver's fsspec
+    defaults, with the worker's own ``$CURATE_STORAGE_OPTIONS`` over them (its credentials: from
+    its environment, as a local instance inherits the driver's, or the cluster's Secret; else the
+    AWS chain)."""
     limit_threads(threads)
     if conf:
         import fsspec.config
