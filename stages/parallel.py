@@ -340,8 +340,9 @@ def arrow_threads() -> bool:
     it may run on). With one, the pool only adds a hand-over: the reading thread waits while a
     pool thread is woken to decode, and where the cores are shared (a pool worker beside the
     others and the run's own process) it waits for that thread's turn too. At 200 sources on 2
-    cores, a source's Parquet file (390 short documents) took 0.93-1.05 ms of wall time to decode
-    on the pool (0.18-0.20 ms of the reader's CPU), 0.63 ms on the reader. Arrow's pool keeps its
+    cores, a source's Parquet file (390 short documents) took 0.93-1.38 ms of wall time to decode
+    on the pool (the median of a crawl's partitions, three crawls; 0.18-0.22 ms of the reader's
+    CPU), 0.63-0.97 ms on the reader (two crawls). Arrow's pool keeps its
     size: sized to one thread (``pyarrow.set_cpu_count``) it raised the peak PSS of a crawl of 1M
     documents from 880-1021 MiB (8 runs) to 1030-1161 (7), decoding on the reader or not."""
     return (_CORES if _CORES is not None else usable_cores()) > 1
