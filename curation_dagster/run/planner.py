@@ -37,8 +37,7 @@ from curation_dagster.run.judge import Judge, evaluator
 from stages.catalog import PROGRAMS, partition_name, waves
 from stages.checks import CHECK_KINDS, CheckKind, Verdict, manifests_read_once
 from stages.resolve import data_version, resolve_task
-from stages.spec import CrawlSpec, keys_held
-from stages.store import manifests_held
+from stages.spec import CrawlSpec
 
 
 @dataclass
@@ -112,13 +111,13 @@ class Planner:
 
     @contextmanager
     def _held(self) -> Iterator[None]:
-        """Within, for one plan: the crawl's keys derived once, not once a partition, and first
-        (its params validated: a custom filter that cannot be imported fails the plan in one line,
-        whether or not a partition is resolved); each manifest read once (a partition's own, and
-        again as an input of each partition whose data version it is part of: a crawl-wide one,
-        200 times at 200 sources), so the plan works from one reading of each. A rerun of 200
+        """Within, for one plan: each manifest read once and the crawl's keys derived once
+        (``manifests_read_once``: a partition's manifest is read for itself and again for the data
+        version of each partition that reads it, a crawl-wide one by every source's), the keys
+        first, so the crawl's params are validated whether or not a partition is resolved (a
+        custom filter that cannot be imported fails the plan in one line). A rerun of 200
         sources, every one of its 1,408 partitions current, was planned in 0.80-0.90 s, 0.31 s so."""
-        with keys_held(), manifests_held():
+        with manifests_read_once():
             self.spec.key_map()
             yield
 
