@@ -156,11 +156,13 @@ class CrawlSpec(BaseModel):
         """``derived_keys`` with the cache's own dict (not to be changed)."""
         from stages.versions import code_versions
 
-        validated = [None if p.name == "raw_documents" else
-                     self.program_params(p.name, (self.partitions(p.name) or [None])[0]).canonical()
-                     for p in PROGRAMS.values()]
+        # Each program's params as validated now, as JSON (none but ingestion's depends on the
+        # source): every resolution derives this (0.17-0.19 -> 0.09-0.10 ms at 200 sources, against
+        # parsing each back into a dict and sorting the sources for each program).
+        validated = "\n".join("" if p.name == "raw_documents" else self.program_params(p.name).model_dump_json()
+                              for p in PROGRAMS.values())
         versions = [(p.params.version, code_versions(p.name)) for p in PROGRAMS.values()]
-        ident = self._dumped() + repr(validated) + repr(versions)
+        ident = self._dumped() + validated + repr(versions)
         with _KEYS_LOCK:
             cached = _KEYS.pop(ident, None)
         if cached is None:
