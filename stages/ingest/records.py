@@ -224,11 +224,10 @@ def _unbranched(recs: list[Any], params: RawDocumentsParams, fielded: bool
     """(ids, urls, metadata, digests) of a block's records where every one passes the
     vectorized checks (``Collect._block``), each a list comprehension, not a branch per record
     (a block of 390 short records, medians over 50 blocks in 15 alternated rounds, two runs: a
-    Parquet batch 0.51-0.54 -> 0.42-0.46 ms, JSONL lines 1.26-1.31 -> 1.17-1.20 ms); the ids, urls
-    and metadata only where
-    ``fielded`` (else empty: the block's columns have them). None where any record raises (a
-    value orjson cannot take, fields ``as_id`` rejects): the block then goes record by record,
-    where the record rule says what each is."""
+    Parquet batch 0.51-0.54 -> 0.42-0.46 ms, JSONL lines 1.26-1.31 -> 1.17-1.20 ms); the ids,
+    urls and metadata only where ``fielded`` (else empty: the block's columns have them). None
+    where any record raises (a value orjson cannot write, fields ``as_id`` rejects): the block
+    then goes record by record, where the record rule says what each is."""
     dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
     try:
         digests = [digest(dumps(rec, option=sort_keys, default=str)) for rec in recs]

@@ -144,9 +144,9 @@ def damage(file: InputFile, message: str, read: int, partial: int = 0) -> dict[s
 class ParquetTask(Task):
     start: int = 0
     stop: int = 0  # row groups [start, stop)
-    # The file's footer as ``split_files`` read it, where this task reads the whole file (a
-    # second parse costs 0.05-0.1 ms of a short file's 4 ms); None: read again (a task of some
-    # row groups, sent to a worker without the whole file's footer)
+    # The file's footer as ``split_files`` read it, where this task reads the whole file (opening
+    # a 0.35 MB file with its footer given 0.023 ms, parsing it again 0.043, medians over 100
+    # files); None: read again (a task of some row groups, sent without the whole file's footer)
     footer: pq.FileMetaData | None = field(default=None, compare=False, repr=False)
 
     @property
