@@ -221,9 +221,9 @@ console.main()
 
 def test_the_fork_servers_one_preload_imports_every_program_and_pandas_and_no_dagster() -> None:
     """``run/worker_imports`` (the fork server's preload, whose ImportError multiprocessing would
-    swallow): the executor, every program and pandas imported, the collector on and what they
-    made frozen, numba's CPU target loaded; no Dagster (the workers describe their partitions without it,
-    ``curation_dagster.run.values``)."""
+    swallow): the executor, every program and pandas imported (and pyarrow's pandas shim set up),
+    the collector on and what they made frozen, numba's CPU target loaded; no Dagster (the
+    workers describe their partitions without it, ``curation_dagster.run.values``)."""
     probe = """
 import gc, sys
 import curation_dagster.run.worker_imports
@@ -231,9 +231,9 @@ from stages.catalog import PROGRAMS
 from tests.support.probes import dagster_modules
 print(all(f"stages.programs.{name}" in sys.modules for name in PROGRAMS), "curation_dagster.run.pool" in sys.modules,
       "pandas" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 0, not dagster_modules()[1],
-      "numba.np.arraymath" in sys.modules)
+      "numba.np.arraymath" in sys.modules, "pyarrow.pandas_compat" in sys.modules)
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True"] * 7
+    assert done.stdout.split() == ["True"] * 8
