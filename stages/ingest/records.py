@@ -226,8 +226,8 @@ def _unbranched(recs: list[Any], params: RawDocumentsParams, fielded: bool
     (a block of 390 short records, medians over 50 blocks in 15 alternated rounds, two runs: a
     Parquet batch 0.51-0.54 -> 0.42-0.46 ms, JSONL lines 1.26-1.31 -> 1.17-1.20 ms); the ids,
     urls and metadata only where ``fielded`` (else empty: the block's columns have them). None
-    where any record raises (a value orjson cannot write, fields ``as_id`` rejects): the block
-    then goes record by record, where the record rule says what each is."""
+    where any record raises (a value orjson reads but cannot write: nesting deeper than 254
+    levels): the block then goes record by record, where the record rule says what each is."""
     dumps, digest, sort_keys = orjson.dumps, xxhash.xxh3_128_digest, orjson.OPT_SORT_KEYS
     try:
         digests = [digest(dumps(rec, option=sort_keys, default=str)) for rec in recs]
@@ -397,8 +397,8 @@ class Collect:
             good: Sequence[int] = range(n)  # rows of ``recs`` that are documents
             rids, urls, metas, digests = unbranched
         else:
-            good, rids, urls, metas, digests = self._branched(recs, texts, pos, lines, careful_rows.tolist(), plain,
-                                                              extra)
+            good, rids, urls, metas, digests, extra = self._branched(recs, texts, pos, lines, careful_rows.tolist(),
+                                                                     plain)
         if not good:
             return
         self._seal()
@@ -429,13 +429,15 @@ class Collect:
         self.chars += int(lengths[taken[taken < n]].sum()) + sum(map(len, extra.values()))
 
     def _branched(self, recs: list[Any], texts: pa.Array, pos: int, lines: list[bytes] | None, careful: list[bool],
-                  plain: tuple[pa.Array, pa.Array] | None, extra: dict[int, str],
-                  ) -> tuple[list[int], list[str | None], list[str | None], list[str | None], list[bytes]]:
+                  plain: tuple[pa.Array, pa.Array] | None,
+                  ) -> tuple[list[int], list[str | None], list[str | None], list[str | None], list[bytes],
+                             dict[int, str]]:
         """``_block``'s records one at a time (``careful``: those the vectorized checks cannot
-        pass): (the rows of ``recs`` that are documents, their ids, urls, metadata and digests; the
-        ids, urls and metadata unused where ``plain`` has them); the texts ``texts`` lacks into
-        ``extra``, by their row's place among the documents."""
+        pass): the rows of ``recs`` that are documents, their ids, urls, metadata (unused where
+        ``plain`` has them) and digests, and the texts ``texts`` lacks, by their row's place among
+        the documents."""
         good: list[int] = []
+        extra: dict[int, str] = {}
         rids: list[str | None] = []
         urls: list[str | None] = []
         metas: list[str | None] = []
@@ -470,7 +472,7 @@ class Collect:
                 urls.append(row["url"])
                 metas.append(row["metadata"])
                 digests.append(d)
-        return good, rids, urls, metas, digests
+        return good, rids, urls, metas, digests, extra
 
     def _seal(self) -> None:
         """The rows collected one at a time so far, as a segment (to keep rows in input order)."""

@@ -65,9 +65,10 @@ def run(
     fs, files, ignored = list_files(params)
     step = execution.ingest_task_bytes
     out = Output(output, params, partition.crawl, partition.source, execution.batch_rows)
-    tasks = split_files(fs, files, params, step)
+    pooled = sum(f.size for f in files) > step and (execution.executor == "ray" or execution.resolved_workers() > 1)
+    tasks = split_files(fs, files, params, step, footers=not pooled)
     done_tasks: Generator[tuple[Task, Done], None, None]
-    if sum(f.size for f in files) > step and (execution.executor == "ray" or execution.resolved_workers() > 1):
+    if pooled:
         done_tasks = _in_parallel(tasks, execution)
     else:  # one task's worth of input: no pool to start
         done_tasks = ((task, task.run()) for task in tasks)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import stages.ingest.records as records
 from stages.ingest.records import Collect, Done
 from stages.ingest.tasks import _valid_text_column, plain_fields, rows
 from stages.params import RawDocumentsParams
@@ -85,16 +86,13 @@ def test_blocks_of_several_tasks_number_lines_on() -> None:
     assert _done_as_dict(got.done()) == _done_as_dict(one.done())
 
 
-
 def test_a_clean_block_with_one_record_orjson_cannot_write_goes_record_by_record(monkeypatch: Any) -> None:
     # Every text passes the vectorized checks, so the block is judged whole (``_unbranched``);
-    # a record nested deeper than orjson writes (it reads 1,024 levels, writes 255) makes that
+    # a record nested deeper than orjson writes (it reads 1,024 levels, writes 254) makes that
     # fail, and the block goes record by record, where the record rule's own canonical JSON
     # takes it: a document like the others.
     deep = b'{"id": "deep", "text": "fine text", "m": ' + b"[" * 300 + b"]" * 300 + b"}"
     lines = [b'{"id": "a", "text": "one"}', deep, b'{"id": "b", "text": "two", "lang": "en"}']
-    import stages.ingest.records as records
-
     whole = []
     unbranched = records._unbranched
     monkeypatch.setattr(records, "_unbranched", lambda *a: whole.append(got := unbranched(*a)) or got)
@@ -105,6 +103,7 @@ def test_a_clean_block_with_one_record_orjson_cannot_write_goes_record_by_record
     whole.clear()
     one, block = _both_ways([lines[0], lines[2]])
     assert block == one and len(whole) == 1 and whole[0] is not None  # taken whole
+
 
 _values = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
                     st.text(max_size=12), st.lists(st.integers(), max_size=3))
