@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import sys
+import unicodedata
+
 import numpy as np
 import pytest
 import xxhash
@@ -46,6 +50,17 @@ def test_normalization_keeps_real_differences(a: str, b: str) -> None:
     ha, hb = text_hashes([a, b])
     assert ha.tolist() != hb.tolist()
 
+
+_WHITESPACE = [c for c in map(chr, range(sys.maxunicode + 1)) if re.fullmatch(r"\s", c)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.sampled_from([*_WHITESPACE, "a", "B", "\u00e9", "\u4e2d", "\x00", "\u200b", "\ufb01"]), max_size=20))
+def test_whitespace_is_collapsed_as_the_documented_regular_expression_does(text: str) -> None:
+    # normalize joins str.split()'s pieces: the same whitespace as re's \s, every code point of it
+    assert len(_WHITESPACE) == 29 and all(c.isspace() for c in _WHITESPACE)
+    nfkc = unicodedata.normalize("NFKC", text)
+    assert normalize(text) == re.sub(r"\s+", " ", nfkc).strip()
 
 def test_lowercase_case_folds() -> None:
     assert normalize("Straße  ÜBER", lowercase=True) == "strasse über"
