@@ -21,6 +21,7 @@ machine: 3.07 -> 0.19-0.24 ms, 0.92-0.97 -> 0.074-0.076; the language model's on
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 from pathlib import Path
@@ -75,8 +76,19 @@ def _walk(folder: str, parts: tuple[str, ...], out: list[tuple[tuple[str, ...], 
             continue
         if entry.is_dir(follow_symlinks=False):
             _walk(entry.path, (*parts, entry.name), out)
-        elif entry.is_file():
+        elif _is_file(entry):
             out.append(((*parts, entry.name), entry.path))
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    """``Path.is_file`` of an entry: a symlink that loops or passes through a file is no file,
+    as a missing target is (``DirEntry.is_file`` raises for those two)."""
+    try:
+        return entry.is_file()
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            return False
+        raise
 
 
 def _hashed(path: str) -> tuple[int, str]:

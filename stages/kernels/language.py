@@ -89,12 +89,19 @@ def _word(token: str) -> str:
     return core
 
 
+WORDS_KEPT = 1 << 16  # tokens a ``_Words`` remembers before it starts afresh
+
+
 class _Words(dict[str, str]):
     """``_word`` of each token looked up, remembered for the texts of one ``identify`` call (a
     text's words repeat, and so do a batch's): a token seen before costs a lookup in C, not
-    ``_word``'s tests. Its tokens are slices of those texts, so it holds no more than they do."""
+    ``_word``'s tests. At most ``WORDS_KEPT`` tokens (each a copy): a batch of numeric tables or
+    code, whose tokens rarely repeat, would otherwise hold them all (700k distinct tokens of 5.6 MB
+    of text: 89 MB); ``_word`` is a function of the token alone, so forgetting changes nothing."""
 
     def __missing__(self, token: str) -> str:
+        if len(self) >= WORDS_KEPT:
+            self.clear()
         word = self[token] = _word(token)
         return word
 

@@ -79,3 +79,17 @@ def test_nothing_to_fingerprint_is_an_error(tmp_path: Path) -> None:
     for path in (str(tmp_path / "none"), str(tmp_path) + "/*.nomatch"):
         with pytest.raises(FileNotFoundError, match="no such file, directory or matching files"):
             fingerprint(path)
+
+
+def test_links_that_loop_or_pass_through_a_file_are_no_files(tmp_path: Path) -> None:
+    # as pathlib's is_file says (the walk's DirEntry.is_file raises for these two)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "f").write_bytes(b"f")
+    before = fingerprint(str(model))
+    os.symlink("loop", model / "loop")
+    os.symlink("b", model / "a")
+    os.symlink("a", model / "b")
+    os.symlink(model / "f" / "sub", model / "through")
+    assert [p.name for p in expand(str(model))] == ["f"] and fingerprint(str(model)) == before
+

