@@ -55,12 +55,23 @@ WORD_PUNCT = "\"'.,;:!?()«»‹›“”„‟‘’‚‛¡¿…·、。，．
 MARKS = re.compile(r"^(?:[|│>*•·+\-]+\s+)+")
 PROMPTS = ("$ ", "# ", ">>> ", "... ", "% ", "PS> ", "C:\\>", "> ")
 # Statements of common languages: a keyword first and code punctuation after it.
-CODE_LINE = re.compile(
-    r"^(?:def|class|import|from|return|if|elif|else|for|while|try|except|with|raise|print|var|let|"
+_STATEMENT = (
+    r"(?:def|class|import|from|return|if|elif|else|for|while|try|except|with|raise|print|var|let|"
     r"const|function|func|fn|public|private|static|void|int|char|struct|package|use|sudo|echo|cd|"
     r"export|apt|apt-get|pip|npm|git|make|curl|wget)\b.*(?:[:;{}()=]|\s-{1,2}\w)"
-    r"|(?:[{}]|\);)$|^[})\]]"
 )
+# A code line: such a statement, or a line that ends with a brace or ");", or starts with a closer.
+CODE_LINE = re.compile("^" + _STATEMENT + r"|(?:[{}]|\);)$|^[})\]]")
+_STATEMENT_AT_START = re.compile(_STATEMENT)
+_CODE_ENDS = ("{", "}", ");")
+_CODE_STARTS = ("}", ")", "]")
+
+
+def _code_line(line: str) -> bool:
+    """Whether ``CODE_LINE`` finds code in ``line`` (stripped: no newline, so ``$`` is its end):
+    its unanchored middle alternative made ``search`` try every position of every line (2.2 us a
+    line of the sample's text); the same three tests one by one take 0.5."""
+    return line.endswith(_CODE_ENDS) or line.startswith(_CODE_STARTS) or _STATEMENT_AT_START.match(line) is not None
 # Scripts written without spaces between words: whitespace "words" there are whole phrases.
 NO_SPACE_LANGUAGES: frozenset[str] = frozenset({
     "zh", "ja", "th", "lo", "km", "my", "bo", "dz", "wuu", "yue", "gan", "jbo",
@@ -127,7 +138,7 @@ def prose_blocks(text: str, words_of: _Words | None = None) -> list[str]:
             flush()
             continue
         line = MARKS.sub("", line)
-        if not line or CODE_LINE.search(line):
+        if not line or _code_line(line):
             flush()
             continue
         tokens = line.split()

@@ -78,6 +78,17 @@ def test_prose_blocks_skip_code_prompts_and_options() -> None:
     assert L.prose_blocks(CODE_ONLY) == []
 
 
+_CODE_PIECES = ["def", "class", "import", "apt-get", "if", "x", " ", "\t", "-", "--", "v", "{", "}", "(", ")", ";",
+                ":", "=", "]", "\u00e9", "_", "1", "\u3000"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_CODE_PIECES), max_size=12).map("".join))
+def test_a_code_line_is_what_the_documented_expression_finds(line: str) -> None:
+    # prose_blocks tests a stripped line's three kinds of code one by one, not by CODE_LINE.search
+    line = line.strip()
+    assert L._code_line(line) == (L.CODE_LINE.search(line) is not None)
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.text(st.sampled_from(list("ab C.-_/()$>#:'\n\u00e9\u4e2d1")), max_size=80), min_size=1,
                 max_size=8))
