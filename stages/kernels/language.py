@@ -72,6 +72,8 @@ def _code_line(line: str) -> bool:
     its unanchored middle alternative made ``search`` try every position of every line (2.2 us a
     line of the sample's text); the same three tests one by one take 0.5."""
     return line.endswith(_CODE_ENDS) or line.startswith(_CODE_STARTS) or _STATEMENT_AT_START.match(line) is not None
+
+
 # Scripts written without spaces between words: whitespace "words" there are whole phrases.
 NO_SPACE_LANGUAGES: frozenset[str] = frozenset({
     "zh", "ja", "th", "lo", "km", "my", "bo", "dz", "wuu", "yue", "gan", "jbo",
