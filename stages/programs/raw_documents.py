@@ -65,10 +65,9 @@ def run(
     fs, files, ignored = list_files(params)
     step = execution.ingest_task_bytes
     out = Output(output, params, partition.crawl, partition.source, execution.batch_rows)
-    pooled = sum(f.size for f in files) > step and (execution.executor == "ray" or execution.resolved_workers() > 1)
-    tasks = split_files(fs, files, params, step, footers=not pooled)
+    tasks = split_files(fs, files, params, step)
     done_tasks: Generator[tuple[Task, Done], None, None]
-    if pooled:
+    if sum(f.size for f in files) > step and (execution.executor == "ray" or execution.resolved_workers() > 1):
         done_tasks = _in_parallel(tasks, execution)
     else:  # one task's worth of input: no pool to start
         done_tasks = ((task, task.run()) for task in tasks)

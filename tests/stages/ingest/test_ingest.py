@@ -16,7 +16,6 @@ import pytest
 import zstandard
 
 from stages.execute import execute, execute_crawl
-from stages.ingest.tasks import split_files
 from stages.params import ExecutionParams, RawDocumentsParams
 from stages.programs.raw_documents import NoInputError, list_files
 from stages.spec import CrawlSpec
@@ -332,23 +331,6 @@ def test_jsonl_and_parquet_give_the_same_ids(tmp_path: Path) -> None:
     b = ingest(tmp_path / "op", tmp_path / "p")
     assert a.ids == b.ids and len(a.ids) == 20
 
-
-def test_a_parquet_task_keeps_its_files_footer_only_where_it_runs_in_this_process(tmp_path: Path) -> None:
-    # Inline, a task of a whole file opens it with the footer split_files parsed; a task sent to
-    # a worker (pickled: its unpickling would parse the footer again) or of some row groups does not.
-    recs = many(30, seed=3)
-    pq.write_table(pa.Table.from_pylist(recs), tmp_path / "one.parquet")
-    pq.write_table(pa.Table.from_pylist(recs), tmp_path / "groups.parquet", row_group_size=10)
-    params = RawDocumentsParams(url=str(tmp_path))
-    fs, files, _ = list_files(params)
-    for footers in (True, False):
-        tasks = list(split_files(fs, files, params, 1 << 30, footers=footers))
-        assert [(t.file.name, t.footer is not None) for t in tasks] == [("groups.parquet", footers),
-                                                                         ("one.parquet", footers)]
-        small = [t for t in split_files(fs, files, params, 1, footers=footers) if t.file.name == "groups.parquet"]
-        assert len(small) == 3 and all(t.footer is None for t in small)
-        done = [t.run() for t in tasks]
-        assert [d.docs.num_rows for d in done] == [30, 30] and done[0].digests == done[1].digests
 
 def test_identical_records_get_distinct_ids_and_sources_and_crawls_do_not_collide(tmp_path: Path) -> None:
     twin = {"id": "same", "text": "the same record, three times"}
