@@ -108,11 +108,6 @@ def _hashed(path: str) -> tuple[int, str]:
     return st.st_size, digest
 
 
-def file_hash(path: Path) -> str:
-    """xxh3-128 hex digest of one file's bytes, memoised on its stat (see module docstring)."""
-    return _hashed(str(path))[1]
-
-
 def fingerprint(path: str, suffixes: tuple[str, ...] | None = None) -> str:
     """16 hex chars identifying the content of everything ``path`` names (see ``expand``).
 

