@@ -391,11 +391,11 @@ class Collect:
         same reason, and the same ``as_id``)."""
         n = len(recs)
         careful_rows = _needs_judge(texts, lengths, self.params.max_chars)
-        extra: dict[int, str] = {}  # texts ``texts`` lacks, by their row's place in ``good``
         unbranched = None if careful_rows.any() else _unbranched(recs, self.params, plain is None)
         if unbranched is not None:
             good: Sequence[int] = range(n)  # rows of ``recs`` that are documents
             rids, urls, metas, digests = unbranched
+            extra: dict[int, str] = {}  # texts ``texts`` lacks, by their row's place in ``good``
         else:
             good, rids, urls, metas, digests, extra = self._branched(recs, texts, pos, lines, careful_rows.tolist(),
                                                                      plain)
