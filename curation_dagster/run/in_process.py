@@ -14,10 +14,11 @@ materialized and checked.
 A crawl's first run (or a forced one) has a head start: ``curate run`` starts the first
 program's partitions on the pool before it imports Dagster and opens the instance
 (``PartitionPool.ahead_of_run``, 1-1.5 s of its start; a one-source crawl's on one worker forked
-from the command's process, where it has no other thread yet), and the run's first step records
-them as they finish: what they committed is not recorded yet, so the planner finds it stale. Where the
-run is never made (the instance cannot be opened), what they committed is not recorded until the
-next run, whose step finds it committed and unrecorded: it records it without computing it again.
+from the command's process, where it has no other thread yet, and the later steps' partitions on
+that worker too, down the chain), and the run's first step records them as they finish: what
+they committed is not recorded yet, so the planner finds it stale. Where the run is never made
+(the instance cannot be opened), what they committed is not recorded until the next run, whose
+step finds it committed and unrecorded: it records it without computing it again.
 
 The run's materializations carry no ``dagster/code_version`` and no input provenance tags (a
 partial provenance would show every partition as having changed inputs); each step logs a planned

@@ -2,7 +2,8 @@
 server with the programs imported, started once per run and reused by every step, each
 partition's kernels on its share of the cores and memory (``PartitionPool``); and the run's head
 start, its first program's partitions started before it imports Dagster (``ahead_of_run``: for
-a crawl of one source, on one worker forked from the command's own process)."""
+a crawl of one source, on one worker forked from the command's own process, which runs the steps
+after it too, down the chain)."""
 
 from __future__ import annotations
 
@@ -308,8 +309,8 @@ class PartitionPool:
         self._lock = threading.RLock()
         self._stopped = False  # ``stop_ahead``: no further step starts ahead
         self.ahead: frozenset[tuple[str, str | None]] = frozenset()  # the partitions run ahead (``run_ahead``)
-        # A worker forked from this process runs only what runs ahead: a later step's partition
-        # would find the state of this process at the fork, not the fork server's. Forked only
+        # A worker forked from this process runs what runs ahead (the head start and the steps
+        # chained after it: ``_forked_fits``), and a step that does not runs here. Forked only
         # where no other thread runs here now (one could hold a lock the child would inherit).
         self._ahead_only = fork and self.workers == 1 and self.cores >= 2 and threading.active_count() == 1
         if (self.workers >= 2 or self._ahead_only) and self.execution.executor == "local" and mode == "in_process":
@@ -346,8 +347,9 @@ class PartitionPool:
         so the run's planner finds it stale and its step records it (``Planner.current``), unless
         the instance recorded that very data version before (the same output, current). A crawl
         of one source runs ahead only with ``fork`` (this process is the command's own, fresh: its
-        worker is forked from it), not with ``--backend gpu`` (whose check started CUDA's runtime
-        here). The pool serves one run."""
+        worker is forked from it, and runs the later steps too, down the chain: ``_forked_fits``),
+        not with ``--backend gpu`` (whose check started CUDA's runtime here). The pool serves one
+        run."""
         program = waves()[0][0]
         if execution.executor != "local" or usable_cores() < 2 or \
                 (len(spec.sources) < 2 and (not fork or execution.backend == "gpu")):
@@ -424,6 +426,22 @@ class PartitionPool:
             fit = min(fit, int(self.memory // (max(resources.memory_gib, 0.25) * 2**30)))
         return min(fit, partitions) if fit >= min(partitions, 2) else 0
 
+    def _forked_fits(self, program: str) -> bool:
+        """Whether ``program``'s partition (a one-source crawl's: one a step) runs ahead, down
+        the chain, on the worker forked from this process (``fork``): as it would run here, in one
+        process with every core, where its memory request fits what is available
+        (``side_by_side``'s rule), but not a GPU program unless the backend is the CPU (this
+        process runs it, as a GPU program's partitions always run in the process that records
+        them: ``side_by_side``). Before that chain, a one-source crawl ran its first step ahead
+        on the worker and every later one here, paying each program's first-partition costs
+        (imports, numba's target: 0.9 s) after its own start: 0.3 s more a crawl at 69 MB."""
+        resources = PROGRAMS[program].resources
+        if self.spec.switched_off(program):
+            return True
+        if resources.gpu > 0 and self.execution.backend != "cpu":
+            return False
+        return self.memory is None or self.memory >= max(resources.memory_gib, 0.25) * 2**30
+
     def run_ahead(self, program: str, sources: list[str | None]) -> None:
         """Start ``program``'s ``sources`` on the workers now, before its step asks for them
         (``run``): a thread of this process hands them over and gathers what finishes, as ``run``
@@ -480,14 +498,15 @@ class PartitionPool:
         check): start the next step's, where ``then_ahead`` asked for it and it is clean."""
         with self._lock:
             ready = self._then.pop(program, None)
-            if ready is None or not clean or self._ahead_only or self._stopped:  # a worker forked from this
-                return  # process runs only the head start (``__init__``)
+            if ready is None or not clean or self._stopped:
+                return
         after = step_after(program)
         if after is None:
             return
         try:
             sources = self.spec.partitions(after)
-            if self.side_by_side(after, len(sources)) and ready(after):
+            if (self._forked_fits(after) if self._ahead_only else self.side_by_side(after, len(sources))) \
+                    and ready(after):
                 self.then_ahead(after, ready)
                 self.run_ahead(after, sources)
         except Exception:  # only a head start: ``after``'s step runs it, and fails where it would have
@@ -543,7 +562,9 @@ class PartitionPool:
                 if done:
                     yield done
                 got = ahead.take(_LINES_S)
-            if self._ahead_only:  # its one worker has done what it was forked for
+            with self._lock:  # a worker forked from this process ends with the chain it runs
+                done_with = self._ahead_only and not self._ahead
+            if done_with:
                 self.close()
             if rest:
                 yield from self._run(program, rest, emit, None, self.side_by_side(program, len(rest)), then=True,

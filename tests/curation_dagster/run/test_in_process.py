@@ -437,10 +437,10 @@ def test_a_partition_committed_but_not_recorded_is_recorded_by_the_next_run(
 def test_a_one_source_crawls_first_step_runs_on_a_worker_forked_before_its_run(tmp_path: Path) -> None:
     """``curate run`` in a process of its own (``python -m curation_dagster.cli``'s): a one-source
     crawl's first partition runs ahead on one worker forked from it (``PartitionPool``'s
-    ``fork``), every later one in the process itself, and the run records it; the outputs are
-    those of the same crawl run in this process (``cli.main(argv)``: no head start for one
-    source). The command's process writes its id, and each ``stages.execute.execute`` call its
-    program and process id."""
+    ``fork``), and every later one on that worker too, down the chain (``_forked_fits``), and
+    the run records each; the outputs are those of the same crawl run in this process
+    (``cli.main(argv)``: no head start for one source). The command's process writes its id, and
+    each ``stages.execute.execute`` call its program and process id."""
     import subprocess
     import sys
 
@@ -464,15 +464,16 @@ def test_a_one_source_crawls_first_step_runs_on_a_worker_forked_before_its_run(t
         pids = {program: int(pid) for program, pid in (line.split() for line in calls.read_text().splitlines())}
         assert set(pids) == {"curate", *PROGRAMS}
         here_pid = pids.pop("curate")
-        assert pids.pop("raw_documents") != here_pid and set(pids.values()) == {here_pid}
+        assert len(set(pids.values())) == 1 and here_pid not in pids.values(), pids
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         (run,) = instance.get_runs()
         resource = CurationResource(workdir=str(work))
-        (source,) = crawl.partitions("raw_documents")
-        (mat,) = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("raw_documents")),
-                                                 limit=10).records
-        assert mat.run_id == run.run_id and (mat.event_log_entry.asset_materialization.tags or {}).get(  # type: ignore[union-attr]
-            DATA_VERSION_TAG) == _manifest(resource, crawl, "raw_documents", source).data_version
+        for program in PROGRAMS:
+            (partition,) = crawl.partitions(program)
+            (mat,) = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(program)),
+                                                     limit=10).records
+            assert mat.run_id == run.run_id and (mat.event_log_entry.asset_materialization.tags or {}).get(  # type: ignore[union-attr]
+                DATA_VERSION_TAG) == _manifest(resource, crawl, program, partition).data_version, program
         assert curate("run", "--workdir", str(here), "--crawl", CRAWL, "--config", str(config), "--quiet")[0] == 0
         theirs = CurationResource(workdir=str(here)).store()
         assert _sorted(read(resource.store(), crawl, "removal_ledger", "ledger")).equals(

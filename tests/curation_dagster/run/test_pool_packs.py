@@ -387,13 +387,7 @@ def test_the_next_steps_partitions_start_before_this_steps_last_list_is_taken(tm
             done = [d for f in pool.run("raw_documents", sources) for d in f]
             assert [d.source for d in done if d.error is not None] == ["c05"]
             assert not pool.ahead and pool._then == {}
-            # A worker forked from the command's process runs its head start only (``ahead_of_run``)
-            pool._ahead_only = True
-            pool.then_ahead("document_languages", lambda step: True)
-            pool._then_start("document_languages", True)
-            assert not pool.ahead
             # A run that failed or was stopped starts no further step ahead (its pool open)
-            pool._ahead_only = False
             pool.stop_ahead()
             pool.then_ahead("document_languages", lambda step: True)
             pool._then_start("document_languages", True)
@@ -456,3 +450,28 @@ def test_a_worker_gives_memory_back_only_after_it_grew(monkeypatch: pytest.Monke
     monkeypatch.setitem(pool_module._WORKER, "resident", None)  # not known (no /proc): always
     pool_module._release()
     assert released == [1, 1]
+
+
+def test_a_forked_workers_chain_stops_at_a_gpu_program_or_one_whose_memory_does_not_fit(tmp_path: Path) -> None:
+    """``_forked_fits``: a one-source crawl's worker forked from the command's process runs the
+    steps after its head start as this process would run them, but a GPU program (unless the
+    backend is the CPU) or one that asks for more memory than is available ends the chain (this
+    process runs it); a switched-off stage's empty partitions always go on."""
+    crawl = _many(1)
+    with_semantic = crawl.model_copy(update={"stages": ("fuzzy", "semantic")})
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), workers=1)  # no worker started: the rule alone
+        for spec, backend, memory, program, fits in [
+            (crawl, "auto", 2**34, "duplicate_components", True),  # 8 GiB asked, 16 available
+            (crawl, "auto", 2**32, "duplicate_components", False),  # 4 GiB available
+            (crawl, "auto", None, "duplicate_components", True),  # unknown: as ``side_by_side``
+            (crawl, "auto", 2**32, "document_embeddings", True),  # switched off: empty outputs
+            (with_semantic, "auto", 2**36, "document_embeddings", False),  # a GPU program
+            (with_semantic, "gpu", 2**36, "document_embeddings", False),
+            (with_semantic, "cpu", 2**36, "document_embeddings", True),  # on the CPU, it fits
+        ]:
+            execution = resource.execution().model_copy(update={"backend": backend})
+            pool = PartitionPool(resource.place(), spec, execution=execution)
+            pool.memory = memory
+            assert pool._forked_fits(program) is fits, (program, backend, memory)
+            pool.close()
