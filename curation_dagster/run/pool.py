@@ -285,8 +285,9 @@ class PartitionPool:
                  execution: ExecutionParams | None = None, fork: bool = False) -> None:
         """``resource``: the ``curation`` resource, or its ``Place`` and ``execution`` settings
         (``curate run`` before it imports Dagster: ``ahead_of_run``). ``fork``: where the crawl
-        has one source, one worker forked from this process now, for the partition run ahead
-        alone (``ahead_of_run``: this process has no other thread yet and has run no kernel)."""
+        has one source, one worker forked from this process now, for what runs ahead: the head
+        start and the steps chained after it (``ahead_of_run``, ``_forked_fits``: this process has
+        no other thread yet and has run no kernel)."""
         if isinstance(resource, Place):
             assert execution is not None, "a Place comes with its execution settings"
             self.resource, self.execution, mode = resource, execution, "in_process"

@@ -456,6 +456,8 @@ def test_a_one_source_crawls_first_step_runs_on_a_worker_forked_before_its_run(t
               f"    with open({str(calls)!r}, 'a') as f: f.write(f'{{program}} {{os.getpid()}}\\n')\n"
               "    return real(store, spec, program, *args, **kwargs)\n"
               "ex.execute = execute\n"
+              # every program's memory request fits, whatever this machine has (``_forked_fits``)
+              "import curation_dagster.run.pool as pool; pool._memory_bytes = lambda: 2**40\n"
               "import runpy; runpy.run_module('curation_dagster.cli', run_name='__main__')\n")
     with fast_tmp(tmp_path / "w") as work, fast_tmp(tmp_path / "here") as here:
         proc = subprocess.run([sys.executable, "-c", traced, "run", "--workdir", str(work), "--crawl", CRAWL,

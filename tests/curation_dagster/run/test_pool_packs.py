@@ -452,6 +452,29 @@ def test_a_worker_gives_memory_back_only_after_it_grew(monkeypatch: pytest.Monke
     assert released == [1, 1]
 
 
+def test_a_forked_workers_chain_runs_the_next_steps_and_the_pool_ends_with_it(tmp_path: Path) -> None:
+    """A pool whose worker was forked for the head start (``fork``: one source) starts the next
+    steps on it down the chain, as a wider pool does; it stays open while a chained step is
+    still to be taken, and closes once the last is: a step not chained runs in this process."""
+    crawl = _many(2)
+    sources = crawl.partitions("raw_documents")
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), workers=2)
+        resource.dataroot().register(crawl)
+        pool = PartitionPool(resource, crawl)
+        pool._ahead_only = True  # as ``ahead_of_run(fork=True)`` makes it (one partition at a time)
+        pool.then_ahead("raw_documents", lambda step: step in ("document_languages", "filtered_documents"))
+        pool.run_ahead("raw_documents", sources)
+        for program in ("raw_documents", "document_languages", "filtered_documents"):
+            assert pool._pool is not None, program  # open: this step was chained
+            done = [d for f in pool.run(program, sources) for d in f]
+            assert sorted(d.source or "" for d in done) == sources
+            assert all(d.error is None and d.outcome is not None for d in done), [d.trace for d in done]
+        assert pool._pool is None and not pool._ahead  # the chain ended at exact_duplicates
+        assert pool.side_by_side("exact_duplicates", 1) == 0  # here
+        pool.close()
+
+
 def test_a_forked_workers_chain_stops_at_a_gpu_program_or_one_whose_memory_does_not_fit(tmp_path: Path) -> None:
     """``_forked_fits``: a one-source crawl's worker forked from the command's process runs the
     steps after its head start as this process would run them, but a GPU program (unless the
