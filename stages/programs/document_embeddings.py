@@ -69,8 +69,12 @@ class Encoder:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
         import torch
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
 
         self.path = embedding_model_path(model)
+        # transformers' "Loading weights" bar would go to the crawl's stderr, `--quiet` or not:
+        # the partition tells its own progress (as quality_scores' classifiers do)
+        hf_logging.disable_progress_bar()
         self.device = device
         # bf16 only on a GPU: on a CPU without AMX it is ~0.7x as fast as fp32 (docs/semantic.md,
         # "Precision"); its embeddings are within 1e-4 in cosine of fp32 ones.

@@ -365,3 +365,16 @@ def test_embedding_matrix_zeroes_a_row_with_a_nan() -> None:
     out = embedding_matrix(col)
     assert np.array_equal(out[[0, 2]], np.zeros((2, 2), np.float32))
     assert np.allclose(out[1], [0.6, 0.8], atol=1e-3)
+
+
+def test_loading_the_embedding_model_writes_no_progress_bar(capfd: pytest.CaptureFixture[str]) -> None:
+    """The model's load leaves the crawl's stderr alone (``curate run --quiet`` printed
+    transformers' "Loading weights" bar): the partition tells its own progress."""
+    from transformers.utils import logging as hf_logging
+
+    from stages.programs.document_embeddings import Encoder
+
+    hf_logging.enable_progress_bar()  # as a fresh process has it, whatever ran here before
+    capfd.readouterr()
+    Encoder("all-MiniLM-L6-v2", "cpu", 256)
+    assert "Loading weights" not in capfd.readouterr().err
