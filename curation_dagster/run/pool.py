@@ -433,9 +433,9 @@ class PartitionPool:
         process with every core, where its memory request fits what is available
         (``side_by_side``'s rule), but not a GPU program unless the backend is the CPU (this
         process runs it, as a GPU program's partitions always run in the process that records
-        them: ``side_by_side``). Before that chain, a one-source crawl ran its first step ahead
-        on the worker and every later one here, paying each program's first-partition costs
-        (imports, numba's target: 0.9 s) after its own start: 0.3 s more a crawl at 69 MB."""
+        them: ``side_by_side``). Each program's first-partition costs (its imports, numba's
+        target: 0.9 s in all) are then paid on the worker while this process starts, not after
+        (docs/profile.md, tenth session of 2026-12-06)."""
         resources = PROGRAMS[program].resources
         if self.spec.switched_off(program):
             return True
