@@ -412,36 +412,38 @@ class PartitionPool:
         threads in that worker (numba's kernels), and a process the worker forks later must not
         run an OpenMP kernel (GNU OpenMP is not fork-safe): in a pool with a worker per core, the
         source partitions of the later steps get one core each and fork nothing; in a narrower
-        one they fork pools of their own, so it runs here. A switched-off stage's partitions
-        write empty outputs: no GPU, little memory. A pool of one worker forked from this process
-        (``fork``) runs nothing but what ran ahead: 0."""
-        resources = PROGRAMS[program].resources
-        off = self.spec.switched_off(program)
-        if self._pool is None or self._ahead_only or not partitions or \
-                (resources.gpu > 0 and self.execution.backend != "cpu" and not off):
+        one they fork pools of their own, so it runs here. What the program's requests allow:
+        ``_fit``. A pool of one worker forked from this process (``fork``) runs nothing but what
+        ran ahead: 0."""
+        if self._pool is None or self._ahead_only or not partitions:
             return 0
-        if partitions == 1 and self.workers < self.cores and not off:
+        if partitions == 1 and self.workers < self.cores and not self.spec.switched_off(program):
             return 0
-        fit = self.workers
-        if self.memory is not None and not off:
-            fit = min(fit, int(self.memory // (max(resources.memory_gib, 0.25) * 2**30)))
+        fit = self._fit(program)
         return min(fit, partitions) if fit >= min(partitions, 2) else 0
+
+    def _fit(self, program: str) -> int:
+        """How many of ``program``'s partitions the workers may run side by side as far as its
+        requests go: every worker for a switched-off stage's (empty outputs: no GPU, little
+        memory); none for a GPU program unless the backend is the CPU (its partitions run in the
+        process that records them); else as many as the memory available when the pool started
+        holds of its memory request."""
+        resources = PROGRAMS[program].resources
+        if self.spec.switched_off(program):
+            return self.workers
+        if resources.gpu > 0 and self.execution.backend != "cpu":
+            return 0
+        if self.memory is None:
+            return self.workers
+        return min(self.workers, int(self.memory // (max(resources.memory_gib, 0.25) * 2**30)))
 
     def _forked_fits(self, program: str) -> bool:
         """Whether ``program``'s partition (a one-source crawl's: one a step) runs ahead, down
-        the chain, on the worker forked from this process (``fork``): as it would run here, in one
-        process with every core, where its memory request fits what is available
-        (``side_by_side``'s rule), but not a GPU program unless the backend is the CPU (this
-        process runs it, as a GPU program's partitions always run in the process that records
-        them: ``side_by_side``). Each program's first-partition costs (its imports, numba's
-        target: 0.9 s in all) are then paid on the worker while this process starts, not after
-        (docs/profile.md, tenth session of 2026-12-06)."""
-        resources = PROGRAMS[program].resources
-        if self.spec.switched_off(program):
-            return True
-        if resources.gpu > 0 and self.execution.backend != "cpu":
-            return False
-        return self.memory is None or self.memory >= max(resources.memory_gib, 0.25) * 2**30
+        the chain, on the worker forked from this process (``fork``), as it would run here: where
+        its requests allow one (``_fit``). Each program's first-partition costs (its imports,
+        numba's target: 0.9 s in all) are then paid on the worker while this process starts,
+        not after (docs/profile.md, tenth session of 2026-12-06)."""
+        return self._fit(program) >= 1
 
     def run_ahead(self, program: str, sources: list[str | None]) -> None:
         """Start ``program``'s ``sources`` on the workers now, before its step asks for them
