@@ -62,6 +62,7 @@ def test_whitespace_is_collapsed_as_the_documented_regular_expression_does(text:
     nfkc = unicodedata.normalize("NFKC", text)
     assert normalize(text) == re.sub(r"\s+", " ", nfkc).strip()
 
+
 def test_lowercase_case_folds() -> None:
     assert normalize("Straße  ÜBER", lowercase=True) == "strasse über"
     assert normalize("Straße", lowercase=False) == "Straße"

@@ -90,6 +90,7 @@ def test_a_code_line_is_what_the_documented_expression_finds(line: str) -> None:
     line = line.strip()
     assert L._code_line(line) == (L.CODE_LINE.search(line) is not None)
 
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.text(st.sampled_from(list("ab C.-_/()$>#:'\n\u00e9\u4e2d1")), max_size=80), min_size=1,
                 max_size=8))
@@ -111,6 +112,7 @@ def test_a_batch_is_identified_as_each_text_alone(texts: list[str]) -> None:
         assert all((x == y).all() for x, y in zip(L.identify(texts, predict), batch, strict=True))
     finally:
         L.WORDS_KEPT = kept
+
 
 def test_acronyms_keep_their_case_and_upper_case_lines_do_not(predict: L.Predict) -> None:
     text = "MIT License\n\nThe MIT license applies to the files in:\n"
