@@ -18,6 +18,7 @@ import pytest
 import stages.store
 from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot
+from stages.errors import DamagedFile
 from stages.execute import execute
 from stages.params import (
     ExactDuplicatesParams,
@@ -169,6 +170,36 @@ def test_within_manifests_held_a_manifest_is_read_once_and_a_commit_read_again(
     w.commit(manifest(n=3))
     again = store.read_manifest(pdir)
     assert again is not None and again.report == {"n": 3}
+
+
+def test_a_manifest_read_again_unchanged_is_not_parsed_again(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside ``manifests_held`` a manifest is read every time, but parsed again only where its
+    text changed: a commit by another process is seen, an unchanged one is the same object."""
+    pdir = store.partition_dir("p", "k", "c", "s")
+    parsed: list[str] = []
+    real = Manifest.from_json
+
+    def counted(blob: str, path: str = MANIFEST) -> Manifest:
+        parsed.append(path)
+        return real(blob, path)
+
+    monkeypatch.setattr(Manifest, "from_json", staticmethod(counted))
+    w = store.writer(pdir)
+    w.write("t", table(2))
+    w.commit(manifest(n=2))
+    first = store.read_manifest(pdir)
+    assert first is not None and first.report == {"n": 2}
+    assert store.read_manifest(pdir) is first and Store(store.url(store.root)).read_manifest(pdir) is first
+    assert len(parsed) == 1
+    w = store.writer(pdir)  # as another process: the text changes under the same path
+    w.write("t", table(3))
+    w.commit(manifest(n=3))
+    again = store.read_manifest(pdir)
+    assert again is not None and again.report == {"n": 3} and len(parsed) == 2
+    if store.is_local:  # damaged since: its text is parsed again, and refused
+        (Path(pdir) / MANIFEST).write_text("{")
+        with pytest.raises(DamagedFile, match="not JSON"):
+            store.read_manifest(pdir)
 
 
 def test_an_uncommitted_writer_leaves_nothing_visible(store: Store) -> None:
