@@ -28,7 +28,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 install = $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet --upgrade pip && \
 	$(BIN)/pip install --quiet --no-compile -e '.[$(1)]' && \
 	$(BIN)/pip install --quiet --no-compile --no-deps --force-reinstall "$$($(BIN)/python -c 'import importlib.metadata as m; print("fasttext-community==" + m.version("fasttext-community"))')" && \
-	{ $(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true; } && \
+	{ $(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(*{sysconfig.get_path(k) for k in ("purelib", "platlib")})') >/dev/null || true; } && \
 	$(BIN)/python -m compileall -q -j 0 stages curation_dagster >/dev/null
 
 # A venv that `make test` set up has everything `make run` needs.
