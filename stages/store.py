@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -136,9 +135,11 @@ _MANIFESTS: ContextVar[dict[str, Manifest | None] | None] = ContextVar("manifest
 # as within ``manifests_held``). Outside that block too: a fuzzy-only crawl of 200 sources reads
 # its 1,408 manifests 8,614 times to derive data versions, from partitions of every step. The
 # text itself is always read (another process may have committed the partition since).
+# Bounded by count: 4,096 manifests, some 27 MB at the 6.7 KB a manifest and its text take at 200
+# sources; a new one past that pushes out the oldest (a crawl of some 600 sources or more, whose
+# steps read its manifests in turn, then finds fewer of them here).
 _PARSED: dict[str, tuple[str, Manifest]] = {}
-_PARSED_MAX = 4096  # the oldest one makes room: ~27 MB at most (6.7 KB a manifest and its text)
-_PARSED_LOCK = threading.Lock()
+_PARSED_MAX = 4096
 
 
 @contextmanager
@@ -426,10 +427,12 @@ def _parsed(blob: str, url: str) -> Manifest:
     if hit is not None and hit[0] == blob:
         return hit[1]
     manifest = Manifest.from_json(blob, url)
-    with _PARSED_LOCK:
-        if len(_PARSED) >= _PARSED_MAX:
+    if hit is None and len(_PARSED) >= _PARSED_MAX:
+        # No lock (none to hold across a fork): another thread's change meanwhile only makes
+        # this one skip its turn.
+        with suppress(KeyError, RuntimeError, StopIteration):
             del _PARSED[next(iter(_PARSED))]
-        _PARSED[url] = (blob, manifest)
+    _PARSED[url] = (blob, manifest)
     return manifest
 
 
@@ -451,7 +454,9 @@ class Store:
 
     def read_manifest(self, pdir: str) -> Manifest | None:
         """The partition's committed manifest, None when there is none; a damaged one is a
-        ``DamagedFile`` naming it. Within ``manifests_held``, each is read once."""
+        ``DamagedFile`` naming it. Within ``manifests_held``, each is read once. The object is
+        shared with every other reader of the same text in this process (``_PARSED``): read-only
+        (``dataclasses.replace`` makes another)."""
         path = f"{pdir}/{MANIFEST}"
         url = self.url(path)
         group = _GROUP.get()
