@@ -17,18 +17,18 @@ DEV_STAMP := $(VENV)/.installed-dev
 # module as fasttext-community (quality) without training; whichever pip installed last wins, so
 # the last step puts fasttext-community's files back (the language stage predicts with either).
 # Then the bytecode, compiled on every core: pip compiles what it installs one file at a time
-# (62 of the dev install's 138 s on 2 cores; compileall -j 0 takes 39), and it is needed: where
-# PYTHONDONTWRITEBYTECODE is set (some CI images set it) nothing is compiled at import, and every
-# process would compile Dagster's and torch's modules again (25 s to import what the suite
-# imports, not 5). The installed packages' files that do not compile on this Python (torch's
-# tests for 3.12's syntax) are left as pip leaves them. And the project's own, as pip writes it
-# for a regular install: an editable install writes it at first import, except there (0.07 s to
-# a crawl's first partition; a source edited later is compiled from its text again, as Python
-# checks each file's time).
+# (62 of the dev install's 138 s on 2 cores; compileall on both cores takes 39), and it is needed:
+# where PYTHONDONTWRITEBYTECODE is set (some CI images set it) nothing is compiled at import, and
+# every process would compile Dagster's and torch's modules again. An installed file that does
+# not compile on this Python (torch's tests of 3.12's syntax) is left uncompiled, as pip leaves
+# it (compile_dir's result is not checked; its own failure fails the install). And the project's
+# own, as pip writes it for a regular install: an editable install writes it at first import,
+# except there (0.07 s to a crawl's first partition; a source edited later is compiled from its
+# text again, as Python checks each file's time).
 install = $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet --upgrade pip && \
 	$(BIN)/pip install --quiet --no-compile -e '.[$(1)]' && \
 	$(BIN)/pip install --quiet --no-compile --no-deps --force-reinstall "$$($(BIN)/python -c 'import importlib.metadata as m; print("fasttext-community==" + m.version("fasttext-community"))')" && \
-	{ $(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(*{sysconfig.get_path(k) for k in ("purelib", "platlib")})') >/dev/null || true; } && \
+	$(BIN)/python -c 'import compileall, sysconfig; [compileall.compile_dir(d, quiet=2, workers=0) for d in {sysconfig.get_path(k) for k in ("purelib", "platlib")}]' && \
 	$(BIN)/python -m compileall -q -j 0 stages curation_dagster >/dev/null
 
 # A venv that `make test` set up has everything `make run` needs.
