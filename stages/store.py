@@ -130,18 +130,6 @@ def check_name(kind: str, name: str) -> str:
 # attempts save while it runs).
 _MANIFESTS: ContextVar[dict[str, Manifest | None] | None] = ContextVar("manifests_held", default=None)
 
-# The manifests this process parsed, by URL, each with the text it was parsed from: one read
-# again whose text is unchanged is not parsed again (30 us), and is the same object (read-only,
-# as within ``manifests_held``). Outside that block too: a fuzzy-only crawl of 200 sources reads
-# its 1,408 manifests 8,614 times to derive data versions, from partitions of every step. The
-# text itself is always read (another process may have committed the partition since).
-# Bounded by count: 4,096 manifests, some 27 MB at the 6.7 KB a manifest and its text take at 200
-# sources; a new one past that pushes out the oldest (a crawl of some 600 sources or more, whose
-# steps read its manifests in turn, then finds fewer of them here).
-_PARSED: dict[str, tuple[str, Manifest]] = {}
-_PARSED_MAX = 4096
-
-
 @contextmanager
 def held_within(var: ContextVar[Any]) -> Iterator[None]:
     """Within: ``var`` holds a dict, a memo for the block (``manifests_held``,
@@ -420,20 +408,16 @@ _MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
 _MANIFEST_FIELDS = ("program", "params_key", "data_version", "crawl", "source", "params")
 
 
+# A manifest's text, parsed once in this process (30 us a parse): a text read again, from the same
+# URL, is the same object (read-only, as within ``manifests_held``). Outside that block too: a
+# fuzzy-only crawl of 200 sources reads its 1,408 manifests 8,614 times to derive data versions,
+# from partitions of every step. The text itself is always read (another process may have
+# committed the partition since): a new text is parsed. 4,096 at most, some 27 MB at the 6.7 KB a
+# manifest and its text take at 200 sources; past that the least recently read goes.
+@functools.lru_cache(maxsize=4096)
 def _parsed(blob: str, url: str) -> Manifest:
-    """``Manifest.from_json(blob, url)``, parsed once while this text is the last one read from
-    ``url`` (``_PARSED``)."""
-    hit = _PARSED.get(url)
-    if hit is not None and hit[0] == blob:
-        return hit[1]
-    manifest = Manifest.from_json(blob, url)
-    if hit is None and len(_PARSED) >= _PARSED_MAX:
-        # No lock (none to hold across a fork): another thread's change meanwhile only makes
-        # this one skip its turn.
-        with suppress(KeyError, RuntimeError, StopIteration):
-            del _PARSED[next(iter(_PARSED))]
-    _PARSED[url] = (blob, manifest)
-    return manifest
+    """``Manifest.from_json(blob, url)``; a damaged one raises, and is not kept."""
+    return Manifest.from_json(blob, url)
 
 
 class Store:
@@ -455,7 +439,7 @@ class Store:
     def read_manifest(self, pdir: str) -> Manifest | None:
         """The partition's committed manifest, None when there is none; a damaged one is a
         ``DamagedFile`` naming it. Within ``manifests_held``, each is read once. The object is
-        shared with every other reader of the same text in this process (``_PARSED``): read-only
+        shared with every other reader of the same text in this process (``_parsed``): read-only
         (``dataclasses.replace`` makes another)."""
         path = f"{pdir}/{MANIFEST}"
         url = self.url(path)
