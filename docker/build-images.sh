@@ -19,6 +19,9 @@
 # CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/curation-dagster), TAG (default: the project's
 # version), IMAGES (default "cpu dagster"), BASE (default localhost/debian-python:bookworm),
 # DEBIAN_MIRROR (default: the first Debian mirror of /etc/apt, else deb.debian.org).
+#
+# `build-images.sh --base` builds step 1 alone: it needs neither the project's venv nor its pip,
+# so `make test` builds it beside pip's install of the venv.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -26,12 +29,15 @@ PYTHON=${PYTHON:-.venv/bin/python}
 CACHE=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/curation-dagster}
 IMAGES=${IMAGES:-cpu dagster}
 BASE=${BASE:-localhost/debian-python:bookworm}
-TAG=${TAG:-$("$PYTHON" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')}
 SUITE=bookworm  # Python 3.11, as python:3.11.x-slim-bookworm, the production base
 
 say() { printf '[images] %s\n' "$*" >&2; }
 now() { date +%s.%N; }
 took() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+case $# in
+    0) base_only= ;;
+    *) [ "$*" = --base ] || { say "usage: build-images.sh [--base]"; exit 2; }; base_only=1 ;;
+esac
 
 for tool in podman runc debootstrap; do
     command -v "$tool" >/dev/null || { say "needs $tool (apt-get install podman runc debootstrap)"; exit 3; }
@@ -71,6 +77,7 @@ else
     trap - EXIT
     say "base $BASE: built in $(took "$t") s"
 fi
+[ -z "$base_only" ] || exit 0
 
 # --- 2. wheelhouse --------------------------------------------------------------------------
 extras_of() { sed -nE 's/^ARG EXTRAS=(.*)$/\1/p' "docker/Dockerfile.$1"; }
@@ -94,6 +101,7 @@ else
 fi
 
 # --- 3. images ------------------------------------------------------------------------------
+TAG=${TAG:-$("$PYTHON" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')}
 for image in $IMAGES; do
     case $image in
         cpu) name=curation-dagster/stage-cpu ;;
