@@ -90,9 +90,10 @@ debian-packages:
 images: $(DEV_STAMP) podman
 	PYTHON=$(BIN)/python docker/build-images.sh
 
-# The images' base alone (`docker/build-images.sh --base`: debootstrap, 43 s here, most of it the
-# network and one core), where podman is here: `make test` builds it beside pip's install, and
-# the image tests build the rest on it. A failure here is left to them to report.
+# The images' base alone (`docker/build-images.sh --base`: debootstrap, 43-50 s here, most of it
+# the network and one core), where podman is here: `make test` builds it beside pip's install (a
+# fresh venv's install took 140 s with it beside, 132 s alone), and the image tests build the rest
+# on it. A failure here is left to them to report.
 image-base: debian-packages
 	@{ $(podman_present); } >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] || exit 0; \
 		docker/build-images.sh --base || echo "the images' base was not built ahead: the image tests will build it"
