@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from itertools import count
@@ -34,14 +36,26 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 
 class Browser:
     def __init__(self, user_data: Path, width: int = 1600, height: int = 1000) -> None:
-        import websocket
-
         assert CHROMIUM is not None
+        # Chromium's own temporary folders (its profile's singleton socket, org.chromium.Chromium.*)
+        # go to TMPDIR: a short folder of this browser's, removed with it, where /tmp kept one per
+        # browser that was terminated (a socket's path must stay under 108 bytes: not the test's).
+        self.tmp = tempfile.mkdtemp(prefix="chromium-")
         self.proc = subprocess.Popen(
             [CHROMIUM, *FLAGS, f"--user-data-dir={user_data}", "--remote-debugging-port=0",
              f"--window-size={width},{height}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": self.tmp},
         )
+        try:
+            self._connect()
+        except BaseException:
+            self._stop()
+            raise
+
+    def _connect(self) -> None:
+        """The DevTools port the browser printed, and a connection to its page."""
+        import websocket
+
         assert self.proc.stderr is not None
         port = None
         deadline = time.monotonic() + 60
@@ -101,9 +115,16 @@ class Browser:
         try:
             self.ws.close()
         finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        """The browser process ended, and its temporary folder removed."""
+        try:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
