@@ -107,7 +107,7 @@ image-base: debian-packages
 # The suite on TEST_WORKERS pytest-xdist workers (2: CI's cores). A test module is one unit of work, the
 # longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process. Two things at a time
 # where they wait on different things: pip's install beside apt's (the network, and a core each:
-# apt took 28 s in a bare Debian container here), then ruff (a second), then mypy beside pytest
+# apt took 30-43 s in a bare Debian container here), then ruff (a second), then mypy beside pytest
 # (mypy without a cache is 25 s of one core; the suite leaves about a fifth of two cores idle,
 # waiting on its servers and daemons). Either of those failing fails `make test` once the other has
 # finished: make's last line names which. The images' base is built once apt is done, while pip

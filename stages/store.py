@@ -130,6 +130,7 @@ def check_name(kind: str, name: str) -> str:
 # attempts save while it runs).
 _MANIFESTS: ContextVar[dict[str, Manifest | None] | None] = ContextVar("manifests_held", default=None)
 
+
 @contextmanager
 def held_within(var: ContextVar[Any]) -> Iterator[None]:
     """Within: ``var`` holds a dict, a memo for the block (``manifests_held``,
