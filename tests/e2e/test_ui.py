@@ -247,8 +247,12 @@ def test_asset_graph_and_waterfall_render_in_headless_chromium(server: Server, t
         assert "where each source's documents went" in dom  # the chart's alt text
         assert all(f"<td>{s}</td>" in dom or f">{s}<" in dom for s in ("forum", "news", "wiki"))
         print(f"screenshot: {browser.screenshot(ARTIFACTS / 'removal_ledger_waterfall.png')}")
+        # Chromium's own temporary folders (its singleton socket) are under the browser's, not /tmp
+        assert [p.name[:len("org.chromium.Chromium.")] for p in Path(browser.tmp).iterdir()] == \
+            ["org.chromium.Chromium."]
     finally:
         browser.close()
+    assert not Path(browser.tmp).exists()  # and gone with it
 
 
 RUN_STATUS = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
