@@ -31,18 +31,26 @@ from curation_dagster.ops.instance import (
 )
 
 TRIALS = 20
-SLOT_S = 1.0  # each trial starts both processes at the same instant, one trial per slot
+LEAD_S = 0.1  # a trial's instant, this long after the test sends it: both processes are waiting by then
+SPIN_S = 0.005  # the last of the wait spun, not slept: a wake-up can be late by a scheduler tick
 
-# One process of each pair: opens every home at its slot's start, as `curate run` does
-# (curation_dagster.run.in_process.run_crawl), and prints one JSON line per trial: "ok" or the error.
+# One process of each pair: imports what `curate run` imports to open an instance (as
+# curation_dagster.run.in_process.run_crawl does), says "ready", then for each line it reads (a
+# trial's instant, time.time()) opens the next home at that instant and prints one JSON line: "ok"
+# or the error. The test sends the next instant once both have answered, so a trial takes as long
+# as opening an instance, and the processes spin only for the last few milliseconds of each wait
+# (20 trials of two processes spinning through fixed one-second slots held both cores for ~28 s).
 WORKER = """
 import json, sys, time
 from curation_dagster.ops.instance import add_partitions, open_instance
 from curation_dagster.defs.partitions import CRAWL, SOURCE
-homes, start, slot = json.loads(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-for i, home in enumerate(homes):
-    while time.time() < start + i * slot:
-        pass  # spin, not sleep: both processes leave the wait within microseconds of each other
+homes, spin = json.loads(sys.argv[1]), float(sys.argv[2])
+print(json.dumps("ready"), flush=True)
+for home, line in zip(homes, sys.stdin):
+    instant = float(line)
+    time.sleep(max(0.0, instant - time.time() - spin))
+    while time.time() < instant:
+        pass  # spin: both processes leave the wait within microseconds of each other
     try:
         instance = open_instance(home)
         add_partitions(instance, {CRAWL: ["c1"], SOURCE: ["news", "wiki", "forum"]})
@@ -65,18 +73,26 @@ def alembic_heads(home: Path) -> dict[str, int]:
     return out
 
 
-@pytest.mark.slow  # 20 trials of two processes: ~25 s
+@pytest.mark.slow  # 20 trials of two processes: ~10 s
 def test_two_processes_on_a_fresh_workdir_create_one_instance(tmp_path: Path) -> None:
     homes = [str(tmp_path / f"w{i}" / "dagster") for i in range(TRIALS)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    start = time.time() + 8  # both processes have imported Dagster by then (a loaded machine too)
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(homes), str(start), str(SLOT_S)],
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(homes), str(SPIN_S)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err
-        results.append([json.loads(line) for line in out.splitlines()])
+    results: list[list[str]] = [[], []]
+    try:
+        assert [json.loads(proc.stdout.readline() or "null") for proc in procs] == ["ready"] * 2
+        for _ in homes:
+            instant = time.time() + LEAD_S
+            for proc in procs:
+                proc.stdin.write(f"{instant!r}\n")
+                proc.stdin.flush()
+            for proc, got in zip(procs, results, strict=True):
+                got.append(json.loads(proc.stdout.readline() or "null"))
+    finally:
+        for proc in procs:
+            _, err = proc.communicate(timeout=600)
+            assert proc.returncode == 0, err
     assert results == [["ok"] * TRIALS] * 2
     for home in homes:
         heads = alembic_heads(Path(home))
