@@ -81,6 +81,51 @@ def test_fasttext_module_can_train() -> None:
     assert hasattr(fasttext, "train_supervised"), fasttext.__file__
 
 
+def _uv_pip():  # tools/uv_pip.py: a script beside the Makefile, not a module of the package
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("uv_pip", ROOT / "tools" / "uv_pip.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_uv_gets_pips_configuration(tmp_path: Path) -> None:
+    """pip's find-links, indexes and constraints become uv's options, each once; a local folder or
+    file index that does not exist is left out (pip warns and goes on, uv would stop)."""
+    wheels, local_index, constraints = tmp_path / "wheels", tmp_path / "simple", tmp_path / "constraints.txt"
+    wheels.mkdir()
+    local_index.mkdir()
+    constraints.write_text("torch<=2.14.1\n")
+    config = {"find-links": [str(wheels), str(tmp_path / "gone"), str(wheels)],
+              "index-url": ["https://a.example/simple", "https://b.example/simple"],
+              "extra-index-url": [f"file://{local_index}", f"file://{tmp_path}/missing", "https://c.example/simple"],
+              "constraint": [str(constraints)], "cert": ["/etc/ssl/certs/ca-certificates.crt"], "timeout": ["180"]}
+    assert _uv_pip().uv_arguments(config) == [
+        "--find-links", str(wheels), "--index-url", "https://b.example/simple",
+        "--extra-index-url", f"file://{local_index}", "--extra-index-url", "https://c.example/simple",
+        "--constraint", str(constraints)]
+
+
+def test_uv_with_pips_configuration_resolves_the_installed_venv() -> None:
+    """The Makefile installs the venv with uv given pip's configuration: asked again, torch
+    reinstalled, uv takes the same torch (the CPU build that pip finds in a find-links folder; without
+    pip's configuration uv takes the index's CUDA build and its 20 nvidia and triton packages) and
+    adds nothing but the project's own editable install."""
+    import subprocess
+    import sys
+
+    if not (Path(sys.executable).parent / "uv").exists():
+        pytest.skip("uv is not in this venv: the Makefile fell back to pip")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "uv_pip.py"), "install", "--dry-run",
+                           "--reinstall-package", "torch", "-e", ".[dev]"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    added = dict(line.split()[1].partition("==")[::2] for line in proc.stderr.splitlines() if line.startswith(" + "))
+    assert added == {"curation-dagster": "", "torch": md.version("torch")}, proc.stderr  # the project: "name @ url"
+
+
 @pytest.mark.slow
 def test_the_stage_payload_runs_without_the_orchestrator(tmp_path: Path) -> None:
     """``pip install curation-dagster`` (no extra) is the stage payload: ``python -m stages``
