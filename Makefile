@@ -100,26 +100,28 @@ images: $(DEV_STAMP) podman
 
 # The images' base alone (`docker/build-images.sh --base`: debootstrap, 43-50 s here, most of it
 # the network and one core), where podman is here and works (as the image tests ask: root, and
-# `podman info`): `make test` builds it beside pip's install (a fresh venv's install took 140 s with
-# it beside, 132 s alone), and the image tests build the rest on it. A failure here is left to them
+# `podman info`): `make test` builds it beside the suite, whose image tests wait for it
+# (build-images.sh builds one at a time) and build the rest on it. A failure here is left to them
 # to report; a stalled mirror is given up after 20 minutes, as they would.
 image-base: debian-packages
 	@$(call present,podman) && [ "$$(id -u)" = 0 ] && podman --runtime runc info >/dev/null 2>&1 || exit 0; \
 		timeout 1200 docker/build-images.sh --base || echo "the images' base was not built ahead: the image tests will build it"
 
 # The suite on TEST_WORKERS pytest-xdist workers (2: CI's cores). A test module is one unit of work, the
-# longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process. Two things at a time
-# where they wait on different things: pip's install beside apt's (the network, and a core each:
-# apt took 30-43 s in a bare Debian container here), then ruff (a second), then mypy beside pytest
-# (mypy without a cache is 25 s of one core; the suite leaves about a fifth of two cores idle,
-# waiting on its servers and daemons). Either of those failing fails `make test` once the other has
-# finished: make's last line names which. The images' base is built once apt is done, while pip
-# still installs. `make test` makes its own jobs: run it alone, not beside `make run` in one `make -j`.
+# longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process. Things side by side
+# where they wait on different things: the venv's install beside apt's (the network, and a core
+# each: apt took 30-43 s in a bare Debian container here), then ruff (a second), then mypy, pytest
+# and the images' base together (mypy without a cache is 25 s of one core; the suite leaves about a
+# fifth of two cores idle, waiting on its servers and daemons; the base is mostly the network). Once
+# uv made the install 50-60 s, apt and then the base, one after the other, were the longer branch
+# of the first step (about 75-95 s). mypy or the suite failing fails `make test` once the others
+# have finished: make's last line names which. `make test` makes its own jobs: run it alone, not
+# beside `make run` in one `make -j`.
 TEST_WORKERS ?= 2
 test:
-	$(MAKE) --no-print-directory -j2 $(DEV_STAMP) image-base
+	$(MAKE) --no-print-directory -j2 $(DEV_STAMP) debian-packages
 	$(MAKE) --no-print-directory ruff
-	$(MAKE) --no-print-directory -j2 mypy suite
+	$(MAKE) --no-print-directory -j3 mypy suite image-base
 
 suite: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder

@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 # The longest units of work first, so that `make test`'s two xdist workers finish together (a long
 # module picked up last would run alone at the end): the modules above 100 s in a --durations run
 # on a loaded 2-core machine (test_images.py with a cold image build; test_ui.py stands for the
-# `prepared` unit); the rest keep their collection order.
+# `prepared` unit); the rest keep their collection order. Each worker starts with two units, the
+# first worker the first and third: test_images.py runs after test_deploy.py, by when the images'
+# base, which `make test` builds beside the suite (43-50 s), is there.
 LONGEST_FIRST = (
     "tests/curation_dagster/ops/test_deploy.py",  # 867 s
-    "tests/curation_dagster/ops/test_images.py",  # 690 s
     "tests/e2e/test_ui.py",  # 219 s, with test_checks, test_recrawl and test_lineage 321 s
+    "tests/curation_dagster/ops/test_images.py",  # 690 s
     "tests/test_install.py",  # 197 s
     "tests/e2e/test_scale_out.py",  # 157 s
     "tests/e2e/test_dataroot.py",  # 128 s measured as tests/stages/test_dataroot.py, whose crawls moved here
