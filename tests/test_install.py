@@ -4,8 +4,15 @@ Unpinned, pip once resolved dagster-k8s 0.11.14 (2021), which fails with ``No mo
 'dagster.core'`` while ``pip check`` passes; importing is the only real check.
 """
 
+import functools
 import importlib
 import importlib.metadata as md
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -81,49 +88,82 @@ def test_fasttext_module_can_train() -> None:
     assert hasattr(fasttext, "train_supervised"), fasttext.__file__
 
 
-def _uv_pip():  # tools/uv_pip.py: a script beside the Makefile, not a module of the package
-    import importlib.util
-
+@functools.cache
+def _uv_pip() -> types.ModuleType:  # tools/uv_pip.py: a script beside the Makefile, not a module of the package
     spec = importlib.util.spec_from_file_location("uv_pip", ROOT / "tools" / "uv_pip.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["uv_pip"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-def test_uv_gets_pips_configuration(tmp_path: Path) -> None:
-    """pip's find-links, indexes and constraints become uv's options, each once; a local folder or
-    file index that does not exist is left out (pip warns and goes on, uv would stop)."""
-    wheels, local_index, constraints = tmp_path / "wheels", tmp_path / "simple", tmp_path / "constraints.txt"
+def test_uv_gets_pips_settings(tmp_path: Path) -> None:
+    """pip's find-links, indexes, constraints and CA bundle become uv's options and environment; a
+    local find-links folder or extra index that does not exist is left out (pip warns and goes
+    on, uv would stop), index URLs stay off the command line, ``no-index`` stays."""
+    uv_pip = _uv_pip()
+    wheels, spaced = tmp_path / "wheels", tmp_path / "local index"
     wheels.mkdir()
-    local_index.mkdir()
-    constraints.write_text("torch<=2.14.1\n")
-    config = {"find-links": [str(wheels), str(tmp_path / "gone"), str(wheels)],
-              "index-url": ["https://a.example/simple", "https://b.example/simple"],
-              "extra-index-url": [f"file://{local_index}", f"file://{tmp_path}/missing", "https://c.example/simple"],
-              "constraint": [str(constraints)], "cert": ["/etc/ssl/certs/ca-certificates.crt"], "timeout": ["180"]}
-    assert _uv_pip().uv_arguments(config) == [
-        "--find-links", str(wheels), "--index-url", "https://b.example/simple",
-        "--extra-index-url", f"file://{local_index}", "--extra-index-url", "https://c.example/simple",
-        "--constraint", str(constraints)]
+    spaced.mkdir()
+    settings = uv_pip.PipSettings(
+        index_url="https://user:secret@a.example/simple",
+        extra_index_urls=(spaced.as_uri(), (tmp_path / "missing").as_uri(), "https://c.example/simple"),
+        find_links=(str(wheels), str(tmp_path / "gone")), constraints=("/etc/c.txt",), cert="/etc/ca bundle.pem")
+    args, env = uv_pip.uv_invocation(settings)
+    assert args == ["--no-config", "--index-strategy", "unsafe-best-match", "--find-links", str(wheels),
+                    "--constraint", "/etc/c.txt"]
+    assert env == {"UV_DEFAULT_INDEX": "https://user:secret@a.example/simple",
+                   "UV_EXTRA_INDEX_URL": f"{spaced.as_uri()} https://c.example/simple",
+                   "SSL_CERT_FILE": "/etc/ca bundle.pem"}
+    args, env = uv_pip.uv_invocation(uv_pip.PipSettings(no_index=True, find_links=(str(wheels),)))
+    assert args[-3:] == ["--no-index", "--find-links", str(wheels)] and env == {}
 
 
-def test_uv_with_pips_configuration_resolves_the_installed_venv() -> None:
-    """The Makefile installs the venv with uv given pip's configuration: asked again, torch
-    reinstalled, uv takes the same torch (the CPU build that pip finds in a find-links folder; without
-    pip's configuration uv takes the index's CUDA build and its 20 nvidia and triton packages) and
-    adds nothing but the project's own editable install."""
-    import subprocess
-    import sys
+def test_pips_settings_are_what_pip_install_would_use(tmp_path: Path) -> None:
+    """Read as pip resolves them: the ``install`` section over ``global``, the environment over the
+    file (replacing its list, not adding to it), another command's section not at all."""
+    (tmp_path / "a").mkdir()
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nfind-links = /from/global\nindex-url = https://g.example/simple\n"
+                    "extra-index-url = https://g.example/extra\n"
+                    "[install]\nextra-index-url = https://i.example/extra\n"
+                    "[download]\nindex-url = https://d.example/simple\n")
+    code = "import dataclasses, json, uv_pip; print(json.dumps(dataclasses.asdict(uv_pip.pip_settings())))"
+    # PIP_CONFIG_FILE is read after the machine's files, so its keys win over theirs
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env |= {"PIP_CONFIG_FILE": str(conf), "PIP_FIND_LINKS": str(tmp_path / "a")}
+    settings = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                         cwd=ROOT / "tools", check=True).stdout)
+    assert settings["find_links"] == [str(tmp_path / "a")]
+    assert settings["extra_index_urls"] == ["https://i.example/extra"]
+    assert settings["index_url"] == "https://g.example/simple"
 
-    if not (Path(sys.executable).parent / "uv").exists():
-        pytest.skip("uv is not in this venv: the Makefile fell back to pip")
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "uv_pip.py"), "install", "--dry-run",
-                           "--reinstall-package", "torch", "-e", ".[dev]"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    added = dict(line.split()[1].partition("==")[::2] for line in proc.stderr.splitlines() if line.startswith(" + "))
-    assert added == {"curation-dagster": "", "torch": md.version("torch")}, proc.stderr  # the project: "name @ url"
+
+def test_uv_installed_the_torch_pip_would_and_would_change_nothing() -> None:
+    """Where uv installed the venv (the Makefile's $(VENV)/.installed-by-uv), its torch is the one
+    pip picks with the same configuration (here the CPU build from a find-links folder; without
+    pip's settings uv takes PyPI's CUDA build and 20 nvidia and triton packages), and uv, asked
+    again with torch reinstalled, takes that torch and adds nothing but the project's editable
+    install."""
+    if not (Path(sys.prefix) / ".installed-by-uv").exists():
+        pytest.skip("uv did not install this venv (the Makefile fell back to pip, or another installer made it)")
+    torch = md.version("torch")
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps",
+                          "--quiet", "--report", "-", f"torch=={torch.split('+')[0]}"],
+                         capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    assert [i["metadata"]["version"] for i in json.loads(pip.stdout)["install"]] == [torch]
+    uv = subprocess.run([sys.executable, str(ROOT / "tools" / "uv_pip.py"), "install", "--dry-run",
+                         "--reinstall-package", "torch", "-e", ".[dev]"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert uv.returncode == 0, uv.stderr[-3000:]
+    added = {}  # uv 0.13's " + name==version" lines (the Makefile pins uv); the project's is "name @ url"
+    for line in uv.stderr.splitlines():
+        if line.startswith(" + "):
+            name, _, version = line.split()[1].partition("==")
+            added[name] = version
+    assert added == {"curation-dagster": "", "torch": torch}, uv.stderr
 
 
 @pytest.mark.slow

@@ -1,15 +1,21 @@
 """``uv pip ARGS`` on this interpreter's venv, with pip's configuration, which uv does not read.
 
-The Makefile installs the venv with uv (a 2-core machine: `.[dev]` in 12 s, pip took 70 s) and
-falls back to pip where uv fails. uv reads neither pip.conf nor ``PIP_*``: a wheel that pip finds
-in a find-links folder (the CPU build of torch pinned in pyproject.toml, on this project's
-machines) would otherwise come from the index (a CUDA build, ~3 GB). So pip's own view of its
-configuration (``pip config list``: files and environment) is passed on: find-links, index URLs,
-constraints, and its CA bundle as ``SSL_CERT_FILE``. An index or folder that does not exist is
-left out, as pip warns and goes on where uv would stop. Across indexes uv takes, as pip does, the
-best version any of them has (``unsafe-best-match``; uv's default takes each package from the first
-index that has it: an older botocore from a local extra index, say). Given pip's configuration on
-this project's machines, the dev install is the same 222 packages at the same versions as pip's.
+The Makefile installs the venv with uv (on 2 cores `.[dev]` took 12-15 s, pip 70 s) and falls back
+to pip where this fails. uv reads neither pip.conf nor ``PIP_*``: a wheel that pip finds in a
+find-links folder (the CPU build of torch pinned in pyproject.toml, on this project's machines)
+would otherwise come from the index (a CUDA build, ~3 GB). So the settings pip itself would install
+with are passed on, as pip resolves them (its files in their order, its ``install`` section, the
+environment last, each replacing the one before): find-links, index URLs, ``no-index``,
+constraints, and the CA bundle as ``SSL_CERT_FILE``. A local find-links folder or extra index that
+does not exist is left out, as pip warns and goes on where uv would stop. Across indexes uv takes,
+as pip does, the best version any of them has (``unsafe-best-match``; uv's default takes each
+package from the first index that has it: an older botocore from a local extra index, say). uv's
+own configuration files are not read (``--no-config``). Index URLs go in the environment, not on
+the command line, where their credentials would show in ``ps``.
+
+Given pip's configuration on this project's machines, the dev install is the same 222 packages at
+the same versions as pip's. Any failure here (pip's internals moved, uv cannot reach an index)
+exits non-zero, and the Makefile installs with pip.
 
 Usage: ``python tools/uv_pip.py install -e '.[dev]'``: the interpreter that runs this is the
 venv's; uv is found beside it.
@@ -17,64 +23,72 @@ venv's; uv is found beside it.
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
-
-# pip's option -> uv's; the values of each are whitespace-separated lists
-OPTIONS = {"find-links": "--find-links", "index-url": "--index-url", "extra-index-url": "--extra-index-url",
-           "constraint": "--constraint"}
+from urllib.request import url2pathname
 
 
-def pip_config() -> dict[str, list[str]]:
-    """pip's configuration, every scope: option -> values (the environment's last, as pip ranks it)."""
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-    config: dict[str, list[str]] = {}
-    for line in out.splitlines():  # global.find-links='/opt/wheels'
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
-        try:
-            values = str(ast.literal_eval(value)).split()
-        except (ValueError, SyntaxError):
-            continue
-        config.setdefault(key.rsplit(".", 1)[-1], []).extend(values)
-    return config
+@dataclass(frozen=True)
+class PipSettings:
+    """The settings of ``pip install`` that decide where packages come from."""
+
+    index_url: str = "https://pypi.org/simple"
+    extra_index_urls: tuple[str, ...] = ()
+    no_index: bool = False
+    find_links: tuple[str, ...] = ()
+    constraints: tuple[str, ...] = ()
+    cert: str | None = None
 
 
-def reachable(location: str) -> bool:
-    """A local folder or file that exists (plain or ``file://``), or any remote URL."""
+def pip_settings() -> PipSettings:
+    """What ``pip install`` would use here: pip's own parse of its files and environment (pip's
+    internals, the only complete account of its precedence; if they move, this fails)."""
+    from pip._internal.commands import create_command
+
+    options, _ = create_command("install").parse_args([])
+    return PipSettings(options.index_url, tuple(options.extra_index_urls), bool(options.no_index),
+                       tuple(options.find_links), tuple(options.constraints), options.cert)
+
+
+def exists(location: str) -> bool:
+    """A remote URL, or a local folder or file (a path, ``~`` expanded, or a ``file://`` URL) that exists."""
     parsed = urlparse(location)
     if parsed.scheme in ("http", "https"):
         return True
-    return Path(parsed.path if parsed.scheme == "file" else location).exists()
+    path = url2pathname(parsed.path) if parsed.scheme == "file" else os.path.expanduser(location)
+    return Path(path).exists()
 
 
-def uv_arguments(config: dict[str, list[str]]) -> list[str]:
-    """uv's options for pip's ``config``, each value once."""
-    args: list[str] = []
-    for option, flag in OPTIONS.items():
-        values = [v for v in dict.fromkeys(config.get(option, [])) if reachable(v)]
-        if option == "index-url":
-            values = values[-1:]  # one index: the environment's, where it sets one
-        for value in values:
-            args += [flag, value]
-    return args
+def uv_invocation(pip: PipSettings) -> tuple[list[str], dict[str, str]]:
+    """uv's options and environment for pip's settings."""
+    args = ["--no-config", "--index-strategy", "unsafe-best-match"]
+    env: dict[str, str] = {}
+    if pip.no_index:
+        args.append("--no-index")
+    else:
+        env["UV_DEFAULT_INDEX"] = pip.index_url
+        extra = [url for url in pip.extra_index_urls if exists(url)]
+        if extra:
+            env["UV_EXTRA_INDEX_URL"] = " ".join(extra)
+    for folder in pip.find_links:
+        if exists(folder):
+            args += ["--find-links", os.path.expanduser(folder)]
+    for constraints in pip.constraints:
+        args += ["--constraint", constraints]
+    if pip.cert:
+        env["SSL_CERT_FILE"] = pip.cert
+    return args, env
 
 
 def main() -> int:
-    config = pip_config()
-    env = dict(os.environ)
-    certs = [c for c in config.get("cert", []) if Path(c).is_file()]
-    if certs and "SSL_CERT_FILE" not in env:
-        env["SSL_CERT_FILE"] = certs[-1]
+    args, env = uv_invocation(pip_settings())
     uv = Path(sys.executable).with_name("uv")
-    cmd = [str(uv), "pip", *sys.argv[1:2], "--python", sys.executable, "--index-strategy", "unsafe-best-match",
-           *uv_arguments(config), *sys.argv[2:]]
-    return subprocess.run(cmd, env=env).returncode
+    cmd = [str(uv), "pip", *sys.argv[1:2], "--python", sys.executable, *args, *sys.argv[2:]]
+    return subprocess.run(cmd, env={**os.environ, **env}).returncode
 
 
 if __name__ == "__main__":
