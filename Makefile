@@ -106,29 +106,28 @@ images: $(DEV_STAMP) podman
 
 # The images' base alone (`docker/build-images.sh --base`: debootstrap, 43-50 s here, most of it
 # the network and one core), where podman is here and works (as the image tests ask: root, and
-# `podman info`): `make test` builds it once Debian's packages are in, beside the suite, whose
-# image tests wait for it (build-images.sh builds one at a time) and build the rest on it. A
+# `podman info`): `make test` builds it once Debian's packages are in, beside the venv's install,
+# and the image tests build the rest on it (a build that finds another building waits for it). A
 # failure here is left to them to report; a stalled mirror is given up after 20 minutes, as they
-# would.
-image-base:
+# would. Built beside the suite instead, it took 105 s and the suite 58 s longer (a fresh clone
+# with no image: 740 s against 687 s for the whole of `make test`), the suite being bound by the CPU.
+image-base: debian-packages
 	@$(call present,podman) && [ "$$(id -u)" = 0 ] && podman --runtime runc info >/dev/null 2>&1 || exit 0; \
 		timeout 1200 docker/build-images.sh --base || echo "the images' base was not built: the image tests will build it or say why"
 
 # The suite on TEST_WORKERS pytest-xdist workers (2: CI's cores). A test module is one unit of work, the
-# longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process. Things side by side
+# longest first (tests/conftest.py); TEST_WORKERS=0 runs it in this process. Two things at a time
 # where they wait on different things: the venv's install beside apt's (the network, and a core
-# each: apt took 30-43 s in a bare Debian container here), then ruff (a second), then mypy, pytest
-# and the images' base together (mypy without a cache is 25 s of one core; the suite leaves about a
-# fifth of two cores idle, waiting on its servers and daemons; the base is mostly the network). Once
-# uv made the install 50-60 s, apt and then the base, one after the other, were the longer branch
-# of the first step (about 75-95 s). mypy or the suite failing fails `make test` once the others
-# have finished: make's last line names which. `make test` makes its own jobs: run it alone, not
-# beside `make run` in one `make -j`.
+# each: apt took 30-43 s in a bare Debian container here), then ruff (a second), then mypy beside
+# pytest (mypy without a cache is 25 s of one core; the suite leaves about a fifth of two cores idle,
+# waiting on its servers and daemons). Either of those failing fails `make test` once the other has
+# finished: make's last line names which. The images' base is built once apt is done, beside the
+# venv's install. `make test` makes its own jobs: run it alone, not beside `make run` in one `make -j`.
 TEST_WORKERS ?= 2
 test:
-	$(MAKE) --no-print-directory -j2 $(DEV_STAMP) debian-packages
+	$(MAKE) --no-print-directory -j2 $(DEV_STAMP) image-base
 	$(MAKE) --no-print-directory ruff
-	$(MAKE) --no-print-directory -j3 mypy suite image-base
+	$(MAKE) --no-print-directory -j2 mypy suite
 
 suite: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder

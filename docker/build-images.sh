@@ -21,7 +21,7 @@
 # DEBIAN_MIRROR (default: the first Debian mirror of /etc/apt, else deb.debian.org).
 #
 # `build-images.sh --base` builds step 1 alone, which needs neither the project's venv nor its pip:
-# `make test` builds it beside the suite, whose image tests wait for it (one build at a time).
+# `make test` builds it beside the venv's install.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -48,8 +48,8 @@ done
 # supported") so runc; and the container's rlimits may not exceed the caller's (podman's
 # defaults do: "setrlimit: Operation not permitted"). One file, for builds and runs alike.
 mkdir -p "$CACHE"
-# One build at a time per cache: `make test` builds the base beside the suite, whose image tests
-# run this script too; the second waits, then finds what the first built cached.
+# One build at a time per cache (`make images` twice, or beside the image tests): the second waits,
+# then finds what the first built cached.
 exec 9>"$CACHE/build.lock"
 flock -n 9 || { say "waiting for another build (${CACHE}/build.lock)"; flock 9; }
 export CONTAINERS_CONF="$CACHE/containers.conf"
