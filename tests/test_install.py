@@ -127,17 +127,17 @@ def test_pips_settings_are_what_pip_install_would_use(tmp_path: Path) -> None:
     conf = tmp_path / "pip.conf"
     conf.write_text("[global]\nfind-links = /from/global\nindex-url = https://g.example/simple\n"
                     "extra-index-url = https://g.example/extra\n"
-                    "[install]\nextra-index-url = https://i.example/extra\n"
+                    "[install]\nindex-url = https://i.example/simple\nextra-index-url = https://i.example/extra\n"
                     "[download]\nindex-url = https://d.example/simple\n")
     code = "import dataclasses, json, uv_pip; print(json.dumps(dataclasses.asdict(uv_pip.pip_settings())))"
-    # PIP_CONFIG_FILE is read after the machine's files, so its keys win over theirs
+    # PIP_CONFIG_FILE is read after the machine's files, so its keys win over theirs, section by section
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env |= {"PIP_CONFIG_FILE": str(conf), "PIP_FIND_LINKS": str(tmp_path / "a")}
     settings = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                                          cwd=ROOT / "tools", check=True).stdout)
     assert settings["find_links"] == [str(tmp_path / "a")]
     assert settings["extra_index_urls"] == ["https://i.example/extra"]
-    assert settings["index_url"] == "https://g.example/simple"
+    assert settings["index_url"] == "https://i.example/simple"
 
 
 def test_uv_installed_the_torch_pip_would_and_would_change_nothing() -> None:
