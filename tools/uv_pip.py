@@ -9,7 +9,8 @@ environment last, each replacing the one before): find-links, index URLs, ``no-i
 constraints, and the CA bundle as ``SSL_CERT_FILE``. A local find-links folder or extra index that
 does not exist is left out, as pip warns and goes on where uv would stop. Across indexes uv takes,
 as pip does, the best version any of them has (``unsafe-best-match``; uv's default takes each
-package from the first index that has it: an older botocore from a local extra index, say). uv's
+package from the first index that has it: here ray from a local extra index that lacks the pinned
+2.60.0, and the resolution fails). uv's
 own configuration files are not read (``--no-config``). Index URLs go in the environment, not on
 the command line, where their credentials would show in ``ps``.
 
