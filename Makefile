@@ -107,10 +107,10 @@ images: $(DEV_STAMP) podman
 # The images' base alone (`docker/build-images.sh --base`: debootstrap, 43-50 s here, most of it
 # the network and one core), where podman is here and works (as the image tests ask: root, and
 # `podman info`): `make test` builds it once Debian's packages are in, beside the venv's install,
-# and the image tests build the rest on it (a build that finds another building waits for it). A
-# failure here is left to them to report; a stalled mirror is given up after 20 minutes, as they
-# would. Built beside the suite instead, it took 105 s and the suite 58 s longer (a fresh clone
-# with no image: 740 s against 687 s for the whole of `make test`), the suite being bound by the CPU.
+# and the image tests build the rest on it. A failure here is left to them to report; a stalled
+# mirror is given up after 20 minutes, as they would. Built beside the suite instead, it took 105 s
+# and the suite 58 s longer (a fresh clone with no image: 740 s against 687 s for the whole of
+# `make test`, one run each), the suite being bound by the CPU.
 image-base: debian-packages
 	@$(call present,podman) && [ "$$(id -u)" = 0 ] && podman --runtime runc info >/dev/null 2>&1 || exit 0; \
 		timeout 1200 docker/build-images.sh --base || echo "the images' base was not built: the image tests will build it or say why"

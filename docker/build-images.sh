@@ -39,8 +39,8 @@ case $# in
     *) [ "$*" = --base ] || { say "usage: build-images.sh [--base]"; exit 2; }; base_only=1 ;;
 esac
 
-for tool in podman runc debootstrap flock; do
-    command -v "$tool" >/dev/null || { say "needs $tool (apt-get install podman runc debootstrap util-linux)"; exit 3; }
+for tool in podman runc debootstrap; do
+    command -v "$tool" >/dev/null || { say "needs $tool (apt-get install podman runc debootstrap)"; exit 3; }
 done
 [ "$(id -u)" = 0 ] || { say "needs root: debootstrap, and podman's storage as used here"; exit 3; }
 
@@ -48,10 +48,6 @@ done
 # supported") so runc; and the container's rlimits may not exceed the caller's (podman's
 # defaults do: "setrlimit: Operation not permitted"). One file, for builds and runs alike.
 mkdir -p "$CACHE"
-# One build at a time per cache (`make images` twice, or beside the image tests): the second waits,
-# then finds what the first built cached.
-exec 9>"$CACHE/build.lock"
-flock -n 9 || { say "waiting for another build (${CACHE}/build.lock)"; flock 9; }
 export CONTAINERS_CONF="$CACHE/containers.conf"
 cat >"$CONTAINERS_CONF" <<'EOF'
 [containers]
