@@ -39,8 +39,6 @@ def test_dagster_family_in_lock_step() -> None:
 
 def test_orchestration_imports_no_kernels() -> None:
     """Loading the definitions must not pull in numba, torch or any stage kernel."""
-    import subprocess
-    import sys
 
     code = (
         "import sys; import curation_dagster.defs.definitions, curation_dagster.ops.deploy, "
@@ -55,9 +53,6 @@ def test_orchestration_imports_no_kernels() -> None:
 def test_stages_never_import_dagster() -> None:
     """Every module of the payload package, subpackages (kernels, their GPU twins, ingest) included,
     imports without Dagster (``stages.__main__`` runs the CLI on import)."""
-    import json
-    import subprocess
-    import sys
 
     code = (
         "import importlib, json, pkgutil, sys, stages\n"
@@ -98,18 +93,19 @@ def _uv_pip() -> types.ModuleType:  # tools/uv_pip.py: a script beside the Makef
     return module
 
 
-def test_uv_gets_pips_settings(tmp_path: Path) -> None:
+def test_uv_gets_pips_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pip's find-links, indexes, constraints and CA bundle become uv's options and environment; a
     local find-links folder or extra index that does not exist is left out (pip warns and goes
     on, uv would stop), index URLs stay off the command line, ``no-index`` stays."""
     uv_pip = _uv_pip()
+    monkeypatch.setenv("HOME", str(tmp_path))  # "~/wheels": pip expands it, so must uv's options
     wheels, spaced = tmp_path / "wheels", tmp_path / "local index"
     wheels.mkdir()
     spaced.mkdir()
     settings = uv_pip.PipSettings(
         index_url="https://user:secret@a.example/simple",
         extra_index_urls=(spaced.as_uri(), (tmp_path / "missing").as_uri(), "https://c.example/simple"),
-        find_links=(str(wheels), str(tmp_path / "gone")), constraints=("/etc/c.txt",), cert="/etc/ca bundle.pem")
+        find_links=("~/wheels", str(tmp_path / "gone")), constraints=("/etc/c.txt",), cert="/etc/ca bundle.pem")
     args, env = uv_pip.uv_invocation(settings)
     assert args == ["--no-config", "--index-strategy", "unsafe-best-match", "--find-links", str(wheels),
                     "--constraint", "/etc/c.txt"]
@@ -171,9 +167,6 @@ def test_the_stage_payload_runs_without_the_orchestrator(tmp_path: Path) -> None
     """``pip install curation-dagster`` (no extra) is the stage payload: ``python -m stages``
     runs partitions from nothing but the data root, with no Dagster (but its Pipes protocol), no
     webserver, no charts; ``curate`` says in one line which extra it needs."""
-    import json
-    import subprocess
-    import sys
 
     from stages import params as P
     from stages.dataroot import DataRoot

@@ -10,9 +10,9 @@ constraints, and the CA bundle as ``SSL_CERT_FILE``. A local find-links folder o
 does not exist is left out, as pip warns and goes on where uv would stop. Across indexes uv takes,
 as pip does, the best version any of them has (``unsafe-best-match``; uv's default takes each
 package from the first index that has it: here ray from a local extra index that lacks the pinned
-2.60.0, and the resolution fails). uv's
-own configuration files are not read (``--no-config``). Index URLs go in the environment, not on
-the command line, where their credentials would show in ``ps``.
+2.60.0, and the resolution fails). uv's own configuration files are not read (``--no-config``).
+Index URLs go in the environment, not on the command line, where their credentials would show in
+``ps``.
 
 Given pip's configuration on this project's machines, the dev install is the same 222 packages at
 the same versions as pip's. Any failure here (pip's internals moved, uv cannot reach an index)
@@ -55,13 +55,16 @@ def pip_settings() -> PipSettings:
                        tuple(options.find_links), tuple(options.constraints), options.cert)
 
 
-def exists(location: str) -> bool:
-    """A remote URL, or a local folder or file (a path, ``~`` expanded, or a ``file://`` URL) that exists."""
+def local_or_remote(location: str) -> str | None:
+    """``location`` as uv takes it: a remote URL as it is, a local folder or file (a path, ``~``
+    expanded, or a ``file://`` URL) where it exists; None for a local one that does not."""
     parsed = urlparse(location)
     if parsed.scheme in ("http", "https"):
-        return True
-    path = url2pathname(parsed.path) if parsed.scheme == "file" else os.path.expanduser(location)
-    return Path(path).exists()
+        return location
+    if parsed.scheme == "file":
+        return location if Path(url2pathname(parsed.path)).exists() else None
+    path = os.path.expanduser(location)
+    return path if Path(path).exists() else None
 
 
 def uv_invocation(pip: PipSettings) -> tuple[list[str], dict[str, str]]:
@@ -72,12 +75,11 @@ def uv_invocation(pip: PipSettings) -> tuple[list[str], dict[str, str]]:
         args.append("--no-index")
     else:
         env["UV_DEFAULT_INDEX"] = pip.index_url
-        extra = [url for url in pip.extra_index_urls if exists(url)]
+        extra = [url for url in map(local_or_remote, pip.extra_index_urls) if url]
         if extra:
             env["UV_EXTRA_INDEX_URL"] = " ".join(extra)
-    for folder in pip.find_links:
-        if exists(folder):
-            args += ["--find-links", os.path.expanduser(folder)]
+    for folder in filter(None, map(local_or_remote, pip.find_links)):
+        args += ["--find-links", folder]
     for constraints in pip.constraints:
         args += ["--constraint", constraints]
     if pip.cert:
