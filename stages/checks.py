@@ -149,6 +149,8 @@ def entering_by_source(store: Store, spec: CrawlSpec, program: str, sources: lis
     for earlier in STAGES.values():
         if earlier == program:
             break
+        if spec.switched_off(earlier):  # no partition: it removed nothing
+            continue
         for s, n in removed_by_source(store, spec, earlier, sources).items():
             remaining[s] -= n
     return remaining

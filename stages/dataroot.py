@@ -175,8 +175,7 @@ class DataRoot:
         if program not in PROGRAMS:
             raise KeyError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
         src = source if PROGRAMS[program].level == "source" else None
-        if PROGRAMS[program].level == "source" and src not in spec.sources:
-            raise KeyError(f"source {src!r} is not part of crawl {spec.crawl!r}")
+        spec.check_partition(program, src)
         return self.store.partition_dir(program, spec.key_map()[(program, src)], spec.crawl, src)
 
     def manifest(self, spec: CrawlSpec, program: str, source: str | None) -> Manifest | None:

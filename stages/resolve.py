@@ -21,8 +21,7 @@ def resolve_task(store: Store, spec: CrawlSpec, program: str, source: str | None
     (and, for a program that reads them, the folders of earlier crawls' outputs)."""
     if program not in PROGRAMS:
         raise KeyError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
-    if PROGRAMS[program].level == "source" and source not in spec.sources:
-        raise KeyError(f"source {source!r} is not part of crawl {spec.crawl!r}")
+    spec.check_partition(program, source)
     keys = spec.key_map()
     input_dirs: dict[str, dict[str | None, str]] = {}
     for dep, s in spec.upstream(program, source):

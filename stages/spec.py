@@ -74,8 +74,12 @@ class CrawlSpec(BaseModel):
             raise ValueError(f"params for unknown program(s) {sorted(bad)}; known: {', '.join(PROGRAMS)}")
 
     def switched_off(self, program: str) -> bool:
-        """Whether ``program`` belongs to a stage this crawl leaves out (``--stages``): its
-        partitions write empty outputs, whatever its resources ask for."""
+        """Whether ``program`` belongs to a stage this crawl leaves out (``--stages``): it has no
+        partition in the crawl's plan (``partitions``), so its crawl step runs and records
+        nothing, and the programs after it read without it (``upstream``), as they would if the
+        catalog had no such program. Launched on its own (the UI, ``python -m stages``), a
+        partition of it writes empty outputs (``program_params``: ``enabled: false``), which
+        nothing reads."""
         prog = PROGRAMS[program]
         stage = prog.stage or prog.part_of
         return stage is not None and stage not in self.stages
@@ -91,12 +95,29 @@ class CrawlSpec(BaseModel):
         return prog.params(**values)
 
     def partitions(self, program: str) -> list[str | None]:
+        """The partitions of ``program`` the crawl runs: its sources in order, or the crawl's one
+        (None); none where the program is switched off (``all_partitions``: those too)."""
+        return [] if self.switched_off(program) else self.all_partitions(program)
+
+    def all_partitions(self, program: str) -> list[str | None]:
+        """The partitions of ``program`` in this crawl, whether it runs them or not."""
         return list(sorted(self.sources)) if PROGRAMS[program].level == "source" else [None]
 
+    def check_partition(self, program: str, source: str | None) -> None:
+        """KeyError where ``source`` is no source of this crawl (ignored for a crawl-level
+        program)."""
+        if PROGRAMS[program].level == "source" and source not in self.sources:
+            raise KeyError(f"source {source!r} is not part of crawl {self.crawl!r}")
+
     def upstream(self, program: str, source: str | None) -> list[tuple[str, str | None]]:
-        """(program, source) pairs this partition reads: same source, fan-in, or fan-out."""
+        """(program, source) pairs this partition reads: same source, fan-in, or fan-out; none of
+        a switched-off program's, unless ``program`` is switched off too (run on its own, it reads
+        what it would read in a crawl with every stage)."""
         out: list[tuple[str, str | None]] = []
+        running = not self.switched_off(program)
         for dep in PROGRAMS[program].deps:
+            if running and self.switched_off(dep):
+                continue
             if PROGRAMS[dep].level == "crawl":
                 out.append((dep, None))
             elif source is not None:
@@ -174,7 +195,7 @@ class CrawlSpec(BaseModel):
     def _derive_keys(self) -> dict[tuple[str, str | None], str]:
         keys: dict[tuple[str, str | None], str] = {}
         for name in PROGRAMS:  # PROGRAMS is in topological order
-            for source in self.partitions(name):
+            for source in self.all_partitions(name):
                 up = {f"{d}/{s or ''}": keys[(d, s)] for d, s in self.upstream(name, source)}
                 if PROGRAMS[name].uses_keep_rule:
                     up["keep"] = P.params_key("keep", self.keep)
@@ -203,7 +224,8 @@ def prior_outputs(spec: CrawlSpec) -> dict[str, str]:
     """Keys of the outputs a later crawl reads from ``spec``'s crawl: its raw and curated
     documents per source and its bucket index (``lsh_buckets``), as {"program/source": key}."""
     keys = spec.keys()
-    out = {"lsh_buckets/": keys[("lsh_buckets", None)]}
+    # No bucket index where the crawl left fuzzy dedup out: nothing of its documents to match.
+    out = {} if spec.switched_off("lsh_buckets") else {"lsh_buckets/": keys[("lsh_buckets", None)]}
     for source in sorted(spec.sources):
         out[f"raw_documents/{source}"] = keys[("raw_documents", source)]
         out[f"curated_documents/{source}"] = keys[("curated_documents", source)]

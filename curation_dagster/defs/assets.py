@@ -33,6 +33,7 @@ from dagster import (
 from curation_dagster.defs.partitions import by_crawl, partitions_for, refuse_outside, split_key
 from curation_dagster.defs.resources import CurationResource
 from stages.catalog import PROGRAMS, Program
+from stages.spec import CrawlSpec
 
 OWNERS = ["team:curation"]
 
@@ -50,12 +51,13 @@ AUTOMATION = AutomationCondition.eager() & ~PARENT_BLOCKING_CHECK_FAILED
 
 class InCrawl(AutomationCondition[AssetKey]):
     """True for the partitions that are partitions of their crawl: a crawl partition of a crawl
-    registered in the data root, a source x crawl pair whose source that crawl has. The registry is
-    read once a tick (every asset's evaluation in a tick shares it)."""
+    registered in the data root, a source x crawl pair whose source that crawl has, of a program
+    whose stage the crawl did not switch off. The registry is read once a tick (every asset's
+    evaluation in a tick shares it)."""
 
     def __init__(self, curation: CurationResource) -> None:
         self.curation = curation
-        self._read: tuple[datetime, dict[str, frozenset[str]]] | None = None
+        self._read: tuple[datetime, dict[str, CrawlSpec]] | None = None
 
     @property
     def name(self) -> str:
@@ -63,26 +65,27 @@ class InCrawl(AutomationCondition[AssetKey]):
 
     @property
     def description(self) -> str:
-        return "a partition of its crawl (source x crawl: a source the crawl has)"
+        return "a partition of its crawl (source x crawl: a source the crawl has; its stage not switched off)"
 
     @property
     def requires_cursor(self) -> bool:
         return False
 
-    def _sources(self, tick: datetime) -> dict[str, frozenset[str]]:
-        """Each registered crawl's sources, as of this tick."""
+    def _specs(self, tick: datetime) -> dict[str, CrawlSpec]:
+        """Each registered crawl's spec, as of this tick."""
         if self._read is None or self._read[0] != tick:
-            self._read = (tick, {r.spec.crawl: frozenset(r.spec.sources) for r in self.curation.dataroot().records()})
+            self._read = (tick, {r.spec.crawl: r.spec for r in self.curation.dataroot().records()})
         return self._read[1]
 
     def evaluate(self, context: AutomationContext[AssetKey]) -> AutomationResult[AssetKey]:
         subset = context.candidate_subset
-        level = PROGRAMS[subset.key.to_user_string()].level
-        sources = self._sources(context.evaluation_time)
+        program = subset.key.to_user_string()
+        specs = self._specs(context.evaluation_time)
         members = set()
         for key in subset.expensively_compute_partition_keys():
-            crawl, source = split_key(key, level)
-            if crawl in sources and (source is None or source in sources[crawl]):
+            crawl, source = split_key(key, PROGRAMS[program].level)
+            spec = specs.get(crawl)
+            if spec is not None and spec.partitions(program) and (source is None or source in spec.sources):
                 members.add(key)
         return AutomationResult(context, true_subset=subset.compute_intersection_with_partition_keys(members))
 

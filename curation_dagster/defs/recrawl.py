@@ -120,11 +120,13 @@ def spec_for(root: DataRoot, cfg: RecrawlConfig, crawl: str, urls: dict[str, str
 
 
 def run_requests(spec: CrawlSpec, trigger: str) -> list[RunRequest]:
-    """One run per source of the crawl, materializing ``ROOT_PROGRAMS`` for that partition."""
+    """One run per source of the crawl, materializing ``ROOT_PROGRAMS`` for that partition (those
+    the crawl has: a switched-off stage's have no partition)."""
+    roots = [AssetKey(p) for p in ROOT_PROGRAMS if spec.partitions(p)]
     return [
         RunRequest(
             run_key=f"{spec.crawl}|{source}",
-            asset_selection=[AssetKey(p) for p in ROOT_PROGRAMS],
+            asset_selection=roots,
             partition_key=MultiPartitionKey({CRAWL: spec.crawl, SOURCE: source}),
             tags={"curate/crawl": spec.crawl, "curate/trigger": trigger},
         )

@@ -135,8 +135,9 @@ class Planner:
         for wave in waves():
             this = {program: StepPlan(program) for program in wave}
             held: str | None = None
-            for source in self.spec.partitions(wave[0]):
-                for program in wave:
+            running = [program for program in wave if self.spec.partitions(program)]  # not switched off
+            for source in self.spec.partitions(running[0]) if running else []:
+                for program in running:
                     if self.force or any(u in stale for u in self.spec.upstream(program, source)) \
                             or not self.current(program, source):
                         stale.add((program, source))

@@ -417,20 +417,17 @@ class PartitionPool:
         ran ahead: 0."""
         if self._pool is None or self._ahead_only or not partitions:
             return 0
-        if partitions == 1 and self.workers < self.cores and not self.spec.switched_off(program):
+        if partitions == 1 and self.workers < self.cores:
             return 0
         fit = self._fit(program)
         return min(fit, partitions) if fit >= min(partitions, 2) else 0
 
     def _fit(self, program: str) -> int:
         """How many of ``program``'s partitions the workers may run side by side as far as its
-        requests go: every worker for a switched-off stage's (empty outputs: no GPU, little
-        memory); none for a GPU program unless the backend is the CPU (its partitions run in the
+        requests go: none for a GPU program unless the backend is the CPU (its partitions run in the
         process that records them); else as many as the memory available when the pool started
         holds of its memory request."""
         resources = PROGRAMS[program].resources
-        if self.spec.switched_off(program):
-            return self.workers
         if resources.gpu > 0 and self.execution.backend != "cpu":
             return 0
         if self.memory is None:
@@ -478,16 +475,16 @@ class PartitionPool:
 
     def then_ahead(self, program: str, ready: Callable[[str], bool] | None = None) -> None:
         """Start the next step's partitions (``run_ahead``: every partition of the program after
-        ``program`` in the crawl's steps, ``waves``) as soon as every partition of ``program``'s
-        next ``run`` has finished, none failed and none failed a blocking check, where they run on
-        the workers and ``ready(step)`` says then that all of them will run (by default: a forced
-        run, or none of them committed or begun for the crawl's keys, ``begun``); and so on down
-        the steps, each started as the one before it ends clean. The workers run on while this
-        process records what they finished, ends the step and plans the next: at 200 sources
-        recording a partition takes this process ~2 ms, a switched-off program's partition a
-        worker ~1 ms. The caller vouches that ``program``'s run covers every partition of it (a
-        step with none current: then the next step finds every partition of its own stale, the
-        ones run ahead committed but not recorded, and so on), and that the steps run in that order."""
+        ``program`` in the crawl's steps, ``waves``, past those switched off) as soon as every
+        partition of ``program``'s next ``run`` has finished, none failed and none failed a blocking
+        check, where they run on the workers and ``ready(step)`` says then that all of them will run
+        (by default: a forced run, or none of them committed or begun for the crawl's keys,
+        ``begun``); and so on down the steps, each started as the one before it ends clean. The
+        workers run on while this process records what they finished, ends the step and plans the
+        next: at 200 sources recording a partition takes this process ~2 ms. The caller vouches that
+        ``program``'s run covers every partition of it (a step with none current: then the next step
+        finds every partition of its own stale, the ones run ahead committed but not recorded, and
+        so on), and that the steps run in that order."""
         with self._lock:
             self._then[program] = ready or self._all_will_run
 
@@ -504,6 +501,8 @@ class PartitionPool:
             if ready is None or not clean or self._stopped:
                 return
         after = step_after(program)
+        while after is not None and not self.spec.partitions(after):  # a switched-off step runs nothing
+            after = step_after(after)
         if after is None:
             return
         try:

@@ -13,8 +13,12 @@ PROGRAM = "contaminated_documents"
 
 def decontam_report(store: Store, spec: CrawlSpec) -> ContaminatedDocumentsReport | None:
     """The committed report of ``contaminated_documents`` for the crawl's current parameters,
-    or None when it has not been materialized; ``DamagedFile`` when its partition is not whole
-    or its report is not a decontamination report."""
+    or None when it has not been materialized; a disabled one where the crawl switched the stage
+    off (it has no partition); ``DamagedFile`` when its partition is not whole or its report is
+    not a decontamination report."""
+    if spec.switched_off(PROGRAM):
+        return ContaminatedDocumentsReport(enabled=False, input=0, removed=0, removed_per_source={},
+                                           removed_per_reason={})
     pdir = DataRoot(store).output_dir(spec, PROGRAM, None)
     manifest = store.read_manifest(pdir)
     if manifest is None:
@@ -32,7 +36,7 @@ def print_decontam_report(crawl: str, report: ContaminatedDocumentsReport) -> No
 
     console = Console()
     if not report.enabled:
-        console.print(f"crawl {crawl}: stage decontam was not run (disabled)")
+        console.print(f"crawl {crawl}: stage decontam was not run (switched off)")
         return
     if report.note is not None:
         console.print(f"crawl {crawl}: {report.note}; {report.input} documents checked, none removed")

@@ -47,6 +47,8 @@ class AuditError(RuntimeError):
 def audit(store: Store, spec: CrawlSpec, per_band: int = 4, seed: int = 0
           ) -> tuple[list[Band], SemanticDuplicatesReport]:
     """The bands of ``spec``'s crawl (highest first) with sampled pairs, and the stage's report."""
+    if spec.switched_off("semantic_duplicates"):
+        raise AuditError(f"stage 'semantic' is not enabled for crawl {spec.crawl!r} (see --stages)")
     root = DataRoot(store)
     pdir = root.output_dir(spec, "semantic_duplicates", None)
     manifest = root.manifest(spec, "semantic_duplicates", None)
@@ -56,8 +58,6 @@ def audit(store: Store, spec: CrawlSpec, per_band: int = 4, seed: int = 0
             "run `curate run` with stage 'semantic'"
         )
     report = read_as(manifest, SemanticDuplicatesReport)
-    if not report.enabled:
-        raise AuditError(f"stage 'semantic' is not enabled for crawl {spec.crawl!r} (see --stages)")
     nb = store.read_table(pdir, "neighbors")
     nb = nb.filter(pc.is_valid(nb["similarity"]))
     sim = nb["similarity"].to_numpy()

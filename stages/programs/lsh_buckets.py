@@ -155,10 +155,13 @@ def run(
                             seed=sig_params["seed"])
     if params.bands * params.rows > num_perm:
         raise ValueError(f"bands x rows = {params.bands * params.rows} exceeds num_perm = {num_perm}")
-    prior = [_prior_rows(inputs, crawl, base) for crawl in sorted(inputs.prior)]
+    # An earlier crawl that left fuzzy dedup out has no bucket index (``stages.spec.prior_outputs``):
+    # none of its documents has a signature to match.
+    by_crawl = {crawl: _prior_rows(inputs, crawl, base) for crawl in sorted(inputs.prior)
+                if "lsh_buckets/" in inputs.prior[crawl]}
+    prior = list(by_crawl.values())
     if prior:
-        base = base.model_copy(update={"prior_documents": {
-            crawl: p[0].num_rows for crawl, p in zip(sorted(inputs.prior), prior, strict=True)}})
+        base = base.model_copy(update={"prior_documents": {crawl: p[0].num_rows for crawl, p in by_crawl.items()}})
     nodes = _canonical_nodes(inputs, partition.crawl, [p[0] for p in prior])
     output.write("nodes", nodes)
     node = nodes.num_rows
@@ -176,7 +179,7 @@ def run(
         output.write("band_keys", pa.table(cols))
     for _, keys in prior:
         output.write("band_keys", keys.set_column(0, "node", _nodes_of(index, keys["doc_id"])))
-    del index, prior  # pass 2 holds only its band columns
+    del index, prior, by_crawl  # pass 2 holds only its band columns
     stats = None
     groups = [list(range(b, min(b + BANDS_PER_TASK, params.bands))) for b in range(0, params.bands, BANDS_PER_TASK)]
     job = _BandGroup(output.store, output.pdir, tuple(output.tables["band_keys"]), backend)

@@ -116,9 +116,12 @@ def scratch(tmp_path: Path) -> Iterator[Path]:
 
 def assert_reran_only_changed(out: str, before: CrawlSpec, after: CrawlSpec) -> None:
     """The run's progress lines: every partition whose key changed was materialized (+), every
-    other one was up to date (=)."""
+    other one was up to date (=); a switched-off program's neither (it has no partition)."""
     old, new = before.keys(), after.keys()
     for (program, source), key in new.items():
+        if not after.partitions(program):
+            assert f"{program}[" not in out, program
+            continue
         label = partition_name(program, after.crawl, source)
         mark = "=" if old[(program, source)] == key else "+"
         assert f"  {mark} {label} " in out, (label, mark)
@@ -360,8 +363,12 @@ def test_threshold_change_rekeys_downstream_but_not_ingestion_or_scores(base: Wo
         now = manifests(work)
         assert {k: v for k, v in now.items() if k.startswith(f"data/{program}/")} == \
             {k: v for k, v in before.items() if k.startswith(f"data/{program}/")}
-    # Every downstream partition has a new key directory; the old outputs are still there.
+    # Every downstream partition has a new key directory; the old outputs are still there. A
+    # switched-off program has neither.
     for program in PROGRAMS:
+        if not after.spec.partitions(program):
+            assert not (data / program).exists(), program
+            continue
         old = {k for (p, _), k in old_keys.items() if p == program}
         new = {k for (p, _), k in new_keys.items() if p == program}
         assert {d.name for d in (data / program).iterdir()} == old | new, program

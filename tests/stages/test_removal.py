@@ -113,13 +113,14 @@ def test_the_survivor_count_is_the_rows_survivors_yields(tmp_path: Path) -> None
 
 
 def test_a_switched_off_heuristic_stage_judges_nothing_and_counts_its_input(tmp_path: Path) -> None:
-    """``filtered_documents`` of a crawl without the heuristic stage: an empty decisions table
-    and removal list (no part file: the schemas are in the manifest), and its input, every
-    document that survives the stages before it, counted from their manifests."""
+    """``filtered_documents`` of a crawl without the heuristic stage: no partition in the crawl;
+    run on its own (as the UI may), an empty decisions table and removal list (no part file: the
+    schemas are in the manifest), and its input, every document that survives the stages before
+    it, counted from their manifests."""
     import json
 
     from stages.dataroot import DataRoot
-    from stages.execute import execute_crawl
+    from stages.execute import execute, execute_crawl
     from stages.params import ExecutionParams, RawDocumentsParams
     from stages.programs.filtered_documents import DECISIONS
     from stages.spec import CrawlSpec
@@ -130,8 +131,14 @@ def test_a_switched_off_heuristic_stage_judges_nothing_and_counts_its_input(tmp_
     (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
     spec = CrawlSpec(crawl="c1", sources={"s0": RawDocumentsParams(url=str(folder), id_field="id")}, stages=("exact",))
     store = Store(str(tmp_path / "data"))
-    execute_crawl(store, spec, ExecutionParams(workers=1))
+    assert set(execute_crawl(store, spec, ExecutionParams(workers=1))) == {
+        ("raw_documents", "s0"), ("exact_duplicates", None), ("curated_documents", "s0"), ("removal_ledger", None)}
+    curated = store.read_table(DataRoot(store).output_dir(spec, "curated_documents", "s0"), "documents")
+    assert curated.num_rows == 3  # exact dedup alone removed: 3 distinct texts of 7
     pdir = DataRoot(store).output_dir(spec, "filtered_documents", "s0")
+    assert store.read_manifest(pdir) is None
+    for program in ("document_languages", "filtered_documents"):  # what it reads, switched off too
+        execute(store, spec, program, "s0", ExecutionParams(workers=1))
     manifest = store.read_manifest(pdir)
     assert manifest is not None and manifest.parts() == []
     decisions = store.read_table(pdir, "decisions")
@@ -139,5 +146,3 @@ def test_a_switched_off_heuristic_stage_judges_nothing_and_counts_its_input(tmp_
     assert store.read_table(pdir, "removed").num_rows == 0
     report = manifest.report
     assert (report["enabled"], report["input"], report["kept"], report["removed"]) == (False, 7, 7, 0)
-    curated = store.read_table(DataRoot(store).output_dir(spec, "curated_documents", "s0"), "documents")
-    assert curated.num_rows == 3  # exact dedup alone removed: 3 distinct texts of 7

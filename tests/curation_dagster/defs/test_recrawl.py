@@ -44,7 +44,8 @@ def test_sensor_adds_partitions_saves_the_spec_and_requests_root_runs(prepared: 
     runs = [(str(r.partition_key), r.run_key, [k.to_user_string() for k in r.asset_selection], r.tags)
             for r in result.run_requests]
     tags = {"curate/crawl": "tiny", "curate/trigger": "recrawl_sensor"}
-    assert runs == [(f"tiny|{s}", f"tiny|{s}", ROOT_PROGRAMS, tags) for s in ("forum", "news", "wiki")]
+    roots = ["raw_documents", "filtered_documents"]  # the crawl switched stage language off
+    assert runs == [(f"tiny|{s}", f"tiny|{s}", roots, tags) for s in ("forum", "news", "wiki")]
     spec = load_spec(prepared.workdir, "tiny")
     assert {s: p.url for s, p in spec.sources.items()} == {s: f"{prepared.prefix}/tiny/{s}" for s in T.SOURCES}
     assert spec.sources["forum"].text_field == "body" and spec.sources["wiki"].id_field == "page_id"
@@ -53,17 +54,24 @@ def test_sensor_adds_partitions_saves_the_spec_and_requests_root_runs(prepared: 
 
 
 def test_new_crawl_flows_through_the_graph_in_dependency_order(prepared: ops_workdir.Prepared) -> None:
-    done = set(ROOT_PROGRAMS)  # the sensor's runs
+    spec = load_spec(prepared.workdir, "tiny")
+    # What the crawl runs: the programs of its stages (heuristic, exact), ingestion and output;
+    # a switched-off program has no partition, so it is never requested nor waited on.
+    running = {p for p in PROGRAMS if spec.partitions(p)}
+    assert running == {"raw_documents", "filtered_documents", "exact_duplicates", "curated_documents",
+                       "removal_ledger"}
+    roots = running & set(ROOT_PROGRAMS)
+    done = set(roots)  # the sensor's runs
     for tick in prepared.ticks:
         for asset in tick:
-            assert set(PROGRAMS[asset].deps) <= done | set(tick), f"{asset} requested before its inputs"
+            assert set(PROGRAMS[asset].deps) & running <= done | set(tick), f"{asset} requested before its inputs"
         done |= set(tick)
-    assert done == set(PROGRAMS)
+    assert done == running
     for asset, parts in (t for tick in prepared.ticks for t in tick.items()):  # exactly the crawl's partitions
         assert parts == (["tiny"] if PROGRAMS[asset].level == "crawl" else ["tiny|forum", "tiny|news", "tiny|wiki"])
-    assert sum(len(tick) for tick in prepared.ticks) == len(PROGRAMS) - len(ROOT_PROGRAMS)  # each asset once
+    assert sum(len(tick) for tick in prepared.ticks) == len(running) - len(roots)  # each asset once
     store = CurationResource(workdir=str(prepared.workdir)).store()
-    report = T.table_report(store, load_spec(prepared.workdir, "tiny"))
+    report = T.table_report(store, spec)
     assert {s: {k: r[k] for k in ("input", "kept", "quarantined")} for s, r in report["sources"].items()} == {
         s: {k: c[k] for k in ("input", "kept", "quarantined")} for s, c in T.EXPECTED["default"]["counts"].items()}
     print(f"recrawl of tiny: {prepared.runs} runs, {len(prepared.ticks)} automation ticks, {prepared.seconds:.1f}s")

@@ -41,6 +41,7 @@ import pytest
 
 from curation_dagster import cli
 from curation_dagster.defs.launchers import k8s
+from curation_dagster.defs.partitions import partition_key
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.ops import k8s_spec
 from curation_dagster.ops.deploy import (
@@ -54,6 +55,7 @@ from curation_dagster.ops.deploy import (
 )
 from stages.catalog import PROGRAMS
 from stages.lease import TTL_ENV
+from stages.spec import CrawlSpec
 from tests.support import tiny_corpus as T
 from tests.support.browser import CHROMIUM, Browser
 
@@ -454,29 +456,23 @@ def assert_one_writer_at_a_time(executed: list[Step]) -> None:
             assert a.end <= b.start, f"{asset}[{partition}] executed by runs {a.run_id} and {b.run_id} at once"
 
 
-def assert_dependency_order(executed: list[Step], crawl: str, sources: tuple[str, ...]) -> None:
+def assert_dependency_order(executed: list[Step], spec: CrawlSpec) -> None:
     """Every asset partition of the crawl materialized exactly once (in whichever run, a retry
-    included), and only after every one of its inputs (across the source x crawl / crawl levels)
-    was."""
+    included), none of a switched-off stage's, and each only after every one of its inputs
+    (across the source x crawl / crawl levels) was."""
     by_partition: dict[tuple[str, str], Step] = {}
     for step in executed:
         if step.materialized:
             key = (step.asset, step.partition)
             assert key not in by_partition, f"{step.asset}[{step.partition}] materialized twice"
             by_partition[key] = step
-    want = {(p, f"{crawl}|{s}" if prog.level == "source" else crawl)
-            for p, prog in PROGRAMS.items() for s in (sources if prog.level == "source" else ("",))}
-    assert set(by_partition) == want
+    want = {(p, str(partition_key(spec.crawl, s))) for p in PROGRAMS for s in spec.partitions(p)}
+    assert set(by_partition) == want and len(want) < sum(len(spec.all_partitions(p)) for p in PROGRAMS)
     for (program, partition), step in by_partition.items():
-        for dep in PROGRAMS[program].deps:
-            if PROGRAMS[dep].level == PROGRAMS[program].level:
-                inputs = [partition]
-            elif PROGRAMS[dep].level == "crawl":
-                inputs = [crawl]
-            else:
-                inputs = [f"{crawl}|{s}" for s in sources]
-            for key in inputs:
-                assert by_partition[(dep, key)].end <= step.start, f"{program}[{partition}] before {dep}[{key}]"
+        source = partition.split("|")[1] if "|" in partition else None
+        for dep, s in spec.upstream(program, source):
+            key = str(partition_key(spec.crawl, s))
+            assert by_partition[(dep, key)].end <= step.start, f"{program}[{partition}] before {dep}[{key}]"
 
 
 RUNS_STARTED = """{ runsOrError(filter: {statuses: [STARTED]}) { ... on Runs { results { runId } } } }"""
@@ -682,7 +678,7 @@ def test_a_crawl_submitted_to_the_deployment_survives_faults_equals_curate_run_a
                        for m in messages), messages
             executed = steps(url, runs)
             assert_one_writer_at_a_time(executed)
-            assert_dependency_order(executed, T.CRAWL, T.SOURCES)
+            assert_dependency_order(executed, T.spec(stages=STAGES.split(",")))
             killed = [s for s in executed if s.run_id == faults.killed_run and s.asset == faults.target]
             assert killed and not all(s.materialized for s in killed)  # it was killed mid-step
             # The UI, in the browser while the next crawl runs.

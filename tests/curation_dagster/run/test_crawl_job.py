@@ -59,10 +59,10 @@ def test_the_next_step_starts_ahead_only_where_all_of_it_will_run(tmp_path: Path
     assert _next_step("raw_documents", sources[1:], sources[:1]) is None
     assert _next_step("raw_documents", [], sources) is None
     assert _next_step(STEPS[-1], [None], []) is None
-    assert not begun(resource.place(), crawl, "document_languages")
+    assert not begun(resource.place(), crawl, "filtered_documents")
     for source in sources:
         execute(root.store, crawl, "raw_documents", source)
-    assert not begun(resource.place(), crawl, "document_languages")
-    execute(root.store, crawl, "document_languages", sources[0])
-    assert begun(resource.place(), crawl, "document_languages")  # the next run's planner decides
+    assert not begun(resource.place(), crawl, "filtered_documents")
+    execute(root.store, crawl, "filtered_documents", sources[0])
+    assert begun(resource.place(), crawl, "filtered_documents")  # the next run's planner decides
     assert not begun(resource.place(), crawl, "exact_duplicates")

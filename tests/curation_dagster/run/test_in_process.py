@@ -33,7 +33,7 @@ def _sorted(t: pa.Table) -> pa.Table:
 
 def test_one_run_materializes_and_checks_every_partition(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     crawl = spec(stages=["fuzzy"])
-    off = {p for p in PROGRAMS if not getattr(crawl.program_params(p, crawl.partitions(p)[0]), "enabled", True)}
+    off = {p for p in PROGRAMS if not getattr(crawl.program_params(p, crawl.all_partitions(p)[0]), "enabled", True)}
     assert {"document_languages", "filtered_documents", "exact_duplicates", "document_embeddings",
             "semantic_clusters", "semantic_duplicates", "quality_scores", "contaminated_documents"} == off
     with fast_tmp(tmp_path / "w") as work:
@@ -44,7 +44,7 @@ def test_one_run_materializes_and_checks_every_partition(tmp_path: Path, capsys:
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         runs = instance.get_runs()
         # One run for the crawl, with a step per program in dependency order and a
-        # materialization per partition of each (switched-off stages included).
+        # materialization per partition of each, none of a switched-off stage (no partition).
         (run,) = runs
         assert run.job_name == CRAWL_JOB and run.tags["curate/crawl"] == CRAWL
         steps = [e.step_key for e in instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)]
@@ -53,6 +53,10 @@ def test_one_run_materializes_and_checks_every_partition(tmp_path: Path, capsys:
                      for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
                      if e.asset_materialization is not None)
         assert ran == sorted((p, str(partition_key(CRAWL, s))) for p in PROGRAMS for s in crawl.partitions(p))
+        assert {p for p, _ in ran} == set(PROGRAMS) - off
+        for program in off:  # nothing of it is written either
+            assert crawl.partitions(program) == []
+            assert DataRoot(resource.store()).manifest(crawl, program, crawl.all_partitions(program)[0]) is None
         want_checks: set[tuple[str, str, str]] = set()
         for program in PROGRAMS:
             for source in crawl.partitions(program):
@@ -65,7 +69,7 @@ def test_one_run_materializes_and_checks_every_partition(tmp_path: Path, capsys:
                 mat = entry.asset_materialization
                 assert mat is not None
                 enabled = mat.metadata.get("enabled")
-                assert (enabled is not None and enabled.value is False) == (program in off), program
+                assert enabled is None or enabled.value is True, program
                 # Both kinds carry the data version under the tag Dagster reads it from.
                 tags = mat.tags or {}
                 assert tags.get(DATA_VERSION_TAG) == _manifest(resource, crawl, program, source).data_version
@@ -123,7 +127,7 @@ def test_a_failed_partition_fails_the_run_once_the_others_are_recorded(tmp_path:
 
         others = {str(partition_key(CRAWL, s)) for s in SOURCES if s != "news"}
         assert recorded("raw_documents") == others
-        assert recorded("document_languages") == set()  # the next step did not run
+        assert recorded("minhash_signatures") == set()  # the next step of a fuzzy-only crawl did not run
         shutil.move(tmp_path / "away", broken)
         run_crawl(work, work / "dagster", crawl, quiet=True, resource=resource)
         (second,) = [r for r in instance.get_runs() if r.run_id != run.run_id]
@@ -142,7 +146,7 @@ def test_force_recomputes_every_partition(tmp_path: Path) -> None:
         args = ["run", "--workdir", str(work), "--crawl", CRAWL, "--config", str(config)]
         assert curate(*args)[0] == 0
         code, out, _ = curate(*args)
-        partitions = sum(len(spec().partitions(p)) for p in PROGRAMS)
+        partitions = sum(len(spec(stages=["fuzzy"]).partitions(p)) for p in PROGRAMS)
         assert code == 0 and out.count(" up to date") == partitions and " + " not in out
         store = CurationResource(workdir=str(work)).store()
         crawl = spec(stages=["fuzzy"])
@@ -168,7 +172,7 @@ def test_a_changed_parameter_reruns_only_what_reads_it(tmp_path: Path) -> None:
         steps = [e.step_key for e in instance.all_logs(second.run_id, of_type=DagsterEventType.STEP_START)]
         after = [p for wave in waves() for p in wave]
         assert steps == after
-        after = after[after.index("lsh_buckets"):]
+        after = [p for p in after[after.index("lsh_buckets"):] if crawl.partitions(p)]  # those the crawl runs
         ran = [e.asset_materialization.asset_key.to_user_string()
                for e in instance.all_logs(second.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
                if e.asset_materialization is not None]
@@ -251,8 +255,7 @@ def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
     """A partition alone (a crawl-wide program's) runs on the pool, whose workers have the programs
     imported and their kernels loaded, with every core (``lsh_buckets`` forks its band pass's
     pool from the worker), its progress lines passed on as they come. A switched-off stage's
-    partitions go to the pool whatever its program asks for (a GPU, memory): they write empty
-    outputs."""
+    steps run nothing."""
     import curation_dagster.run.pool as pool_module
     from curation_dagster.run.pool import PartitionPool
 
@@ -264,15 +267,13 @@ def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
         resource.dataroot().register(crawl)
         with PartitionPool(resource, crawl) as pool:
             assert pool.side_by_side("lsh_buckets", 1) == 1
-            assert pool.side_by_side("document_embeddings", len(crawl.sources)) == 2  # switched off
             on = PartitionPool(resource, spec(stages=["fuzzy", "semantic"]))
             assert on.side_by_side("document_embeddings", len(crawl.sources)) == 0  # backend auto: a GPU's
             on.close()
             # a pool narrower than the cores: its partitions fork pools of their own, so no worker
-            # runs a crawl-wide program's OpenMP kernels before them (a switched-off one runs none)
+            # runs a crawl-wide program's OpenMP kernels before them
             with PartitionPool(resource.model_copy(update={"workers": 2 * len(crawl.sources)}), crawl) as narrow:
                 assert narrow.workers < narrow.cores and narrow.side_by_side("lsh_buckets", 1) == 0
-                assert narrow.side_by_side("exact_duplicates", 1) == 1
 
             def here(*args: object, **kwargs: object) -> None:
                 raise AssertionError("ran in the pool's process")
@@ -285,9 +286,7 @@ def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
                         for d in finished]
                 assert sorted(d.source or "" for d in done) == sorted(s or "" for s in crawl.partitions(program))
                 assert all(d.error is None for d in done), [d.trace for d in done]
-                if program == "document_languages":  # switched off: its tables empty, no part, schemas kept
-                    assert all(d.meta["dagster/row_count"] == 0 and d.meta["dagster/column_schema"].columns
-                               and d.outcome and not d.outcome.manifest.parts() for d in done), done
+                assert bool(done) == (not crawl.switched_off(program)), program
             # The workers described every partition (their metadata is Dagster's here) without
             # importing Dagster (curation_dagster.run.values), each of them: one call per worker at once.
             assert pool._pool is not None
@@ -464,13 +463,14 @@ def test_a_one_source_crawls_first_step_runs_on_a_worker_forked_before_its_run(t
                                "--config", str(config), "--quiet"], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
         pids = {program: int(pid) for program, pid in (line.split() for line in calls.read_text().splitlines())}
-        assert set(pids) == {"curate", *PROGRAMS}
+        running = [p for p in PROGRAMS if crawl.partitions(p)]
+        assert set(pids) == {"curate", *running}
         here_pid = pids.pop("curate")
         assert len(set(pids.values())) == 1 and here_pid not in pids.values(), pids
         instance = DagsterInstance.from_config(str(ensure_instance_config(work / "dagster")))
         (run,) = instance.get_runs()
         resource = CurationResource(workdir=str(work))
-        for program in PROGRAMS:
+        for program in running:
             (partition,) = crawl.partitions(program)
             (mat,) = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(program)),
                                                      limit=10).records

@@ -58,10 +58,11 @@ def test_what_remains_of_a_step_of_tiny_partitions_goes_in_one_pack() -> None:
 
 
 def _many(n: int) -> CrawlSpec:
-    """The tiny corpus's first source, as ``n`` sources."""
+    """The tiny corpus's first source, as ``n`` sources: its steps with partitions are raw,
+    language and heuristic documents, then (exact dedup switched off) the MinHash signatures."""
     first = next(iter(source_config().values()))
     return CrawlSpec(crawl=CRAWL, sources={f"c{i:02d}": first for i in range(n)}, keep=EXPECTED["keep"],
-                     stages=("fuzzy",))
+                     stages=("language", "heuristic", "fuzzy"))
 
 
 def _as_worker(work: Path, crawl: CrawlSpec, monkeypatch: pytest.MonkeyPatch) -> CurationResource:
@@ -355,9 +356,11 @@ def test_the_next_steps_partitions_start_before_this_steps_last_list_is_taken(tm
                 taken += len(finished)
                 seen.append(("document_languages", sources[0]) in pool.ahead)
             assert taken == 12 and seen[-1] and not any(seen[:-1]), seen
-            _until(lambda: "exact_duplicates" in asked)  # document_languages' step took nothing yet
-            assert asked == ["document_languages", "filtered_documents", "exact_duplicates"]
-            assert ("filtered_documents", sources[0]) in pool.ahead and ("exact_duplicates", None) not in pool.ahead
+            _until(lambda: "minhash_signatures" in asked)  # document_languages' step took nothing yet
+            # past the switched-off exact_duplicates, which has no partition
+            assert asked == ["document_languages", "filtered_documents", "minhash_signatures"]
+            assert ("filtered_documents", sources[0]) in pool.ahead
+            assert ("minhash_signatures", sources[0]) not in pool.ahead
             fresh = Store(resource.store().root)
             for program in ("document_languages", "filtered_documents"):
                 done = [d for f in pool.run(program, sources) for d in f]
@@ -470,8 +473,8 @@ def test_a_forked_workers_chain_runs_the_next_steps_and_the_pool_ends_with_it(tm
             done = [d for f in pool.run(program, sources) for d in f]
             assert sorted(d.source or "" for d in done) == sources
             assert all(d.error is None and d.outcome is not None for d in done), [d.trace for d in done]
-        assert pool._pool is None and not pool._ahead  # the chain ended at exact_duplicates
-        assert pool.side_by_side("exact_duplicates", 1) == 0  # here
+        assert pool._pool is None and not pool._ahead  # the chain ended at minhash_signatures
+        assert pool.side_by_side("minhash_signatures", 2) == 0  # here
         pool.close()
 
 
@@ -479,7 +482,7 @@ def test_a_forked_workers_chain_stops_at_a_gpu_program_or_one_whose_memory_does_
     """``_forked_fits``: a one-source crawl's worker forked from the command's process runs the
     steps after its head start as this process would run them, but a GPU program (unless the
     backend is the CPU) or one that asks for more memory than is available ends the chain (this
-    process runs it); a switched-off stage's empty partitions always go on."""
+    process runs it)."""
     crawl = _many(1)
     with_semantic = crawl.model_copy(update={"stages": ("fuzzy", "semantic")})
     with fast_tmp(tmp_path / "w") as work:
@@ -488,7 +491,6 @@ def test_a_forked_workers_chain_stops_at_a_gpu_program_or_one_whose_memory_does_
             (crawl, "auto", 2**34, "duplicate_components", True),  # 8 GiB asked, 16 available
             (crawl, "auto", 2**32, "duplicate_components", False),  # 4 GiB available
             (crawl, "auto", None, "duplicate_components", True),  # unknown: as ``side_by_side``
-            (crawl, "auto", 2**32, "document_embeddings", True),  # switched off: empty outputs
             (with_semantic, "auto", 2**36, "document_embeddings", False),  # a GPU program
             (with_semantic, "gpu", 2**36, "document_embeddings", False),
             (with_semantic, "cpu", 2**36, "document_embeddings", True),  # on the CPU, it fits

@@ -131,11 +131,25 @@ def test_lsh_buckets_signs_small_sources_in_blocks_that_span_them(tmp_path: Path
     assert tables[20_000] == tables[12] == tables[1]
 
 
+# Two paragraphs of plain prose that every default heuristic keeps.
+PROSE = (
+    "The river runs past the old mill and under the stone bridge before it reaches the town. In the "
+    "spring the water is high and fast, and the children are told to stay away from the banks. By the "
+    "end of the summer it is slow and warm, and the same children swim in it every afternoon until the "
+    "light begins to fade over the hills.",
+    "Our library opens at nine in the morning and closes at six in the evening on every weekday. "
+    "Members may borrow up to ten books at a time, and they can keep each one for three weeks. A book "
+    "that comes back late costs a small fee for every day it is overdue, which goes towards buying new "
+    "titles for the shelves.",
+)
+
+
 def test_removal_ledger_reads_no_empty_removal_list_but_the_first(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The ledger of a crawl of many sources reads each source-level stage's removal list where it
-    holds rows, and one empty list of a stage for its columns: a switched-off stage's lists are
-    empty at every source (200 sources: 200 part files a stage otherwise). Same ledger."""
+    holds rows, and one empty list of a stage for its columns: a stage that removed nothing has
+    lists empty at every source (200 sources: 200 part files a stage otherwise), and a
+    switched-off stage has none. Same ledger."""
     from stages.dataroot import DataRoot
     from stages.execute import execute, execute_crawl
     from stages.params import ExecutionParams
@@ -146,10 +160,10 @@ def test_removal_ledger_reads_no_empty_removal_list_but_the_first(tmp_path: Path
     for k in range(4):
         folder = tmp_path / "in" / f"s{k}"
         folder.mkdir(parents=True)
-        lines = [json.dumps({"id": f"s{k}-{i}", "text": f"text {i % 2} of a source " * 5}) for i in range(4)]
+        lines = [json.dumps({"id": f"s{k}-{i}", "text": PROSE[i % 2]}) for i in range(4)]
         (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
         sources[f"s{k}"] = {"url": str(folder), "id_field": "id"}
-    spec = CrawlSpec(crawl="c1", sources=sources, stages=("exact",))  # type: ignore[arg-type]
+    spec = CrawlSpec(crawl="c1", sources=sources, stages=("heuristic", "exact"))  # type: ignore[arg-type]
     store = Store(str(tmp_path / "data"))
     execute_crawl(store, spec, ExecutionParams(workers=1))
     root = DataRoot(store)
@@ -165,7 +179,8 @@ def test_removal_ledger_reads_no_empty_removal_list_but_the_first(tmp_path: Path
 
     monkeypatch.setattr(Store, "read_parts", counted)
     execute(store, spec, "removal_ledger", None, ExecutionParams(workers=1), force=True)
-    assert read.count("filtered_documents") == 1  # heuristic: switched off, empty at every source
+    assert read.count("filtered_documents") == 1  # heuristic: kept every document, empty at every source
+    assert read.count("document_languages") == 0  # language: switched off, no partition
     assert read.count("raw_documents") == 0  # (record ids are streamed, not read whole)
     monkeypatch.undo()
     assert store.read_table(root.output_dir(spec, "removal_ledger", None), "ledger") == ledger

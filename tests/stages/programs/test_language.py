@@ -167,7 +167,7 @@ def _spec(sources: dict[str, Any], stages: tuple[str, ...], **language: Any) -> 
 def _run(store: Store, spec: CrawlSpec, upto: str = "removal_ledger") -> dict[str, Any]:
     out = {}
     for name in PROGRAMS:
-        for source in spec.partitions(name):
+        for source in spec.all_partitions(name):
             out[(name, source)] = execute(store, spec, name, source)
         if name == upto:
             break
