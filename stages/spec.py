@@ -109,12 +109,13 @@ class CrawlSpec(BaseModel):
         if PROGRAMS[program].level == "source" and source not in self.sources:
             raise KeyError(f"source {source!r} is not part of crawl {self.crawl!r}")
 
-    def upstream(self, program: str, source: str | None) -> list[tuple[str, str | None]]:
+    def upstream(self, program: str, source: str | None, every: bool = False) -> list[tuple[str, str | None]]:
         """(program, source) pairs this partition reads: same source, fan-in, or fan-out; none of
         a switched-off program's, unless ``program`` is switched off too (run on its own, it reads
-        what it would read in a crawl with every stage)."""
+        what it would read in a crawl with every stage). ``every``: all of its inputs in the
+        catalog, switched off or not (what its key hashes)."""
         out: list[tuple[str, str | None]] = []
-        running = not self.switched_off(program)
+        running = not every and not self.switched_off(program)
         for dep in PROGRAMS[program].deps:
             if running and self.switched_off(dep):
                 continue
@@ -196,7 +197,9 @@ class CrawlSpec(BaseModel):
         keys: dict[tuple[str, str | None], str] = {}
         for name in PROGRAMS:  # PROGRAMS is in topological order
             for source in self.all_partitions(name):
-                up = {f"{d}/{s or ''}": keys[(d, s)] for d, s in self.upstream(name, source)}
+                # Every input's key, a switched-off one's too: a key does not change with the
+                # stages a crawl runs (what a later crawl deduplicates against stays published).
+                up = {f"{d}/{s or ''}": keys[(d, s)] for d, s in self.upstream(name, source, every=True)}
                 if PROGRAMS[name].uses_keep_rule:
                     up["keep"] = P.params_key("keep", self.keep)
                 if PROGRAMS[name].reads_prior and self.dedup_against:

@@ -325,8 +325,8 @@ class Manifest:
     # Empty in manifests written before sizes were recorded (then only presence is checked).
     sizes: dict[str, int] = field(default_factory=dict)
     # The schema of each table with no rows (Arrow IPC, base64): such a table has no part file
-    # (``PartitionWriter.write``). Most removal lists are empty, a switched-off stage's every
-    # table: at 200 sources, 1,405 of a fuzzy-only crawl's 2,237 parts were, each a Parquet write
+    # (``PartitionWriter.write``). Most removal lists are empty: at 200 sources, 1,405 of a
+    # fuzzy-only crawl's 2,237 parts were (switched-off stages ran then), each a Parquet write
     # and an fsync. Empty in manifests written before: their empty tables have a part.
     schemas: dict[str, str] = field(default_factory=dict)
 

@@ -5,7 +5,8 @@ Everything the UI shows about an asset comes from its ``Program`` entry and its 
 description, group, kinds (``cpu``/``gpu``), owners, tags, code version (the params version,
 bumped whenever a program's output changes) and the resources one partition needs. Every asset
 is materialized eagerly by declarative automation once its parents are and their blocking
-checks passed, so a crawl registered by the recrawl sensor flows through the whole graph.
+checks passed, so a crawl registered by the recrawl sensor flows through the programs of its
+stages (a switched-off stage's have no partition in it: refused like a source it does not have).
 
 The source dimension is shared by every crawl, so source x crawl holds pairs that are no partition
 of their crawl (a source only later crawls have). Dagster 1.13 cannot leave them out of a
@@ -99,8 +100,13 @@ def automation(curation: CurationResource) -> AutomationCondition:
     deps_missing = AutomationCondition.any_deps_match(
         AutomationCondition.missing() & ~AutomationCondition.will_be_requested() & in_crawl
     ).with_label("any_deps_missing")
-    return in_crawl & AutomationCondition.eager().replace("any_deps_missing", deps_missing) \
-        & ~PARENT_BLOCKING_CHECK_FAILED
+    # A parent's failed blocking check holds a partition back only where the parent is a partition
+    # of its crawl: one recorded while the crawl ran a stage it has since switched off stays
+    # current (no run judges that partition again) and would hold the crawl back for good.
+    parent_failed = AutomationCondition.any_deps_match(
+        AutomationCondition.any_checks_match(AutomationCondition.check_failed(), blocking_only=True) & in_crawl
+    ).with_label("any_parent_blocking_check_failed")
+    return in_crawl & AutomationCondition.eager().replace("any_deps_missing", deps_missing) & ~parent_failed
 
 
 def automated(assets: list[AssetsDefinition], curation: CurationResource) -> list[AssetsDefinition]:

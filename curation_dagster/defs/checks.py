@@ -104,12 +104,14 @@ def evaluation(program: str, kind: CheckKind, verdict: Verdict, partition: str,
 def record_stale_dependents(instance: DagsterInstance, curation: CurationResource, crawl: str) -> list[str]:
     """After ``crawl`` was rerun with new parameters: the later crawls deduplicated against its
     old outputs, whose ``prior_crawls_current`` evaluations (failed) are recorded on ``instance``
-    without a run, so the UI and the automation hold them back before anyone reruns them."""
+    without a run, so the UI and the automation hold them back before anyone reruns them (on the
+    programs they run: a switched-off one has no partition, which no run would judge again)."""
     kind = next(k for k in CHECK_KINDS if k.name == "prior_crawls_current")
     later = curation.dataroot().stale_dependents(crawl)
     for name in later:
         if not instance.has_dynamic_partition(CRAWL, name):  # a crawl this instance never ran
             continue
-        for program in (p.name for p in PROGRAMS.values() if kind.applies(p)):
+        spec = curation.spec(name)
+        for program in (p.name for p in PROGRAMS.values() if kind.applies(p) and spec.partitions(p.name)):
             record_runless_check(instance, program, kind, evaluate(curation, kind, program, name, None), name)
     return later

@@ -7,9 +7,9 @@ moved), which the run's steps record. Otherwise it runs the code location's craw
 Launchpad shows) in this process, on a warm
 pool of worker processes that every step shares: one Dagster run, a step per program in
 dependency order, each planning its own stale partitions as it starts and recording every
-partition as its own materialization and check evaluations as it finishes. Switched-off stages
-(``--stages``) are steps like the others: they write empty outputs, so every partition stays
-materialized and checked.
+partition as its own materialization and check evaluations as it finishes. A switched-off
+stage's (``--stages``) programs have no partition in the crawl: their steps run nothing and record
+nothing, and the programs after them read without them.
 
 A crawl's first run (or a forced one) has a head start: ``curate run`` starts the first
 program's partitions on the pool before it imports Dagster and opens the instance

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stages.catalog import PROGRAMS
+from stages.catalog import PROGRAMS, STAGES
 from stages.params import CuratedDocumentsParams, ExecutionParams
 from stages.programs.raw_documents import DOCUMENTS
 from stages.removal import removal_lists, survivors
@@ -48,6 +48,7 @@ def run(
     if kept == 0:
         output.write("documents", DOCUMENTS.empty_table())
     raw = read_as(inputs.manifest("raw_documents", partition.source), RawDocumentsReport)
-    per_stage = removed_per_stage(removed)
+    # Every stage, in pipeline order: one the crawl switched off has no list, and removed none.
+    per_stage = {stage: 0 for stage in STAGES} | removed_per_stage(removed)
     return CuratedDocumentsReport(input=raw.input, kept=kept, quarantined=raw.quarantined,
                                   removed=sum(per_stage.values()), removed_per_stage=per_stage)

@@ -117,7 +117,7 @@ def _removed(inputs: Inputs, program: str, sources: list[str], columns: list[str
         for s in sources:
             manifest = inputs.manifest(program, s)
             if tables and manifest.rows.get("removed") == 0:
-                continue  # an empty list (a switched-off stage's, at every source): not read
+                continue  # an empty list (a stage that removed nothing: at every source): not read
             tables.append(inputs.store.read_table(inputs.dir(program, s), "removed", sorted({*columns, "source"}),
                                                   manifest).select(columns))
         return pa.concat_tables(tables)

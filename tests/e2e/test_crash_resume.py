@@ -222,7 +222,7 @@ def test_dagster_reexecutes_a_failed_run_from_the_failed_step(tmp_path: Path, mo
     from curation_dagster.defs.resources import save_spec
 
     work = tmp_path / "w"
-    crawl = spec(sources=("news",), stages=("heuristic",))
+    crawl = spec(sources=("news",), stages=("language", "heuristic"))  # the job's three programs run
     save_spec(work, crawl)
     monkeypatch.setenv("CURATE_WORKDIR", str(work))
     (tmp_path / "home").mkdir()

@@ -247,10 +247,13 @@ def test_a_rerun_earlier_crawl_never_loses_a_document_from_both(tmp_path: Path) 
     run(work, "c1", "--source", f"web={src}", "--stages", "fuzzy")
     run(work, "c2", "--source", f"web={src}", "--stages", "fuzzy")
     assert report("--workdir", str(work), crawl="c2")["web"]["kept"] == 0  # all 60 are c1's
+    run(work, "c3", "--source", f"web={src}", "--stages", "exact")  # against c1 and c2, fuzzy dedup off
     out = run(work, "c1", "--stages", "heuristic,fuzzy")  # rerun: 20 of c1's documents go
     assert report("--workdir", str(work), crawl="c1")["web"]["kept"] == 40
-    assert "crawl(s) c2 were deduplicated against crawl c1's earlier outputs" in out
+    assert "crawl(s) c2, c3 were deduplicated against crawl c1's earlier outputs" in out
     assert failed_prior_checks(work, "c2") == {"fuzzy_duplicates", "removal_ledger"}  # red in the UI at once
+    # c3 has no fuzzy_duplicates partition: no failure recorded there, which no run would clear
+    assert failed_prior_checks(work, "c3") == {"removal_ledger"}
     lost = {d["text"] for d in docs} - kept_texts(work, "c1") - kept_texts(work, "c2")
     assert len(lost) == 20  # what c2's stale dedup would lose, were it published as it is
 
@@ -275,4 +278,6 @@ def test_a_rerun_earlier_crawl_never_loses_a_document_from_both(tmp_path: Path) 
     assert {d["text"] for d in docs} == kept_texts(work, "c1") | kept_texts(work, "c2")  # nothing lost
     assert blocking_failures(resource, "removal_ledger", "c2", None) == []
     assert failed_prior_checks(work, "c2") == set()  # its run evaluated them again, and they passed
+    run(work, "c3")
+    assert failed_prior_checks(work, "c3") == set()
     assert DataRoot.open(workdir=work).stale_dependents("c1") == []

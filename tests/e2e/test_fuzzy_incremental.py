@@ -92,6 +92,24 @@ def test_changed_lsh_params_are_refused(crawls: dict[str, object], tmp_path: Pat
         execute_crawl(store, spec3)
 
 
+def test_an_earlier_crawl_without_fuzzy_dedup_adds_no_bucket_index(crawls: dict[str, object]) -> None:
+    """Deduplicated against a crawl that switched fuzzy dedup off (it has no bucket index, no
+    partition of it): the recrawl's fuzzy dedup matches nothing of that crawl, and finds its own
+    duplicates as a crawl against nothing would."""
+    store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
+    assert isinstance(store, Store) and isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
+    exact_only = spec1.model_copy(update={"crawl": "c0", "stages": ("exact",)})
+    execute_crawl(store, exact_only)
+    prior = prior_outputs(exact_only)
+    assert "lsh_buckets/" not in prior and DataRoot(store).manifest(exact_only, "lsh_buckets", None) is None
+    spec3 = spec2.model_copy(update={"crawl": "c3", "dedup_against": {"c0": prior}})
+    execute_crawl(store, spec3)
+    lsh = DataRoot(store).manifest(spec3, "lsh_buckets", None)
+    assert lsh is not None and "c0" not in (lsh.report.get("prior_documents") or {})
+    removed = store.read_table(DataRoot(store).output_dir(spec3, "fuzzy_duplicates", None), "removed")
+    assert removed.num_rows and set(removed["reason"].to_pylist()) == {"near_duplicate"}
+
+
 def test_the_ledger_counts_earlier_crawl_duplicates_apart(crawls: dict[str, object]) -> None:
     from curation_dagster.tools.lineage import waterfall_markdown, waterfall_rows
     from stages.reports import RemovalLedgerReport, read_as

@@ -67,6 +67,21 @@ def test_register_then_report_without_a_ledger(tmp_path: Path, capsys: pytest.Ca
     assert err == ("curate: error: crawl 'c1' has no removal ledger for its current parameters; run `curate run`\n")
 
 
+def test_a_switched_off_stages_report_says_so_without_an_output(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A crawl without decontamination or semantic dedup has no partition of theirs (nothing ran,
+    nothing was written): their commands say the stage is switched off, not "run `curate run`"."""
+    data = tmp_path / "data"
+    assert cli.main(["register", "--data-root", str(data), "--crawl", "c1", "--source",
+                     f"web={_source(tmp_path / 'web')}", "--stages", "exact"]) == 0
+    capsys.readouterr()
+    assert cli.main(["decontam-report", "--data-root", str(data), "--crawl", "c1"]) == 0
+    assert capsys.readouterr().out == "crawl c1: stage decontam was not run (switched off)\n"
+    assert cli.main(["semantic-audit", "--data-root", str(data), "--crawl", "c1", "--out", str(tmp_path / "a.md")]) == 1
+    assert capsys.readouterr().err == "curate: error: stage 'semantic' is not enabled for crawl 'c1' (see --stages)\n"
+    assert not (tmp_path / "a.md").exists() and not list(data.glob("contaminated_documents*"))
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--source", "web"], "--source expects NAME=URL, got 'web'"),
     ([], "crawl 'c9' is new: give its sources with --source NAME=URL"),

@@ -202,7 +202,8 @@ def test_a_pair_outside_its_crawl_is_refused_and_neither_requested_nor_waited_on
     """The source dimension is shared by every crawl: crawl tiny of forum and news, on an instance
     that knows source blog (another crawl's). The automation carries tiny to its ledger without
     requesting tiny|blog or waiting on it; launched by hand, tiny|blog fails naming the crawl's
-    sources and records nothing."""
+    sources and records nothing. So does a partition of a program whose stage the crawl switched
+    off (language), which the automation neither requests nor waits on either."""
     workdir, prefix = tmp_path / "w", tmp_path / "snapshots"
     workdir.mkdir()
     prefix.mkdir()
@@ -236,6 +237,16 @@ def test_a_pair_outside_its_crawl_is_refused_and_neither_requested_nor_waited_on
         assert "raw_documents[tiny|blog]: source 'blog' is not part of crawl 'tiny', whose sources are forum, " \
                "news; nothing materialized" in str(failure.event_specific_data)
         assert "tiny|blog" not in instance.get_materialized_partitions(dg.AssetKey("raw_documents"))
+        assert "document_languages" not in {asset for tick in prepared.ticks for asset in tick}
+        refused = dg.materialize([*ASSETS, *CHECKS], selection=["document_languages"],
+                                 partition_key=partition_key("tiny", "news"), instance=instance,
+                                 resources={"curation": curation}, raise_on_error=False, run_config=ops_workdir.QUIET)
+        assert not refused.success
+        (failure,) = [e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+        assert "document_languages[tiny|news]: crawl 'tiny' switched stage language off (its stages: heuristic, " \
+               "exact), so document_languages has no partition in it; nothing materialized" \
+               in str(failure.event_specific_data)
+        assert not instance.get_materialized_partitions(dg.AssetKey("document_languages"))
 
 
 def test_rerunning_a_failed_partition_resumes_from_committed_work(
@@ -252,7 +263,7 @@ def test_rerunning_a_failed_partition_resumes_from_committed_work(
 
         def run() -> dg.ExecuteInProcessResult:
             return dg.materialize([*ASSETS, *CHECKS],
-                                  selection=["raw_documents", "document_languages", "filtered_documents"],
+                                  selection=["raw_documents", "filtered_documents"],  # the crawl's
                                   partition_key=key, instance=instance, resources={"curation": curation},
                                   raise_on_error=False, run_config=ops_workdir.QUIET)
 
