@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from stages.catalog import PROGRAMS
 from stages.credentials import check_url, storage_options
 from stages.errors import DamagedFile
-from stages.spec import CrawlSpec, prior_outputs
+from stages.spec import CrawlSpec, prior_outputs, priors_current
 from stages.store import Manifest, Store, check_name, retry, use_storage_options
 
 CRAWLS_DIR = "_crawls"
@@ -282,7 +282,7 @@ class DataRoot:
             record = self.record(crawl)
             if record is None:
                 out[crawl] = f"crawl {crawl} is not registered in {self.url}"
-            elif prior_outputs(record.spec) != outputs:
+            elif not priors_current(record.spec, outputs):
                 out[crawl] = f"crawl {crawl}'s spec changed since (rerun with new parameters)"
         return out
 
@@ -313,9 +313,9 @@ class DataRoot:
         record = self.record(crawl)
         if record is None:
             return []
-        current = prior_outputs(record.spec)
         return [r.crawl for r in self.records()
-                if r.crawl != crawl and crawl in r.spec.dedup_against and r.spec.dedup_against[crawl] != current]
+                if r.crawl != crawl and crawl in r.spec.dedup_against
+                and not priors_current(record.spec, r.spec.dedup_against[crawl])]
 
 
 def _parse_record(path: str, blob: str) -> CrawlRecord:

@@ -77,7 +77,7 @@ class CrawlSpec(BaseModel):
         """Whether ``program`` belongs to a stage this crawl leaves out (``--stages``): it has no
         partition in the crawl's plan (``partitions``), so its crawl step runs and records
         nothing, and the programs after it read without it (``upstream``), as they would if the
-        catalog had no such program. Launched on its own (the UI, ``python -m stages``), a
+        catalog had no such program. Run on its own (``python -m stages``; the UI refuses it), a
         partition of it writes empty outputs (``program_params``: ``enabled: false``), which
         nothing reads."""
         prog = PROGRAMS[program]
@@ -111,13 +111,12 @@ class CrawlSpec(BaseModel):
 
     def upstream(self, program: str, source: str | None, every: bool = False) -> list[tuple[str, str | None]]:
         """(program, source) pairs this partition reads: same source, fan-in, or fan-out; none of
-        a switched-off program's, unless ``program`` is switched off too (run on its own, it reads
-        what it would read in a crawl with every stage). ``every``: all of its inputs in the
-        catalog, switched off or not (what its key hashes)."""
+        a switched-off program's (nothing makes it), whether ``program`` runs in the crawl or not
+        (``curate train-quality`` reads what ``quality_scores`` would). ``every``: all of its
+        inputs in the catalog, switched off or not (what its key hashes)."""
         out: list[tuple[str, str | None]] = []
-        running = not every and not self.switched_off(program)
         for dep in PROGRAMS[program].deps:
-            if running and self.switched_off(dep):
+            if not every and self.switched_off(dep):
                 continue
             if PROGRAMS[dep].level == "crawl":
                 out.append((dep, None))
@@ -221,6 +220,15 @@ def adopt_keys(ident: str, keys: dict[tuple[str, str | None], str]) -> None:
     file that changed since re-keys), the same code. A pool worker adopts its pool's: deriving
     them is O(sources) (47 ms at 200 sources, on each worker's first partition)."""
     _remember(ident, keys)
+
+
+def priors_current(spec: CrawlSpec, saved: Mapping[str, str]) -> bool:
+    """Whether ``saved`` (a later crawl's ``dedup_against`` entry for ``spec``'s crawl) names the
+    crawl's current outputs (``prior_outputs``). A bucket index saved for a crawl without fuzzy
+    dedup, which had an empty one before such a crawl had none, is no change."""
+    if spec.switched_off("lsh_buckets"):
+        saved = {name: key for name, key in saved.items() if name != "lsh_buckets/"}
+    return dict(saved) == prior_outputs(spec)
 
 
 def prior_outputs(spec: CrawlSpec) -> dict[str, str]:

@@ -2,7 +2,8 @@
 check kind that applies to it (``CHECK_KINDS``), partitioned like the asset. The checks' bounds
 come from ``<workdir>/curate.yaml`` (``checks:``), read at every evaluation; specs from the data
 root's crawl registry (``stages.dataroot``). A check step refuses a pair ``(crawl, source)`` whose
-source is not part of the crawl, as the asset does (``partitions.refuse_outside``), recording nothing;
+source is not part of the crawl, or a partition of a program whose stage the crawl switched off, as
+the asset does (``partitions.refuse_outside``), recording nothing;
 judged directly (``evaluate``), such a pair passes with ``in_crawl: false``. A failed
 ``over_deletion`` carries what the stopped stage would remove (``curation_dagster.tools.pending``),
 as metadata.

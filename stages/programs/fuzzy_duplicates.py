@@ -60,10 +60,13 @@ def run(
     execution: ExecutionParams,
 ) -> FuzzyDuplicatesReport:
     """Report: the documents that reached the stage (``reached``), removed, removed per source."""
-    comps = inputs.read("duplicate_components", "components")
-    if not params.enabled or comps.num_rows == 0:
+    if not params.enabled:  # switched off: its inputs, of its own stage, are too (never made)
         output.write("removed", REMOVED.empty_table())
-        return FuzzyDuplicatesReport(enabled=params.enabled, input=reached(inputs), removed=0, removed_per_source={})
+        return FuzzyDuplicatesReport(enabled=False, input=0, removed=0, removed_per_source={})
+    comps = inputs.read("duplicate_components", "components")
+    if comps.num_rows == 0:
+        output.write("removed", REMOVED.empty_table())
+        return FuzzyDuplicatesReport(enabled=True, input=reached(inputs), removed=0, removed_per_source={})
     from stages.backend import resolve
     from stages.pair_texts import pair_jaccard
 

@@ -70,6 +70,15 @@ def _hashing(report: LshBucketsReport) -> dict[str, int | None]:
             "seed": report.seed}
 
 
+def _indexed(inputs: Inputs, crawl: str) -> bool:
+    """Whether an earlier crawl has a bucket index to match against: not where it left fuzzy dedup
+    out (``stages.spec.prior_outputs`` names none; one registered before names the empty index
+    such a crawl then wrote, whose report says so), so none of its documents has a signature."""
+    pdir = inputs.prior[crawl].get("lsh_buckets/")
+    manifest = inputs.store.read_manifest(pdir) if pdir else None
+    return manifest is not None and read_as(manifest, LshBucketsReport).enabled
+
+
 def _prior_rows(inputs: Inputs, crawl: str, base: LshBucketsReport) -> tuple[pa.Table, pa.Table]:
     """(nodes, band_keys) of the documents an earlier crawl kept, from its persisted bucket index
     (no signature is recomputed); band_keys' ``node`` column is replaced by ``doc_id``."""
@@ -155,10 +164,7 @@ def run(
                             seed=sig_params["seed"])
     if params.bands * params.rows > num_perm:
         raise ValueError(f"bands x rows = {params.bands * params.rows} exceeds num_perm = {num_perm}")
-    # An earlier crawl that left fuzzy dedup out has no bucket index (``stages.spec.prior_outputs``):
-    # none of its documents has a signature to match.
-    by_crawl = {crawl: _prior_rows(inputs, crawl, base) for crawl in sorted(inputs.prior)
-                if "lsh_buckets/" in inputs.prior[crawl]}
+    by_crawl = {crawl: _prior_rows(inputs, crawl, base) for crawl in sorted(inputs.prior) if _indexed(inputs, crawl)}
     prior = list(by_crawl.values())
     if prior:
         base = base.model_copy(update={"prior_documents": {crawl: p[0].num_rows for crawl, p in by_crawl.items()}})

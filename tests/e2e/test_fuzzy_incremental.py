@@ -95,7 +95,11 @@ def test_changed_lsh_params_are_refused(crawls: dict[str, object], tmp_path: Pat
 def test_an_earlier_crawl_without_fuzzy_dedup_adds_no_bucket_index(crawls: dict[str, object]) -> None:
     """Deduplicated against a crawl that switched fuzzy dedup off (it has no bucket index, no
     partition of it): the recrawl's fuzzy dedup matches nothing of that crawl, and finds its own
-    duplicates as a crawl against nothing would."""
+    duplicates as a crawl against nothing would. So does a crawl registered when such a crawl
+    still wrote an empty index, which its entry names: that entry is still current."""
+    from stages.execute import execute
+    from stages.spec import priors_current
+
     store, spec1, spec2 = crawls["store"], crawls["spec1"], crawls["spec2"]
     assert isinstance(store, Store) and isinstance(spec1, CrawlSpec) and isinstance(spec2, CrawlSpec)
     exact_only = spec1.model_copy(update={"crawl": "c0", "stages": ("exact",)})
@@ -108,6 +112,14 @@ def test_an_earlier_crawl_without_fuzzy_dedup_adds_no_bucket_index(crawls: dict[
     assert lsh is not None and "c0" not in (lsh.report.get("prior_documents") or {})
     removed = store.read_table(DataRoot(store).output_dir(spec3, "fuzzy_duplicates", None), "removed")
     assert removed.num_rows and set(removed["reason"].to_pylist()) == {"near_duplicate"}
+    execute(store, exact_only, "lsh_buckets", None)  # the empty index, as such a crawl wrote it then
+    old = {**prior, "lsh_buckets/": exact_only.keys()[("lsh_buckets", None)]}
+    assert priors_current(exact_only, old) and priors_current(exact_only, prior)
+    assert not priors_current(exact_only, {**prior, "lsh_buckets/": "0" * 16, "curated_documents/web": "x"})
+    spec4 = spec2.model_copy(update={"crawl": "c4", "dedup_against": {"c0": old}})
+    execute_crawl(store, spec4)
+    again = store.read_table(DataRoot(store).output_dir(spec4, "fuzzy_duplicates", None), "removed")
+    assert again.num_rows == removed.num_rows and set(again["reason"].to_pylist()) == {"near_duplicate"}
 
 
 def test_the_ledger_counts_earlier_crawl_duplicates_apart(crawls: dict[str, object]) -> None:

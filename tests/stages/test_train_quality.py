@@ -161,6 +161,24 @@ def test_train_quality_then_crawl_removes_planted(tmp_path: Path, monkeypatch: p
         assert not (tmp_path / "bad.bin").exists()
 
 
+def test_train_quality_on_a_crawl_without_the_quality_stage(tmp_path: Path) -> None:
+    """A crawl that switched the quality stage off (and language, and exact dedup): the classifier
+    is trained on what ``quality_scores`` would see, the survivors of the stages the crawl ran,
+    read from their outputs; no switched-off stage is asked for (none was materialized)."""
+    sources, _ = _corpus(tmp_path / "in")
+    with fast_tmp(tmp_path / "w") as workdir:
+        code, _, err = curate("run", "--workdir", str(workdir), "--crawl", "c1", "--config",
+                              _config(tmp_path / "c1.json", sources), "--stages", "heuristic", "--quiet")
+        assert code == 0, err
+        model = tmp_path / "ft.bin"
+        code, _, err = curate("train-quality", "--workdir", str(workdir), "--crawl", "c1", "--positive", "papers",
+                              "--negative", "spam", "--out", str(model), "--seed", "3")
+        assert code == 0, err
+        prov = json.loads(provenance_path(model).read_text())
+        assert prov["available"] == {"papers": 30, "spam": 30}
+        assert set(prov["params_keys"]["papers"]) == {"raw_documents", "filtered_documents"}
+
+
 def test_sample_flow_of_make_run(tmp_path: Path) -> None:
     """`make run`'s steps on a small sample: a first pass, `train-quality` docstrings vs package
     descriptions into the model path `curate-quality.json` names, a second pass with it that
