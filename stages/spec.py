@@ -233,7 +233,8 @@ def priors_current(spec: CrawlSpec, saved: Mapping[str, str]) -> bool:
 
 def prior_outputs(spec: CrawlSpec) -> dict[str, str]:
     """Keys of the outputs a later crawl reads from ``spec``'s crawl: its raw and curated
-    documents per source and its bucket index (``lsh_buckets``), as {"program/source": key}."""
+    documents per source and, where it ran fuzzy dedup, its bucket index (``lsh_buckets``), as
+    {"program/source": key}."""
     keys = spec.keys()
     # No bucket index where the crawl left fuzzy dedup out: nothing of its documents to match.
     out = {} if spec.switched_off("lsh_buckets") else {"lsh_buckets/": keys[("lsh_buckets", None)]}
