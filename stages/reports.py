@@ -303,6 +303,12 @@ class ContaminatedDocumentsReport(RemovalReport):
     docs_per_s: float | None = None
     benchmarks: dict[str, BenchmarkStats] = Field(default_factory=dict)
 
+    @classmethod
+    def switched_off(cls) -> ContaminatedDocumentsReport:
+        """The stage's report where a crawl leaves it out: every count set, to 0 (``dump`` shows
+        what was set)."""
+        return cls(enabled=False, input=0, removed=0, removed_per_source={}, removed_per_reason={})
+
 
 # --- output ---------------------------------------------------------------------------------------
 

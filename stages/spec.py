@@ -80,9 +80,13 @@ class CrawlSpec(BaseModel):
         catalog had no such program. Run on its own (``python -m stages``; the UI refuses it), a
         partition of it writes empty outputs (``program_params``: ``enabled: false``), which
         nothing reads."""
-        prog = PROGRAMS[program]
-        stage = prog.stage or prog.part_of
+        stage = PROGRAMS[program].stage or PROGRAMS[program].part_of
         return stage is not None and stage not in self.stages
+
+    def switched_off_why(self, program: str) -> str:
+        """Why a switched-off ``program`` has no partition here, as errors and logs say it."""
+        stage = PROGRAMS[program].stage or PROGRAMS[program].part_of
+        return f"crawl {self.crawl!r} switched stage {stage} off (its stages: {', '.join(self.stages)})"
 
     def program_params(self, program: str, source: str | None = None) -> P.ProgramParams:
         prog = PROGRAMS[program]

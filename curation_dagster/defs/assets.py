@@ -86,7 +86,7 @@ class InCrawl(AutomationCondition[AssetKey]):
         for key in subset.expensively_compute_partition_keys():
             crawl, source = split_key(key, PROGRAMS[program].level)
             spec = specs.get(crawl)
-            if spec is not None and spec.partitions(program) and (source is None or source in spec.sources):
+            if spec is not None and not spec.switched_off(program) and (source is None or source in spec.sources):
                 members.add(key)
         return AutomationResult(context, true_subset=subset.compute_intersection_with_partition_keys(members))
 

@@ -113,6 +113,6 @@ def record_stale_dependents(instance: DagsterInstance, curation: CurationResourc
         if not instance.has_dynamic_partition(CRAWL, name):  # a crawl this instance never ran
             continue
         spec = curation.spec(name)
-        for program in (p.name for p in PROGRAMS.values() if kind.applies(p) and spec.partitions(p.name)):
+        for program in (p.name for p in PROGRAMS.values() if kind.applies(p) and not spec.switched_off(p.name)):
             record_runless_check(instance, program, kind, evaluate(curation, kind, program, name, None), name)
     return later

@@ -17,7 +17,7 @@ from dagster import (
     PartitionsDefinition,
 )
 
-from stages.catalog import PROGRAMS, partition_name
+from stages.catalog import partition_name
 from stages.spec import CrawlSpec
 
 CRAWL = "crawl"
@@ -59,11 +59,9 @@ def refuse_outside(crawl: str, source: str | None, spec: CrawlSpec, program: str
     in source x crawl (the source dimension is shared by every crawl) but is no partition; or,
     naming the crawl's stages, when the crawl switched ``program``'s stage off (it has no
     partition in that crawl: nothing reads it)."""
-    if not spec.partitions(program):
-        prog = PROGRAMS[program]
+    if spec.switched_off(program):
         raise Failure(
-            description=f"{partition_name(program, crawl, source)}: crawl {crawl!r} switched stage "
-                        f"{prog.stage or prog.part_of} off (its stages: {', '.join(spec.stages)}), so "
+            description=f"{partition_name(program, crawl, source)}: {spec.switched_off_why(program)}, so "
                         f"{program} has no partition in it; nothing materialized (select the assets of "
                         "the crawl's stages, or launch the crawl job curate_run)",
             metadata={"crawl_stages": list(spec.stages)}, allow_retries=False)

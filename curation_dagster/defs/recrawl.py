@@ -122,7 +122,7 @@ def spec_for(root: DataRoot, cfg: RecrawlConfig, crawl: str, urls: dict[str, str
 def run_requests(spec: CrawlSpec, trigger: str) -> list[RunRequest]:
     """One run per source of the crawl, materializing ``ROOT_PROGRAMS`` for that partition (those
     the crawl has: a switched-off stage's have no partition)."""
-    roots = [AssetKey(p) for p in ROOT_PROGRAMS if spec.partitions(p)]
+    roots = [AssetKey(p) for p in ROOT_PROGRAMS if not spec.switched_off(p)]
     return [
         RunRequest(
             run_key=f"{spec.crawl}|{source}",

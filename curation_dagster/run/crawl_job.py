@@ -403,10 +403,8 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     spec = curation.spec(config.crawl)
     if program == STEPS[0]:
         _add_partitions(context.instance, spec)
-    if not spec.partitions(program):  # nothing to plan, run or record; the steps after it read without it
-        prog = PROGRAMS[program]
-        context.log.info(f"{program}: stage {prog.stage or prog.part_of} is switched off for crawl {spec.crawl} "
-                         f"(its stages: {', '.join(spec.stages)}): no partition")
+    if spec.switched_off(program):  # nothing to plan, run or record; the steps after it read without it
+        context.log.info(f"{program}: {spec.switched_off_why(program)}: no partition")
         return
     pool = _POOLS.get(spec.crawl) if curation.mode == "in_process" else None
     planner = Planner(context.instance, curation, spec, config.force)

@@ -135,7 +135,7 @@ class Planner:
         for wave in waves():
             this = {program: StepPlan(program) for program in wave}
             held: str | None = None
-            running = [program for program in wave if self.spec.partitions(program)]  # not switched off
+            running = [program for program in wave if not self.spec.switched_off(program)]
             for source in self.spec.partitions(running[0]) if running else []:
                 for program in running:
                     if self.force or any(u in stale for u in self.spec.upstream(program, source)) \

@@ -501,7 +501,7 @@ class PartitionPool:
             if ready is None or not clean or self._stopped:
                 return
         after = step_after(program)
-        while after is not None and not self.spec.partitions(after):  # a switched-off step runs nothing
+        while after is not None and self.spec.switched_off(after):  # a switched-off step runs nothing
             after = step_after(after)
         if after is None:
             return

@@ -17,8 +17,7 @@ def decontam_report(store: Store, spec: CrawlSpec) -> ContaminatedDocumentsRepor
     off (it has no partition); ``DamagedFile`` when its partition is not whole or its report is
     not a decontamination report."""
     if spec.switched_off(PROGRAM):
-        return ContaminatedDocumentsReport(enabled=False, input=0, removed=0, removed_per_source={},
-                                           removed_per_reason={})
+        return ContaminatedDocumentsReport.switched_off()
     pdir = DataRoot(store).output_dir(spec, PROGRAM, None)
     manifest = store.read_manifest(pdir)
     if manifest is None:

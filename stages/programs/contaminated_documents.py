@@ -47,8 +47,7 @@ def run(
         if params.enabled:
             return ContaminatedDocumentsReport(enabled=True, input=0, removed=0, removed_per_source={},
                                                removed_per_reason={}, note=NO_BENCHMARK)
-        return ContaminatedDocumentsReport(enabled=False, input=0, removed=0, removed_per_source={},
-                                           removed_per_reason={})
+        return ContaminatedDocumentsReport.switched_off()
 
     t0 = time.perf_counter()
     examples: list[Example] = [e for b in params.benchmarks for e in load_examples(b)]

@@ -70,24 +70,23 @@ def _hashing(report: LshBucketsReport) -> dict[str, int | None]:
             "seed": report.seed}
 
 
-def _indexed(inputs: Inputs, crawl: str) -> bool:
-    """Whether an earlier crawl has a bucket index to match against: not where it left fuzzy dedup
-    out (``stages.spec.prior_outputs`` names none; one registered before names the empty index
-    such a crawl then wrote, whose report says so), so none of its documents has a signature."""
-    pdir = inputs.prior[crawl].get("lsh_buckets/")
-    manifest = inputs.store.read_manifest(pdir) if pdir else None
-    return manifest is not None and read_as(manifest, LshBucketsReport).enabled
-
-
-def _prior_rows(inputs: Inputs, crawl: str, base: LshBucketsReport) -> tuple[pa.Table, pa.Table]:
+def _prior_rows(inputs: Inputs, crawl: str, base: LshBucketsReport) -> tuple[pa.Table, pa.Table] | None:
     """(nodes, band_keys) of the documents an earlier crawl kept, from its persisted bucket index
-    (no signature is recomputed); band_keys' ``node`` column is replaced by ``doc_id``."""
+    (no signature is recomputed); band_keys' ``node`` column is replaced by ``doc_id``. None where
+    that crawl left fuzzy dedup out, so none of its documents has a signature: it has no index
+    (``stages.spec.prior_outputs`` names none), or, registered before, the empty one such a crawl
+    then wrote."""
     outputs = inputs.prior[crawl]
     store = inputs.store
-    pdir = outputs["lsh_buckets/"]
+    pdir = outputs.get("lsh_buckets/")
+    if pdir is None:
+        return None
     manifest = store.read_manifest(pdir)
     assert manifest is not None
-    same, mine = _hashing(read_as(manifest, LshBucketsReport)), _hashing(base)
+    theirs = read_as(manifest, LshBucketsReport)
+    if not theirs.enabled:
+        return None
+    same, mine = _hashing(theirs), _hashing(base)
     if same != mine:
         raise ValueError(f"crawl {crawl}'s bucket index was built with {same}, this crawl uses {mine}: "
                          "incremental dedup needs the same MinHash and LSH parameters")
@@ -164,7 +163,7 @@ def run(
                             seed=sig_params["seed"])
     if params.bands * params.rows > num_perm:
         raise ValueError(f"bands x rows = {params.bands * params.rows} exceeds num_perm = {num_perm}")
-    by_crawl = {crawl: _prior_rows(inputs, crawl, base) for crawl in sorted(inputs.prior) if _indexed(inputs, crawl)}
+    by_crawl = {crawl: rows for crawl in sorted(inputs.prior) if (rows := _prior_rows(inputs, crawl, base)) is not None}
     prior = list(by_crawl.values())
     if prior:
         base = base.model_copy(update={"prior_documents": {crawl: p[0].num_rows for crawl, p in by_crawl.items()}})

@@ -281,12 +281,13 @@ def test_a_crawl_wide_partition_runs_on_a_pool_worker_and_tells_its_progress(
             monkeypatch.setattr(pool_module, "finish", here)  # not in the workers, forked before
             told: dict[str, list[str]] = {}
             for program in steps[:steps.index("lsh_buckets") + 1]:
+                if crawl.switched_off(program):  # no partition: its step runs nothing
+                    continue
                 told[program] = []
                 done = [d for finished in pool.run(program, crawl.partitions(program), emit=told[program].append)
                         for d in finished]
-                assert sorted(d.source or "" for d in done) == sorted(s or "" for s in crawl.partitions(program))
+                assert sorted(d.source or "" for d in done) == sorted(s or "" for s in crawl.partitions(program)) != []
                 assert all(d.error is None for d in done), [d.trace for d in done]
-                assert bool(done) == (not crawl.switched_off(program)), program
             # The workers described every partition (their metadata is Dagster's here) without
             # importing Dagster (curation_dagster.run.values), each of them: one call per worker at once.
             assert pool._pool is not None
