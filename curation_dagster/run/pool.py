@@ -687,15 +687,15 @@ def begun(place: Place, spec: CrawlSpec, program: str) -> bool:
 def _pack_size(remaining: int, at_once: int, seconds: float | None, least_s: float = _PACK_LEAST_S) -> int:
     """How many of a step's ``remaining`` partitions the next pack takes: as many as run in about
     ``_PACK_S`` (``seconds``: the mean a partition of the step has taken so far; None before the
-    first ends: one), at most ``_PACK``, and at most a quarter of what remains over the
-    ``at_once`` run side by side (guided self-scheduling: the last packs shrink, so no worker
-    waits on another's long pack at a step's end), but not under ``least_s`` of work (0: packs
-    run in this process). A pack handed to a worker waits for this process's executor thread,
-    which shares the interpreter with the thread recording the step: 5-50 ms a pack at 200
-    sources, where a step of partitions of 1-3 ms (a switched-off program's, when those ran) ended
-    in 16 packs of one each, 80 ms of its 240. A partition of more than half ``_PACK_S`` goes alone: its commit's
-    fsyncs are a small part of it, and a pack would hold back its recording and lose more of what
-    it did to a process that dies."""
+    first ends: one), at most ``_PACK``, and at most a quarter of what remains over the ``at_once``
+    run side by side (guided self-scheduling: the last packs shrink, so no worker waits on another's
+    long pack at a step's end), but not under ``least_s`` of work (0: packs run in this process). A
+    pack handed to a worker waits for this process's executor thread, which shares the interpreter
+    with the thread recording the step: 5-50 ms a pack at 200 sources, where a step of partitions of
+    1-3 ms (a switched-off program's, when those ran) ended in 16 packs of one each, 80 ms of its
+    240. A partition of more than half ``_PACK_S`` goes alone: its commit's fsyncs are a small part
+    of it, and a pack would hold back its recording and lose more of what it did to a process that
+    dies."""
     if seconds is None:
         return 1
     seconds = max(seconds, 1e-6)
