@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from stages.parallel import kernel_cpus
+from stages.parallel import CallResources, kernel_cpus
 from stages.params import ExecutionParams
 
 GPU_DEVICE_ENV = "CURATE_GPU_DEVICE"
@@ -107,7 +107,7 @@ def reported(report: dict[str, Any]) -> str:
     return "gpu" if str(report.get("device", "")).startswith("cuda") else "cpu"
 
 
-def fanout(backend: Backend, execution: ExecutionParams, num_cpus: float = 1.0) -> dict[str, float]:
+def fanout(backend: Backend, execution: ExecutionParams, num_cpus: float = 1.0) -> CallResources:
     """``stages.parallel`` resources of one call: ``num_cpus`` for a CPU kernel; for a twin the
     whole machine locally (calls run one at a time in this process, which owns the device: no
     forked worker may touch an initialised CUDA context) and one GPU per Ray task."""

@@ -21,9 +21,11 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict, TypeVar
 
 if TYPE_CHECKING:  # pydantic's import (0.1 s) kept off the console script's way to the fork server
+    from concurrent.futures import Executor, Future
+
     from stages.params import ExecutionParams
 
 T = TypeVar("T")
@@ -40,14 +42,16 @@ def usable_cores() -> int:
 
 def map_ordered(
     fn: Callable[[T], R], items: Iterable[T], execution: ExecutionParams, *, num_cpus: float = 1.0,
-    num_gpus: float = 0.0,
+    num_gpus: float = 0.0, threads: bool = False,
 ) -> Iterator[R]:
     """``fn(item)`` for every item, yielded in input order.
 
     ``executor="local"``: a process pool of ``resolved_workers() // num_cpus`` processes (inline
-    when 1); ``executor="ray"``: Ray tasks with the declared ``num_cpus``/``num_gpus`` on the
-    cluster at ``ray_address`` (started on this machine when None). ``fn`` must be picklable: a
-    module-level function, or an instance of a module-level class (e.g. holding parameters).
+    when 1), or as many threads with ``threads`` (for a ``fn`` whose work releases the GIL: Arrow's
+    reads, numpy's sorts; no fork, and no result pickled back); ``executor="ray"``: Ray tasks with
+    the declared ``num_cpus``/``num_gpus`` on the cluster at ``ray_address`` (started on this
+    machine when None). ``fn`` must be picklable: a module-level function, or an instance of a
+    module-level class (e.g. holding parameters).
     """
     if execution.executor == "ray":
         yield from _ray_map(fn, items, execution, num_cpus, num_gpus)
@@ -56,8 +60,14 @@ def map_ordered(
     if workers <= 1:
         yield from map(fn, items)
         return
+    if threads:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers) as threaded:
+            yield from _bounded(threaded, fn, items, workers)
+        return
     import multiprocessing
-    from concurrent.futures import Future, ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor
 
     preload()  # before the fork: each worker inherits them instead of importing them itself
     # Forked, whatever this process's default: in a process started by a fork server (a worker of
@@ -67,13 +77,18 @@ def map_ordered(
     # program whose calls run a multi-threaded kernel takes ``kernel_cpus`` and runs them here.
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_forked,
                              initargs=(os.getpid(), max(1, int(num_cpus)))) as pool:
-        pending: deque[Future[R]] = deque()
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
+        yield from _bounded(pool, fn, items, workers)
+
+
+def _bounded(pool: Executor, fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
+    """``fn(item)`` on ``pool`` in input order, at most ``2 * workers`` items in flight."""
+    pending: deque[Future[R]] = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= 2 * workers:
             yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 # Modules every forked worker would import itself, whatever it runs: pyarrow imports pandas at its
@@ -184,10 +199,19 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+class CallResources(TypedDict, total=False):
+    """What one call of a fanned-out function takes (``map_ordered``'s ``num_cpus``, ``num_gpus``)."""
+
+    num_cpus: float
+    num_gpus: float
+
+
 def zip_results(
-    items: Iterable[T], fn: Callable[[T], R], execution: ExecutionParams, **resources: float
+    items: Iterable[T], fn: Callable[[T], R], execution: ExecutionParams, *, num_cpus: float = 1.0,
+    num_gpus: float = 0.0, threads: bool = False,
 ) -> Iterator[tuple[T, R]]:
-    """(item, fn(item)) pairs in input order (items are kept until their result arrives)."""
+    """(item, fn(item)) pairs in input order (items are kept until their result arrives); the
+    keywords as ``map_ordered``'s."""
     held: deque[T] = deque()
 
     def remember(items: Iterable[T]) -> Iterator[T]:
@@ -195,7 +219,8 @@ def zip_results(
             held.append(item)
             yield item
 
-    for result in map_ordered(fn, remember(items), execution, **resources):
+    for result in map_ordered(fn, remember(items), execution, num_cpus=num_cpus, num_gpus=num_gpus,
+                              threads=threads):
         yield held.popleft(), result
 
 

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from stages.errors import DamagedFile, StageError
 from stages.lease import Lease, LeaseBusy, LeaseLost, checks_preconditions, supports_leases
 from stages.parallel import arrow_threads
-from stages.timing import timed, timed_iter
+from stages.timing import helper_context, timed, timed_iter
 
 MANIFEST = "_manifest.json"
 # Parquet codecs, measured on raw_documents' parts here (docs/profile.md, "Intermediate parts
@@ -633,18 +633,24 @@ class Store:
         most ``batch_rows`` rows that span partitions (a longer batch alone; a block ends where
         the schema changes): a scan of many small sources processes a few blocks, not a batch
         per source, whose fixed cost was most of a crawl-wide gather's time at 200 sources.
-        Memory: one block and one batch. The blocks' columns are chunked (no copy)."""
-        held: list[pa.RecordBatch] = []
-        rows = 0
-        for pdir in pdirs:
-            for batch in self.iter_batches(pdir, table, columns, batch_rows):
-                if held and (rows + batch.num_rows > batch_rows or batch.schema != held[0].schema):
-                    yield pa.Table.from_batches(held)
-                    held, rows = [], 0
-                held.append(batch)
-                rows += batch.num_rows
-        if held:
-            yield pa.Table.from_batches(held)
+        The next block is read on a helper thread while the caller works on this one
+        (``read_ahead``). Memory: two blocks and one batch. The blocks' columns are chunked (no
+        copy)."""
+
+        def blocks() -> Iterator[pa.Table]:
+            held: list[pa.RecordBatch] = []
+            rows = 0
+            for pdir in pdirs:
+                for batch in self.iter_batches(pdir, table, columns, batch_rows):
+                    if held and (rows + batch.num_rows > batch_rows or batch.schema != held[0].schema):
+                        yield pa.Table.from_batches(held)
+                        held, rows = [], 0
+                    held.append(batch)
+                    rows += batch.num_rows
+            if held:
+                yield pa.Table.from_batches(held)
+
+        yield from read_ahead(blocks())
 
     @staticmethod
     def _batches(part: pq.ParquetFile, columns: list[str] | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -702,6 +708,31 @@ class Store:
     def writer(self, pdir: str, compression: str = "auto") -> PartitionWriter:
         """A writer of partition ``pdir``, its parts in ``compression`` (``intermediate_compression``)."""
         return PartitionWriter(self, pdir, compression)
+
+
+def read_ahead(items: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """``items``, each made on a helper thread while the caller works on the one before (a
+    crawl-wide scan of 200 sources: Arrow's reads and the caller's lookups, both mostly outside
+    the GIL, on two cores); the caller's waits count as its reads (``stages.timing``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ctx = helper_context()
+    end = pa.table({})  # a sentinel no block is
+
+    def made() -> pa.Table:
+        return next(items, end)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="read-ahead") as pool:
+        pending = pool.submit(ctx.run, made)
+        while True:
+            with timed("read") as clock:
+                item = pending.result()
+                if item is not end and clock is not None:
+                    clock.read_bytes += item.nbytes
+            if item is end:
+                return
+            pending = pool.submit(ctx.run, made)
+            yield item
 
 
 def _fsync_dir(folder: str) -> None:

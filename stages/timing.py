@@ -23,7 +23,7 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import Context, ContextVar, copy_context
 from dataclasses import dataclass, field
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -93,6 +93,15 @@ def clocked(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+def helper_context() -> Context:
+    """A copy of this context for a helper thread: what the partition holds (each manifest read
+    once), without its clock (a helper's reads overlap the partition's work; the partition counts
+    its own waits for them)."""
+    ctx = copy_context()
+    ctx.run(_CLOCK.set, None)
+    return ctx
 
 
 def timing_report() -> dict[str, Any]:

@@ -129,7 +129,12 @@ def band_edges(
     if n == 0:
         stats = BucketStats(0, 0, 0, np.zeros(SIZE_CLASSES, np.int64), ())
         return np.zeros(0, np.int64), np.zeros(0, np.int64), stats
-    order = np.lexsort((ids, keys))
+    if n > 1 and bool((ids[1:] > ids[:-1]).all()):
+        # ids ascending (a caller reading many bands orders its rows by id once): a stable sort
+        # of the keys alone orders by (key, id), at half a lexsort's cost (77k rows: 5 against 10 ms)
+        order = np.argsort(keys, kind="stable")
+    else:
+        order = np.lexsort((ids, keys))
     k_sorted = keys[order]
     id_sorted = ids[order]
     first = np.empty(n, dtype=bool)
@@ -343,14 +348,18 @@ def sorted_find(haystack: npt.NDArray[Any], x: npt.NDArray[Any]) -> npt.NDArray[
     return out
 
 
+def _check_pair_ids(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64]) -> None:
+    if a.shape[0] and (min(a.min(), b.min()) < 0 or max(a.max(), b.max()) >= 1 << 31):
+        raise ValueError("pair ids must lie in [0, 2**31)")
+
+
 def _unique_pairs(
     a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], return_index: bool = False
 ) -> tuple[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
     """Distinct (a, b) pairs sorted by (a, b), and (with ``return_index``) the index of each
     pair's first occurrence. Packs a pair into one int64 (a 1-D sort is ~10x faster than
     ``np.unique(axis=0)``); ids must be >= 0 and below 2**31."""
-    if a.shape[0] and (min(a.min(), b.min()) < 0 or max(a.max(), b.max()) >= 1 << 31):
-        raise ValueError("pair ids must lie in [0, 2**31)")
+    _check_pair_ids(a, b)
     packed = (a.astype(np.int64) << 31) | b.astype(np.int64)
     # A sort and a neighbour compare: np.unique's hash path is ~5x slower on millions of int64.
     order = np.argsort(packed, kind="stable") if return_index else None
@@ -446,13 +455,50 @@ def split_bands(
     return stream
 
 
+@njit(cache=True)
+def _union_sorted(a: Any, b: Any) -> Any:
+    """int64: the distinct values of two ascending int64 arrays, ascending (one merge)."""
+    out = np.empty(a.shape[0] + b.shape[0], dtype=np.int64)
+    i = 0
+    j = 0
+    k = 0
+    while i < a.shape[0] or j < b.shape[0]:
+        if j == b.shape[0] or (i < a.shape[0] and a[i] <= b[j]):
+            v = a[i]
+            i += 1
+        else:
+            v = b[j]
+            j += 1
+        if k == 0 or out[k - 1] != v:
+            out[k] = v
+            k += 1
+    return out[:k]
+
+
+def _band_pairs(src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """int64: one band's distinct pairs packed ``src << 31 | dst``, ascending.
+
+    A band's anchor edges name each member once (a document has one key a band): where the
+    members are dense among the ids, a scatter by member orders them without a sort (77k edges:
+    0.5 against 4 ms); edges that repeat a member (any caller's) are sorted."""
+    _check_pair_ids(src, dst)
+    e = src.shape[0]
+    if e and int(src.max()) < 8 * e:
+        slot = np.full(int(src.max()) + 1, -1, np.int64)
+        slot[src] = dst
+        member = np.flatnonzero(slot >= 0)
+        if member.shape[0] == e:  # every member once
+            return (member << 31) | slot[member]
+    (s, d), _ = _unique_pairs(src, dst)
+    return (s << 31) | d
+
+
 def distinct_pairs(bands: Iterable[BandEdges]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Distinct (src, dst) pairs over all bands, sorted; memory: the distinct pairs plus one band."""
     packed = np.zeros(0, np.int64)
     for _, src, dst in bands:
-        (s, d), _ = _unique_pairs(np.asarray(src, np.int64), np.asarray(dst, np.int64))
-        # both sorted: a merge by concatenation + stable sort is cheap (timsort finds the runs)
-        packed = sorted_distinct(np.concatenate([packed, (s << 31) | d]), kind="stable")
+        packed = _union_sorted(packed, _band_pairs(np.asarray(src, np.int64), np.asarray(dst, np.int64)))
+    packed = packed.copy()  # not the merge's buffer, which can be twice its size
     return packed >> 31, packed & ((1 << 31) - 1)
 
 

@@ -14,6 +14,7 @@ of the candidates, labels and component sizes (8 each), and those candidates' te
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 
 import numpy as np
@@ -65,6 +66,23 @@ def band_stream(inputs: Inputs, batch_rows: int) -> Callable[[], Iterator[BandEd
     return stream
 
 
+def _on_edges(inputs: Inputs, n: int) -> np.ndarray:
+    """int64, ascending: the nodes on some ``lsh_buckets`` edge (those of the distinct candidate
+    pairs), from one read of the edges' ids (a byte a node)."""
+    on = np.zeros(n, dtype=bool)
+    for batch in inputs.store.iter_batches(inputs.dir("lsh_buckets"), "edges", ["src", "dst"], EDGE_BATCH_ROWS):
+        on[batch.column(0).to_numpy()] = True
+        on[batch.column(1).to_numpy()] = True
+    return np.flatnonzero(on)
+
+
+def _close(gathering: Future[PairTexts] | None) -> None:
+    """The gathered texts' spill folder removed, once the gather has ended (a failure elsewhere
+    may end the program while it reads)."""
+    if gathering is not None and gathering.exception() is None:
+        gathering.result().close()
+
+
 def run(
     params: DuplicateComponentsParams,
     inputs: Inputs,
@@ -88,18 +106,24 @@ def run(
     blocks, text_bytes, spilled, fallback = 0, 0, False, 0
     if params.verify == "jaccard":
         with ExitStack() as stack:
+            # The candidates' texts are gathered on a thread while this one sorts out the distinct
+            # pairs (both mostly outside the GIL: Arrow's reads, numpy's sorts). Their documents
+            # are those of the band edges, every one of which is a candidate pair.
+            pool = stack.enter_context(ThreadPoolExecutor(1))
+            wanted = _on_edges(inputs, n)
+            gathering = pool.submit(PairTexts, inputs, doc_ids, wanted, budget=execution.text_block_bytes,
+                                    batch_rows=execution.batch_rows, reserve=execution.spill_reserve_bytes) \
+                if wanted.shape[0] else None
+            stack.callback(_close, gathering)
             found: list[tuple[PairTexts, np.ndarray]] = []
 
             def jaccard(s: np.ndarray, d: np.ndarray) -> np.ndarray:
                 """Pair Jaccard holding at most ``text_block_bytes`` of text. The first call brings
-                every candidate pair: their texts are gathered once (later calls, the fallback's
+                every candidate pair: their texts, gathered once (later calls, the fallback's
                 bucket-mates, are among them), pairs of one candidate component share a block."""
                 if not found:
-                    texts = stack.enter_context(PairTexts(inputs, doc_ids, np.concatenate([s, d]),
-                                                          budget=execution.text_block_bytes,
-                                                          batch_rows=execution.batch_rows,
-                                                          reserve=execution.spill_reserve_bytes))
-                    found.append((texts, connected_components_on(CPU, n, s, d)))
+                    assert gathering is not None, "candidate pairs come from band edges"
+                    found.append((gathering.result(), connected_components_on(CPU, n, s, d)))
                 texts, label = found[0]
                 return texts.jaccard(s, d, label[s], shingle=shingle, backend=backend)
 

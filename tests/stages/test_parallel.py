@@ -130,3 +130,33 @@ print(seen)
     asked = f"[{usable_cores() > 1}, True, False, False]"
     forked = "[False, False, False, False]"  # map_ordered's workers of one core each
     assert done.stdout.strip() == f"[True, True, {forked}, 1, False, True, 5000, 5000, False, True, {asked}]"
+
+
+def test_threads_run_the_items_in_this_process_side_by_side_in_input_order() -> None:
+    """``threads``: the local executor's calls run on threads of this process (no fork, nothing
+    pickled: a lambda will do), up to ``workers`` at once, and come back in input order however
+    they finish."""
+    import os
+    import threading
+    import time
+
+    from stages.parallel import map_ordered
+    from stages.params import ExecutionParams
+
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def slow_first(i: int) -> tuple[int, int, int]:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05 if i == 0 else 0.01)
+        with lock:
+            running -= 1
+        return i, os.getpid(), threading.get_ident()
+
+    out = list(map_ordered(slow_first, range(6), ExecutionParams(workers=2), threads=True))
+    assert [i for i, _, _ in out] == list(range(6))
+    assert {pid for _, pid, _ in out} == {os.getpid()}
+    assert threading.get_ident() not in {t for _, _, t in out} and most == 2

@@ -138,6 +138,55 @@ def test_blocks_span_partitions_in_order_and_hold_at_most_batch_rows(store: Stor
     assert rows == [0, 1, 10, 11, 12, 13, 30, 31, 32, 33, 34, 40, 50, 51]
 
 
+def test_blocks_are_read_ahead_within_the_partitions_manifests_and_clock(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``iter_blocks`` reads the next block on a helper thread: it reads the manifests the
+    partition holds (not again), the caller's waits count on the partition's clock as reads (the
+    bytes of every block it got), a failed read reaches the caller, and a caller that stops early
+    leaves no thread behind."""
+    import threading
+
+    from stages.store import manifests_held
+    from stages.timing import measure
+
+    pdirs = []
+    for i in range(5):
+        pdir = store.partition_dir("p", "k", "c", f"s{i}")
+        w = store.writer(pdir)
+        w.write("t", table(3, 10 * i))
+        w.commit(manifest())
+        pdirs.append(pdir)
+    reads: list[str] = []
+    real = Store.read_text
+
+    def counted(self: Store, path: str) -> str | None:
+        reads.append(path)
+        return real(self, path)
+
+    monkeypatch.setattr(Store, "read_text", counted)
+    threads = threading.active_count()
+    with manifests_held(), measure() as clock:
+        for pdir in pdirs:
+            store.read_manifest(pdir)
+        held = len(reads)
+        blocks = list(store.iter_blocks(pdirs, "t", batch_rows=6))
+        assert len(reads) == held  # the helper read none again
+        assert [x for b in blocks for x in b["x"].to_pylist()] == [10 * i + j for i in range(5) for j in range(3)]
+        assert clock.read_bytes == sum(b.nbytes for b in blocks) and clock.read_s > 0
+        first = next(iter(store.iter_blocks(pdirs, "t", batch_rows=3)))  # one block, then the caller stops
+        assert first["x"].to_pylist() == [0, 1, 2]
+    assert threading.active_count() == threads
+    w = store.writer(pdirs[3])
+    w.write("t", table(2))
+    w.commit(manifest())
+    name = store.read_manifest(pdirs[3]).tables["t"][0]  # type: ignore[union-attr]
+    store.fs.pipe(f"{pdirs[3]}/{name}", b"not parquet")
+    with pytest.raises(DamagedFile, match="not whole Parquet"):
+        list(store.iter_blocks(pdirs, "t", batch_rows=6))
+    assert threading.active_count() == threads
+
+
 def test_within_manifests_held_a_manifest_is_read_once_and_a_commit_read_again(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

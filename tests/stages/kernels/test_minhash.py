@@ -323,6 +323,40 @@ def test_band_edges_giant_bucket_is_linear() -> None:
     assert merged.edges == 2 * stats.edges and merged.as_dict()["largest"][0]["size"] == n - 10
 
 
+
+@PROPS
+@given(data=st.data(), n=st.integers(1, 300))
+def test_band_edges_in_id_order_equal_any_order(data: st.DataObject, n: int) -> None:
+    """Rows in ascending id order take a sort of the keys alone; any order a lexsort: the same
+    edges, in the same order, and the same stats."""
+    keys = np.array(data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)), np.uint64)
+    ids = np.array(sorted(data.draw(st.sets(st.integers(0, 10**6), min_size=n, max_size=n))), np.int64)
+    perm = np.random.default_rng(data.draw(st.integers(0, 2**32))).permutation(n)
+    src, dst, stats = lsh.band_edges(keys, ids)
+    s2, d2, stats2 = lsh.band_edges(keys[perm], ids[perm])
+    assert src.tolist() == s2.tolist() and dst.tolist() == d2.tolist()
+    assert stats.largest == stats2.largest and stats.size_hist.tolist() == stats2.size_hist.tolist()
+
+
+@PROPS
+@given(data=st.data(), bands=st.integers(0, 6), n=st.integers(1, 200))
+def test_distinct_pairs_is_the_sorted_set_of_all_bands_pairs(data: st.DataObject, bands: int, n: int) -> None:
+    """Bands of anchor edges (each member once: the scatter) and of any edges (members repeated,
+    pairs repeated: the sort), sparse or dense among the ids: the distinct pairs, sorted."""
+    stream, every = [], set()
+    for band in range(bands):
+        e = data.draw(st.integers(0, n))
+        if data.draw(st.booleans()):  # anchor edges: distinct members
+            src = np.array(data.draw(st.lists(st.integers(0, n * 20), min_size=e, max_size=e, unique=True)), np.int64)
+        else:
+            src = np.array(data.draw(st.lists(st.integers(0, n), min_size=e, max_size=e)), np.int64)
+        dst = np.array(data.draw(st.lists(st.integers(0, n * 20), min_size=e, max_size=e)), np.int64)
+        stream.append((band, src, dst))
+        every.update(zip(src.tolist(), dst.tolist(), strict=True))
+    s, d = lsh.distinct_pairs(stream)
+    assert list(zip(s.tolist(), d.tolist(), strict=True)) == sorted(every)
+
+
 # --- exact verification --------------------------------------------------------------------------------
 
 
