@@ -9,6 +9,7 @@ check, what the stopped stage would remove (``tools.pending``).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from curation_dagster.run import values
@@ -29,6 +30,7 @@ from stages.dataroot import DataRoot
 from stages.reports import CuratedDocumentsReport, RemovalLedgerReport, read_as
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
+from stages.timing import helper_context
 
 
 def _lineage(store: Store, program: str, spec: CrawlSpec, manifest: Manifest) -> dict[str, Any]:
@@ -167,11 +169,21 @@ def removal_ledger_metadata(store: Store, spec: CrawlSpec, report: RemovalLedger
     pdir = DataRoot(store).output_dir(spec, "removal_ledger", None)
     order = sorted(report.sources, key=lambda n: (report.sources[n].kept / report.sources[n].input
                                                   if report.sources[n].input else 1.0, n))
-    rows = pick(store.iter_batches(pdir, "ledger", COLUMNS), order)  # ledgers of v2 have every column
-    meta = ledger_metadata(report)
-    head = {k: meta.pop(k) for k in ("waterfall", "waterfall_chart")}
-    compared = crawl_over_crawl_table(report, previous_reports(store, spec.crawl, sorted(report.sources)))
-    return {**head, "removal_examples": examples_table(removal_examples(store, spec, rows)),
+
+    def examples() -> list[dict[str, Any]]:
+        rows = pick(store.iter_batches(pdir, "ledger", COLUMNS), order)  # ledgers of v2 have every column
+        return removal_examples(store, spec, rows)
+
+    # The examples' texts are read on a helper thread (with the keys and manifests this block
+    # holds) while this one draws the waterfall: at 200 sources, 172 sources' reads (0.1 s) beside
+    # the tables and the chart (0.04 s), on the run's way to its end.
+    with ThreadPoolExecutor(1, thread_name_prefix="removal-examples") as pool:
+        picked = pool.submit(helper_context().run, examples)
+        meta = ledger_metadata(report)
+        head = {k: meta.pop(k) for k in ("waterfall", "waterfall_chart")}
+        compared = crawl_over_crawl_table(report, previous_reports(store, spec.crawl, sorted(report.sources)))
+        found = picked.result()
+    return {**head, "removal_examples": examples_table(found),
             **({"crawl_over_crawl": compared} if compared is not None else {}), **meta}
 
 

@@ -203,10 +203,11 @@ def waterfall_rows(report: RemovalLedgerReport) -> list[dict[str, Any]]:
     ``STAGE:earlier_crawls``: a dedup stage's duplicates of earlier crawls' documents), kept; per
     row ``input == quarantine + sum(stages) + kept``."""
     out = []
+    columns = _step_columns(report)  # O(sources): once, not once a row
     for name, row in [*sorted(report.sources.items()), ("total", totals(report))]:
         out.append({
             "source": name, "input": row.input, QUARANTINE: row.quarantined,
-            **{c: step_value(row, c) for c in _step_columns(report)},
+            **{c: step_value(row, c) for c in columns},
             "kept": row.kept,
             "kept_fraction": round(row.kept / row.input, 6) if row.input else 0.0,
         })
