@@ -27,6 +27,7 @@ from stages.params import DuplicateComponentsParams, ExecutionParams
 from stages.reports import DuplicateComponentsReport, LshBucketsReport, read_as
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
+from stages.timing import helper_context
 
 COMPONENTS = pa.schema([
     ("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string()),
@@ -106,14 +107,15 @@ def run(
     blocks, text_bytes, spilled, fallback = 0, 0, False, 0
     if params.verify == "jaccard":
         with ExitStack() as stack:
-            # The candidates' texts are gathered on a thread while this one sorts out the distinct
-            # pairs (both mostly outside the GIL: Arrow's reads, numpy's sorts). Their documents
-            # are those of the band edges, every one of which is a candidate pair.
-            pool = stack.enter_context(ThreadPoolExecutor(1))
+            # The candidates' texts are gathered on a thread (with the manifests this partition
+            # holds) while this one sorts out the distinct pairs (both mostly outside the GIL:
+            # Arrow's reads, numpy's sorts). Their documents are those of the band edges, every
+            # one of which is a candidate pair.
+            pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="pair-texts"))
             wanted = _on_edges(inputs, n)
-            gathering = pool.submit(PairTexts, inputs, doc_ids, wanted, budget=execution.text_block_bytes,
-                                    batch_rows=execution.batch_rows, reserve=execution.spill_reserve_bytes) \
-                if wanted.shape[0] else None
+            gathering = pool.submit(helper_context().run, PairTexts, inputs, doc_ids, wanted,
+                                    budget=execution.text_block_bytes, batch_rows=execution.batch_rows,
+                                    reserve=execution.spill_reserve_bytes) if wanted.shape[0] else None
             stack.callback(_close, gathering)
             found: list[tuple[PairTexts, np.ndarray]] = []
 
