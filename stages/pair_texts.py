@@ -243,7 +243,9 @@ def _gather(
             for chunk, start, lo, hi in zip(texts.chunks, starts, cuts, cuts[1:], strict=False):
                 if lo == hi:
                     continue
-                text = chunk.take(pa.array(rows[lo:hi] - start)).cast(pa.large_string())
+                # a chunk wanted whole (a corpus of near-duplicates: most are) is kept as it is
+                text = (chunk if hi - lo == len(chunk) else chunk.take(pa.array(rows[lo:hi] - start))
+                        ).cast(pa.large_string())
                 nbytes = pc.binary_length(text).to_numpy().astype(np.int64)
                 size[node[lo:hi]] = nbytes
                 gathered.add(pa.record_batch([pa.array(node[lo:hi]), text], schema=_ROWS), int(nbytes.sum()))

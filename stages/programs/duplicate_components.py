@@ -125,7 +125,8 @@ def run(
                 bucket-mates, are among them), pairs of one candidate component share a block."""
                 if not found:
                     assert gathering is not None, "candidate pairs come from band edges"
-                    found.append((gathering.result(), connected_components_on(CPU, n, s, d)))
+                    label = connected_components_on(CPU, n, s, d)  # while the gather may still read
+                    found.append((gathering.result(), label))
                 texts, label = found[0]
                 return texts.jaccard(s, d, label[s], shingle=shingle, backend=backend)
 
