@@ -21,6 +21,7 @@ than ``reserve`` bytes free fails first, in one line naming the settings that ma
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -208,19 +209,26 @@ class IdIndex:
         return out
 
 
+class GatherStopped(Exception):
+    """A gather of texts left before its end (``PairTexts``' ``stop``): its caller failed meanwhile."""
+
+
 def _gather(
     inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], budget: int, tmp: Path, batch_rows: int,
-    reserve: int,
+    reserve: int, stop: threading.Event | None = None,
 ) -> tuple[_Gathered, npt.NDArray[np.int64]]:
     """One scan of ``raw_documents`` (this crawl's and the earlier crawls' it reads) for the texts of
     documents ``wanted`` (sorted indices into ``doc_ids``). Returns the gathered (node, text) rows
-    and int64 (n,) text bytes per document (0 where not wanted)."""
+    and int64 (n,) text bytes per document (0 where not wanted). ``stop`` set: ``GatherStopped``
+    at the next block."""
     size = np.zeros(len(doc_ids), np.int64)
     found = np.zeros(len(doc_ids), dtype=bool)
     index = IdIndex(doc_ids.take(pa.array(wanted)))
     gathered = _Gathered(budget, tmp, reserve)
     try:
         for block in inputs.store.iter_blocks(raw_dirs(inputs), "documents", ["doc_id", "text"], batch_rows):
+            if stop is not None and stop.is_set():
+                raise GatherStopped
             pos = index.find(block.column(0).combine_chunks())
             rows = np.flatnonzero(pos >= 0)
             if not rows.shape[0]:
@@ -301,10 +309,12 @@ class PairTexts:
     """
 
     def __init__(self, inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], *,
-                 budget: int, batch_rows: int = 20_000, reserve: int = SPILL_RESERVE) -> None:
+                 budget: int, batch_rows: int = 20_000, reserve: int = SPILL_RESERVE,
+                 stop: threading.Event | None = None) -> None:
         """doc_ids: string (n,) the documents' ids; wanted: int64 indices into it (any order,
         repeats allowed) of the documents whose texts pairs will need; reserve: bytes a spill
-        leaves free in its folder (``ExecutionParams.spill_reserve_bytes``)."""
+        leaves free in its folder (``ExecutionParams.spill_reserve_bytes``); stop: set by a caller
+        that gathers on another thread and failed meanwhile (``GatherStopped``)."""
         self.n = len(doc_ids)
         self.budget = budget
         self.reserve = reserve
@@ -313,7 +323,7 @@ class PairTexts:
         self._cached: tuple[Any, npt.NDArray[np.int64]] | None = None
         try:
             self._gathered, self.size = _gather(inputs, doc_ids, sorted_distinct(np.asarray(wanted, np.int64)),
-                                                budget, self._tmp, batch_rows, reserve)
+                                                budget, self._tmp, batch_rows, reserve, stop)
         except BaseException:
             self.close()
             raise

@@ -81,14 +81,19 @@ def map_ordered(
 
 
 def _bounded(pool: Executor, fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
-    """``fn(item)`` on ``pool`` in input order, at most ``2 * workers`` items in flight."""
+    """``fn(item)`` on ``pool`` in input order, at most ``2 * workers`` items in flight; those not
+    started are dropped when one fails (or the caller stops), not run before the error is told."""
     pending: deque[Future[R]] = deque()
-    for item in items:
-        pending.append(pool.submit(fn, item))
-        if len(pending) >= 2 * workers:
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
             yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
 
 
 # Modules every forked worker would import itself, whatever it runs: pyarrow imports pandas at its

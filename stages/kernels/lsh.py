@@ -455,7 +455,7 @@ def split_bands(
     return stream
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # beside duplicate_components' gather of texts on another thread
 def _union_sorted(a: Any, b: Any) -> Any:
     """int64: the distinct values of two ascending int64 arrays, ascending (one merge)."""
     out = np.empty(a.shape[0] + b.shape[0], dtype=np.int64)

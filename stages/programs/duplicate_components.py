@@ -13,6 +13,7 @@ of the candidates, labels and component sizes (8 each), and those candidates' te
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -27,7 +28,7 @@ from stages.params import DuplicateComponentsParams, ExecutionParams
 from stages.reports import DuplicateComponentsReport, LshBucketsReport, read_as
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
-from stages.timing import helper_context
+from stages.timing import helper_context, timed
 
 COMPONENTS = pa.schema([
     ("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string()),
@@ -77,10 +78,13 @@ def _on_edges(inputs: Inputs, n: int) -> np.ndarray:
     return np.flatnonzero(on)
 
 
-def _close(gathering: Future[PairTexts] | None) -> None:
-    """The gathered texts' spill folder removed, once the gather has ended (a failure elsewhere
-    may end the program while it reads)."""
-    if gathering is not None and gathering.exception() is None:
+def _close(gathering: Future[PairTexts] | None, stop: threading.Event) -> None:
+    """The gathered texts' spill folder removed, once the gather has ended: where the program
+    ends before it (a failure), the gather is stopped at its next block."""
+    if gathering is None:
+        return
+    stop.set()  # a gather that ended already is not affected
+    if gathering.exception() is None:
         gathering.result().close()
 
 
@@ -113,10 +117,12 @@ def run(
             # one of which is a candidate pair.
             pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="pair-texts"))
             wanted = _on_edges(inputs, n)
+            stop = threading.Event()
             gathering = pool.submit(helper_context().run, PairTexts, inputs, doc_ids, wanted,
                                     budget=execution.text_block_bytes, batch_rows=execution.batch_rows,
-                                    reserve=execution.spill_reserve_bytes) if wanted.shape[0] else None
-            stack.callback(_close, gathering)
+                                    reserve=execution.spill_reserve_bytes, stop=stop) if wanted.shape[0] else None
+            del wanted
+            stack.callback(_close, gathering, stop)
             found: list[tuple[PairTexts, np.ndarray]] = []
 
             def jaccard(s: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -126,7 +132,8 @@ def run(
                 if not found:
                     assert gathering is not None, "candidate pairs come from band edges"
                     label = connected_components_on(CPU, n, s, d)  # while the gather may still read
-                    found.append((gathering.result(), label))
+                    with timed("read"):  # the scan of raw_documents: this partition's read, on a helper
+                        found.append((gathering.result(), label))
                 texts, label = found[0]
                 return texts.jaccard(s, d, label[s], shingle=shingle, backend=backend)
 

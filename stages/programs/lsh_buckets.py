@@ -8,14 +8,16 @@ by band streaming instead of a global shuffle; one anchor per bucket keeps a gia
 boilerplate pages linear). Bands are independent: pass 2 runs one task per group of
 ``BANDS_PER_TASK`` bands (``stages.parallel``: threads of this process, or Ray tasks on other
 machines), each reading only its band columns from the ``band_keys`` parts this attempt wrote
-and ordering its rows by node once. Edges are written a part per group, band by band in band
-order, whichever executor ran them, so the output is identical.
+and ordering its rows by node once. Edges are written band by band in band order whichever
+executor ran them, so the output is identical.
 
 Memory per document (tested under 370 bytes, measured 239-251: tests/stages/programs/
 test_crawl_memory.py): the ``nodes`` table (~55 bytes) and its sort, then the sorted ids (32)
 and their order (8) that number each batch's documents by binary search (``IdIndex``; a hash
-table of every id per batch cost O(documents) a batch); pass 2 holds its 4 band columns (8
-bytes each) and the bucket sort. Beside it, one batch of signatures and its band keys.
+table of every id per batch cost O(documents) a batch); pass 2's task holds its 4 band columns
+(8 bytes each), its rows' order by node, the ordered ids and one band in that order (8 each) and
+the bucket sort, a task a thread locally (``workers`` of them). Beside it, one batch of signatures
+and its band keys.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ NODES = pa.schema([("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.
 EDGES = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("band", pa.int32())])
 
 
-BANDS_PER_TASK = 4  # memory of one task: (1 + 4) x 8 bytes per document read, 4 bands of edges
+BANDS_PER_TASK = 4  # memory of one task: (1 + 4) x 8 bytes per document read, 3 x 8 to order them, 4 bands of edges
 
 
 def band_column(band: int) -> str:
@@ -196,11 +198,11 @@ def run(
     # (77k documents, 20 bands: 0.11 s on two threads against 0.2 s for two forked processes,
     # whose edges came back pickled).
     for bands, results in zip_results(groups, job, execution, threads=True, **fanout(backend, execution)):
-        tables = []
         for band, (src, dst, band_stats) in zip(bands, results, strict=True):
             stats = band_stats if stats is None else stats.merge(band_stats)
-            tables.append(pa.table({"src": src, "dst": dst, "band": np.full(len(src), band, np.int32)}, schema=EDGES))
-        output.write("edges", pa.concat_tables(tables))  # one part a group, its bands in order
+            # a part a band: duplicate_components' reader holds a part's batch while it yields its bands
+            output.write("edges", pa.table({"src": src, "dst": dst, "band": np.full(len(src), band, np.int32)},
+                                           schema=EDGES))
     assert stats is not None
     summary = stats.as_dict()
     return base.model_copy(update={

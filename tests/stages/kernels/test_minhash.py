@@ -323,7 +323,6 @@ def test_band_edges_giant_bucket_is_linear() -> None:
     assert merged.edges == 2 * stats.edges and merged.as_dict()["largest"][0]["size"] == n - 10
 
 
-
 @PROPS
 @given(data=st.data(), n=st.integers(1, 300))
 def test_band_edges_in_id_order_equal_any_order(data: st.DataObject, n: int) -> None:
@@ -346,8 +345,9 @@ def test_distinct_pairs_is_the_sorted_set_of_all_bands_pairs(data: st.DataObject
     stream, every = [], set()
     for band in range(bands):
         e = data.draw(st.integers(0, n))
-        if data.draw(st.booleans()):  # anchor edges: distinct members
-            src = np.array(data.draw(st.lists(st.integers(0, n * 20), min_size=e, max_size=e, unique=True)), np.int64)
+        if data.draw(st.booleans()):  # anchor edges: distinct members, dense (a scatter) or sparse (a sort)
+            top = data.draw(st.sampled_from([2 * e, 20 * n]))
+            src = np.array(data.draw(st.lists(st.integers(0, top), min_size=e, max_size=e, unique=True)), np.int64)
         else:
             src = np.array(data.draw(st.lists(st.integers(0, n), min_size=e, max_size=e)), np.int64)
         dst = np.array(data.draw(st.lists(st.integers(0, n * 20), min_size=e, max_size=e)), np.int64)

@@ -17,6 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stages.spec import CrawlSpec
+
 
 @settings(max_examples=60, deadline=None)
 @given(
@@ -97,6 +99,21 @@ def test_nodes_of_answers_as_index_in(nodes: list[str], odd: str | None, probe: 
         assert got.to_pylist() == want.to_pylist()
 
 
+def _small_sources(tmp_path: Path) -> CrawlSpec:
+    """A fuzzy-only crawl of 6 sources of 5 documents, near-duplicates across sources."""
+    from stages.spec import CrawlSpec
+
+    sources = {}
+    for k in range(6):
+        folder = tmp_path / "in" / f"s{k}"
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"id": f"s{k}-{i}", "text": f"a shared paragraph, number {i % 3}, " * 6 + f"from {k}"})
+                 for i in range(5)]
+        (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
+        sources[f"s{k}"] = {"url": str(folder), "id_field": "id"}
+    return CrawlSpec(crawl="c1", sources=sources, stages=("fuzzy",))  # type: ignore[arg-type]
+
+
 def test_lsh_buckets_signs_small_sources_in_blocks_that_span_them(tmp_path: Path) -> None:
     """lsh_buckets reads the signatures of many small sources in blocks of up to ``batch_rows``
     rows across sources: one ``band_keys`` part per block, not per source, and the same bucket
@@ -104,18 +121,9 @@ def test_lsh_buckets_signs_small_sources_in_blocks_that_span_them(tmp_path: Path
     from stages.dataroot import DataRoot
     from stages.execute import execute_crawl
     from stages.params import ExecutionParams
-    from stages.spec import CrawlSpec
     from stages.store import Store
 
-    sources = {}
-    for k in range(6):  # 6 sources of 5 documents, near-duplicates across sources
-        folder = tmp_path / "in" / f"s{k}"
-        folder.mkdir(parents=True)
-        lines = [json.dumps({"id": f"s{k}-{i}", "text": f"a shared paragraph, number {i % 3}, " * 6 + f"from {k}"})
-                 for i in range(5)]
-        (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
-        sources[f"s{k}"] = {"url": str(folder), "id_field": "id"}
-    spec = CrawlSpec(crawl="c1", sources=sources, stages=("fuzzy",))  # type: ignore[arg-type]
+    spec = _small_sources(tmp_path)
     parts, tables = {}, {}
     for rows in (20_000, 12, 1):
         store = Store(str(tmp_path / f"data-{rows}"))
@@ -130,6 +138,47 @@ def test_lsh_buckets_signs_small_sources_in_blocks_that_span_them(tmp_path: Path
     assert tables[20_000][2].num_rows > 0
     assert tables[20_000] == tables[12] == tables[1]
 
+
+
+def test_duplicate_components_that_fails_stops_its_gather_of_texts(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidates' texts are gathered on a helper thread while the distinct pairs are made:
+    where that fails, the program's own error is raised, the gather stops at its next block (it
+    does not read the rest of raw_documents first) and leaves no spill folder."""
+    import os
+    import tempfile
+    import threading
+    import time
+
+    import stages.programs.duplicate_components as components
+    from stages.execute import execute, execute_crawl
+    from stages.pair_texts import IdIndex
+    from stages.params import ExecutionParams
+    from stages.store import Store
+
+    spec = _small_sources(tmp_path)
+    store = Store(str(tmp_path / "data"))
+    execution = ExecutionParams(workers=1, batch_rows=1)  # a block a document: 30 of them
+    execute_crawl(store, spec, execution)
+    reading, blocks = threading.Event(), []
+    real_find = IdIndex.find
+
+    def slow_find(self: IdIndex, values: pa.Array) -> np.ndarray:  # a block of the gather's scan
+        blocks.append(len(values))
+        reading.set()
+        time.sleep(0.02)
+        return real_find(self, values)
+
+    def fails(*args: object, **kwargs: object) -> None:
+        assert reading.wait(30)
+        raise RuntimeError("the distinct pairs failed")
+
+    monkeypatch.setattr(IdIndex, "find", slow_find)
+    monkeypatch.setattr(components, "verify_stream", fails)
+    with pytest.raises(RuntimeError, match="the distinct pairs failed"):
+        execute(store, spec, "duplicate_components", None, execution, force=True)
+    assert 1 <= len(blocks) < 30
+    assert not [p for p in os.listdir(tempfile.gettempdir()) if f"pair-texts-{os.getpid()}-" in p]
 
 # Two paragraphs of plain prose that every default heuristic keeps.
 PROSE = (
