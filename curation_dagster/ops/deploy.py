@@ -248,7 +248,7 @@ class Deployment:
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True, cwd=self.workdir,
-                                    preexec_fn=_dies_with_parent(stop_signal), **kwargs)
+                                    preexec_fn=_stoppable(stop_signal), **kwargs)
         child = Child(name, proc, log, stop_signal, argv, env)
         self.children.append(child)
         self._write_state()  # from the first child on: a SIGKILLed deploy's successor finds them all
@@ -408,7 +408,7 @@ class Deployment:
 
     def _stop_leftovers(self) -> list[str]:
         """Stop what a deployment of this workdir killed with SIGKILL left running (its children
-        die with it where the platform allows, ``_dies_with_parent``; this is for the others): each
+        die with it where the platform allows, ``_stoppable``; this is for the others): each
         process its ``deployment.json`` names that still runs the command it recorded, then a
         PostgreSQL server still serving this workdir's cluster (``postmaster.pid``, in case it
         was killed before the state named it). Returns what was stopped, as ``name (pid N)``."""
@@ -487,20 +487,31 @@ class Deployment:
         self.children.clear()
 
 
-def _dies_with_parent(sig: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the kernel send a child ``sig`` (its own stop signal: PostgreSQL's
-    fast shutdown, Dagster's SIGTERM) when the deploy process dies, SIGKILL included
-    (``PR_SET_PDEATHSIG``, Linux; set after the child changed user, which would clear it). None
-    elsewhere: there ``_stop_leftovers`` of the next deploy is the only clean-up."""
-    if not sys.platform.startswith("linux"):
+def _stoppable(sig: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for a child whose stop signal is ``sig``: ``sig``, SIGINT and SIGTERM at
+    their default action in it, whatever this process does with them. An ignored signal stays
+    ignored across exec: a process started as a shell's background job ignores SIGINT, Dagster
+    then maps SIGTERM to that (its interrupt handling), and a child of such a process could be
+    stopped by SIGKILL alone. On Linux the kernel also sends the child ``sig`` (its own stop
+    signal: PostgreSQL's fast shutdown, Dagster's SIGTERM) when the deploy process dies, SIGKILL
+    included (``PR_SET_PDEATHSIG``; set after the child changed user, which would clear it);
+    elsewhere ``_stop_leftovers`` of the next deploy is the only clean-up. None off POSIX (no
+    ``preexec_fn`` there)."""
+    if os.name != "posix":
         return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    libc = ctypes.CDLL(None, use_errno=True)  # looked up here: the child only calls it
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]  # libc's, not Python's: any thread may spawn
+    linux = sys.platform.startswith("linux")
     parent = os.getpid()
+    stops = sorted({int(sig), int(signal.SIGINT), int(signal.SIGTERM)})
 
     def preexec() -> None:
-        prctl(1, sig)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
+        for stop in stops:
+            libc.signal(stop, None)  # SIG_DFL
+        if linux:
+            libc.prctl(1, sig)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before the signal was armed
+                os._exit(1)
 
     return preexec
 

@@ -27,6 +27,15 @@ SLEEPER = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal
            "print('ready', flush=True); time.sleep(600)"]
 
 
+def default_signals() -> None:
+    """A ``preexec_fn``: SIGINT and SIGTERM at their default action in a process this test starts
+    as a deployment's would be (``deploy._stoppable``), whatever pytest's process does with them
+    (started as a shell's background job it ignores SIGINT, and after a test's in-process Dagster
+    run SIGTERM too: an ignored signal stays ignored across exec)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def gone(pid: int, within: float = 10.0) -> bool:
     """``pid`` exits (or is a zombie) within ``within`` seconds."""
     deadline = time.monotonic() + within
@@ -49,13 +58,17 @@ def dead_pid() -> int:
 
 def test_children_die_with_a_sigkilled_deploy_process(tmp_path: Path) -> None:
     """A process that spawned children as ``curate deploy`` does is SIGKILLed: each child gets its
-    stop signal from the kernel and exits (SIGINT for the PostgreSQL-like one, SIGTERM otherwise)."""
+    stop signal from the kernel and exits (SIGINT for the PostgreSQL-like one, SIGTERM otherwise),
+    though the process ignored both (a shell's background job ignores SIGINT, and Dagster's
+    interrupt handling maps SIGTERM to that): its children do not inherit that."""
     work = tmp_path / "w"
     (work / DEPLOY_DIR / "logs").mkdir(parents=True)
     script = (
         "import json, signal, sys, time\n"
         "from pathlib import Path\n"
         "from curation_dagster.ops.deploy import Deployment\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         f"dep = Deployment(Path({str(work)!r}), 'unused')\n"
         f"a = dep.spawn('postgres', {SLEEPER!r}, stop_signal=signal.SIGINT)\n"
         f"b = dep.spawn('code-server', {SLEEPER!r})\n"
@@ -83,11 +96,12 @@ def test_the_next_deploy_stops_what_a_killed_one_left_and_nothing_else(tmp_path:
     work = tmp_path / "w"
     base = work / DEPLOY_DIR
     (base / "postgres").mkdir(parents=True)
-    leftover = subprocess.Popen([*SLEEPER, "code-server"], start_new_session=True)
-    stranger = subprocess.Popen([*SLEEPER, "someone else's"], start_new_session=True)  # reused a recorded pid
+    leftover = subprocess.Popen([*SLEEPER, "code-server"], start_new_session=True, preexec_fn=default_signals)
+    stranger = subprocess.Popen([*SLEEPER, "someone else's"], start_new_session=True,  # reused a recorded pid
+                                preexec_fn=default_signals)
     # A postmaster the state does not name (killed before it was recorded): found by its own pid file.
     postmaster = subprocess.Popen([*SLEEPER, "-D", str(base / "postgres")], start_new_session=True,
-                                  stdout=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, text=True, preexec_fn=default_signals)
     assert postmaster.stdout is not None
     # Its SIGINT handler in place before it is stopped: a SIGINT during the interpreter's start
     # (a loaded machine) ends it by the signal, not by its fast shutdown.
