@@ -41,6 +41,19 @@ def table(n: int, start: int = 0) -> pa.Table:
     return pa.table({"x": pa.array(range(start, start + n), pa.int64())})
 
 
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``Store.read_text`` reads from now on (manifests), in order."""
+    reads: list[str] = []
+    real = Store.read_text
+
+    def counted(self: Store, path: str) -> str | None:
+        reads.append(path)
+        return real(self, path)
+
+    monkeypatch.setattr(Store, "read_text", counted)
+    return reads
+
+
 @pytest.fixture(params=["local", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "local":
@@ -157,14 +170,7 @@ def test_blocks_are_read_ahead_within_the_partitions_manifests_and_clock(
         w.write("t", table(3, 10 * i))
         w.commit(manifest())
         pdirs.append(pdir)
-    reads: list[str] = []
-    real = Store.read_text
-
-    def counted(self: Store, path: str) -> str | None:
-        reads.append(path)
-        return real(self, path)
-
-    monkeypatch.setattr(Store, "read_text", counted)
+    reads = counted_reads(monkeypatch)
     threads = threading.active_count()
     with manifests_held(), measure() as clock:
         for pdir in pdirs:
@@ -196,14 +202,7 @@ def test_within_manifests_held_a_manifest_is_read_once_and_a_commit_read_again(
     from stages.store import manifests_held
 
     pdir = store.partition_dir("p", "k", "c", "s")
-    reads: list[str] = []
-    real = Store.read_text
-
-    def counted(self: Store, path: str) -> str | None:
-        reads.append(path)
-        return real(self, path)
-
-    monkeypatch.setattr(Store, "read_text", counted)
+    reads = counted_reads(monkeypatch)
     with manifests_held():
         assert store.read_manifest(pdir) is None and store.read_manifest(pdir) is None
         assert len(reads) == 1
