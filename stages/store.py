@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from stages.errors import DamagedFile, StageError
 from stages.lease import Lease, LeaseBusy, LeaseLost, checks_preconditions, supports_leases
 from stages.parallel import arrow_threads
-from stages.timing import helper_context, timed, timed_iter
+from stages.timing import helper_thread, timed, timed_iter
 
 MANIFEST = "_manifest.json"
 # Parquet codecs, measured on raw_documents' parts here (docs/profile.md, "Intermediate parts
@@ -714,16 +714,9 @@ def read_ahead(items: Iterator[pa.Table]) -> Iterator[pa.Table]:
     """``items``, each made on a helper thread while the caller works on the one before (a
     crawl-wide scan of 200 sources: Arrow's reads and the caller's lookups, both mostly outside
     the GIL, on two cores); the caller's waits count as its reads (``stages.timing``)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    ctx = helper_context()
     end = pa.table({})  # a sentinel no block is
-
-    def made() -> pa.Table:
-        return next(items, end)
-
-    with ThreadPoolExecutor(1, thread_name_prefix="read-ahead") as pool:
-        pending = pool.submit(ctx.run, made)
+    with helper_thread("read-ahead") as submit:
+        pending = submit(next, items, end)
         while True:
             with timed("read") as clock:
                 item = pending.result()
@@ -731,7 +724,7 @@ def read_ahead(items: Iterator[pa.Table]) -> Iterator[pa.Table]:
                     clock.read_bytes += item.nbytes
             if item is end:
                 return
-            pending = pool.submit(ctx.run, made)
+            pending = submit(next, items, end)
             yield item
 
 

@@ -23,9 +23,12 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import Context, ContextVar, copy_context
+from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -95,13 +98,22 @@ def clocked(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def helper_context() -> Context:
-    """A copy of this context for a helper thread: what the partition holds (each manifest read
-    once), without its clock (a helper's reads overlap the partition's work; the partition counts
-    its own waits for them)."""
+@contextmanager
+def helper_thread(name: str) -> Iterator[Callable[..., Future[Any]]]:
+    """A helper thread while the block runs: ``submit(fn, *args, **kwargs)`` runs each call on it,
+    in turn, in a copy of this context without its clock (what the partition holds: each manifest
+    read once; a helper's reads overlap the partition's work, and the partition counts its own
+    waits for them). Joined at the block's end."""
+    from concurrent.futures import ThreadPoolExecutor
+
     ctx = copy_context()
     ctx.run(_CLOCK.set, None)
-    return ctx
+    with ThreadPoolExecutor(1, thread_name_prefix=name) as pool:
+
+        def submit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+            return pool.submit(ctx.run, fn, *args, **kwargs)
+
+        yield submit
 
 
 def timing_report() -> dict[str, Any]:

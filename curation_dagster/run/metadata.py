@@ -9,7 +9,6 @@ check, what the stopped stage would remove (``tools.pending``).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from curation_dagster.run import values
@@ -30,7 +29,7 @@ from stages.dataroot import DataRoot
 from stages.reports import CuratedDocumentsReport, RemovalLedgerReport, read_as
 from stages.spec import CrawlSpec
 from stages.store import Manifest, Store
-from stages.timing import helper_context
+from stages.timing import helper_thread
 
 
 def _lineage(store: Store, program: str, spec: CrawlSpec, manifest: Manifest) -> dict[str, Any]:
@@ -177,8 +176,8 @@ def removal_ledger_metadata(store: Store, spec: CrawlSpec, report: RemovalLedger
     # The examples' texts are read on a helper thread (with the keys and manifests this block
     # holds) while this one draws the waterfall: at 200 sources, 172 sources' reads (0.1 s) beside
     # the tables and the chart (0.04 s), on the run's way to its end.
-    with ThreadPoolExecutor(1, thread_name_prefix="removal-examples") as pool:
-        picked = pool.submit(helper_context().run, examples)
+    with helper_thread("removal-examples") as submit:
+        picked = submit(examples)
         meta = ledger_metadata(report)
         head = {k: meta.pop(k) for k in ("waterfall", "waterfall_chart")}
         compared = crawl_over_crawl_table(report, previous_reports(store, spec.crawl, sorted(report.sources)))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import ExitStack
 
 import numpy as np
@@ -28,7 +28,7 @@ from stages.params import DuplicateComponentsParams, ExecutionParams
 from stages.reports import DuplicateComponentsReport, LshBucketsReport, read_as
 from stages.store import PartitionWriter
 from stages.task import Inputs, Partition
-from stages.timing import helper_context, timed
+from stages.timing import helper_thread, timed
 
 COMPONENTS = pa.schema([
     ("node", pa.int64()), ("doc_id", pa.string()), ("source", pa.string()), ("crawl", pa.string()),
@@ -115,12 +115,12 @@ def run(
             # holds) while this one sorts out the distinct pairs (both mostly outside the GIL:
             # Arrow's reads, numpy's sorts). Their documents are those of the band edges, every
             # one of which is a candidate pair.
-            pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="pair-texts"))
+            submit = stack.enter_context(helper_thread("pair-texts"))
             wanted = _on_edges(inputs, n)
             stop = threading.Event()
-            gathering = pool.submit(helper_context().run, PairTexts, inputs, doc_ids, wanted,
-                                    budget=execution.text_block_bytes, batch_rows=execution.batch_rows,
-                                    reserve=execution.spill_reserve_bytes, stop=stop) if wanted.shape[0] else None
+            gathering = submit(PairTexts, inputs, doc_ids, wanted, budget=execution.text_block_bytes,
+                               batch_rows=execution.batch_rows, reserve=execution.spill_reserve_bytes,
+                               stop=stop) if wanted.shape[0] else None
             del wanted
             stack.callback(_close, gathering, stop)
             found: list[tuple[PairTexts, np.ndarray]] = []
