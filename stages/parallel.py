@@ -20,7 +20,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, NoReturn, TypedDict, TypeVar
 
 if TYPE_CHECKING:  # pydantic's import (0.1 s) kept off the console script's way to the fork server
@@ -96,31 +96,68 @@ def _bounded(pool: Executor, fn: Callable[[T], R], items: Iterable[T], workers: 
             future.cancel()
 
 
-# Modules every forked worker would import itself, whatever it runs: pyarrow imports pandas at its
-# first conversion of Python objects (``pa.array``, ``pa.scalar``, ``pc.fill_null(x, False)``;
-# 0.2-0.3 s of CPU), and so does the process that forks them, a moment later. (The fork server of
-# ``curate run``'s pool imports it too: ``curation_dagster.run.worker_imports``.)
-PRELOAD = ["pandas"]
-
-
 def preload() -> None:
-    """Import ``PRELOAD`` here (if installed), before this process forks workers, and set up
-    pyarrow's pandas shim: at a process's first conversion of Python objects it imports
-    ``pyarrow.pandas_compat`` and checks pandas' version (1.7-2.4 ms, in each worker's first
-    partition otherwise)."""
-    import importlib
-
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
+    """Settle pyarrow's pandas shim here, before this process forks workers, without importing
+    pandas (where nothing has): at a process's first conversion of Python objects (``pa.array`` of a
+    list, ``pa.scalar``, ``pc.fill_null(x, False)``) pyarrow imports pandas to tell its objects
+    apart, 0.25 s of CPU, in the fork server of ``curate run``'s pool (its one preload, beside the
+    command's own imports on the way to the first partition) or in each worker. No program uses
+    pandas: the shim is told there is none (its import refused, once), and is told otherwise once
+    something imports pandas after all (``_PandasAfterAll``), so a plug-in's pandas objects are
+    converted as pandas objects; ``to_pandas`` and ``from_pandas`` import it themselves as ever."""
     try:
         import pyarrow as pa
-
-        pa.array([None])
     except ImportError:
-        pass
+        return
+    if "pandas" in sys.modules:
+        pa.array([None])
+        return
+    refuse = _PandasAfterAll.refusing()
+    sys.meta_path.insert(0, refuse)
+    try:
+        pa.array([None])  # the shim's one try: refused, and remembered
+    finally:
+        sys.meta_path.remove(refuse)
+    if not any(isinstance(f, _PandasAfterAll) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PandasAfterAll())
+
+
+class _PandasAfterAll:
+    """A ``sys.meta_path`` finder for pandas alone, first in the list: refusing its import
+    (``refusing()``: while ``preload`` settles pyarrow's shim), or, in place after that, finding it
+    as the finders after it would and, once its module has run, telling pyarrow's shim it is there
+    (the shim retries its import where it is asked for pandas, and then converts pandas objects
+    as such). It leaves the list at its first pandas import."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+
+    @classmethod
+    def refusing(cls) -> _PandasAfterAll:
+        return cls(refuse=True)
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "pandas":
+            return None
+        if self.refuse:
+            raise ModuleNotFoundError("pandas is not imported here (stages.parallel.preload)", name=name)
+        import importlib.util
+
+        with suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            run = spec.loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                with suppress(Exception):  # a pyarrow without this shim: nothing to tell
+                    import pyarrow.lib
+
+                    pyarrow.lib._pandas_api.pd  # noqa: B018 (the property retries the import)
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this spec's own loader
+        return spec
 
 
 def load_kernel_target() -> None:

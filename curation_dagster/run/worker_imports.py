@@ -1,7 +1,7 @@
 """What a warm pool's worker has imported when the fork server forks it (the fork server's one
 preload, ``curation_dagster.run.forkserver.PRELOAD``; importing it is its whole purpose): the
-executor (``curation_dagster.run.pool``), every program, and what any forked worker would import
-itself (``stages.parallel.PRELOAD``: pandas, 0.2 s of CPU in each worker otherwise), and
+executor (``curation_dagster.run.pool``), every program, pyarrow's pandas shim settled without
+pandas (``stages.parallel.preload``: importing pandas was a quarter of this preload), and
 numba's CPU target with its implementations, which a process loads before its first kernel from
 numba's cache (0.28-0.34 s in each worker's first ``minhash_signatures`` partition otherwise,
 both workers at once). No Dagster: a worker describes its partitions without it

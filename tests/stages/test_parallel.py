@@ -1,6 +1,7 @@
-"""What a worker process of ``stages.parallel.map_ordered`` starts with: the modules every worker
-would otherwise import itself (pyarrow imports pandas at its first conversion of Python objects,
-0.2-0.3 s of CPU a process), imported once in the process that forks the workers; and that it is
+"""What a worker process of ``stages.parallel.map_ordered`` starts with: pyarrow's pandas shim
+settled without pandas in the process that forks the workers (pyarrow imports pandas at its first
+conversion of Python objects, 0.25 s of CPU a process, and no program uses it), and pandas known
+to pyarrow again once something imports it after all; and that it is
 forked from the process that calls it, wherever that process was started; and how it decodes
 Parquet with the cores it was given."""
 
@@ -12,20 +13,42 @@ from pathlib import Path
 
 from stages.parallel import usable_cores
 
-# A fresh interpreter (pytest's own has imported pandas long ago): the workers report whether
-# pandas was loaded when their first item came, before anything in them could import it.
+# A fresh interpreter (pytest's own has imported pandas long ago): the workers convert Python
+# objects, as every program does, and report whether that imported pandas.
 CHILD = """
 import sys
 from stages.parallel import map_ordered
 from stages.params import ExecutionParams
 assert "pandas" not in sys.modules
-print(list(map_ordered(eval, ["'pandas' in __import__('sys').modules"] * 4, ExecutionParams(workers=2))))
+probe = "(__import__('pyarrow').array(['a']), 'pandas' in __import__('sys').modules)[1]"
+print(list(map_ordered(eval, [probe] * 4, ExecutionParams(workers=2))), "pandas" in sys.modules)
 """
 
 
-def test_forked_workers_inherit_what_pyarrow_would_import_in_each() -> None:
+def test_forked_workers_convert_python_objects_without_importing_pandas() -> None:
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[True, True, True, True]"
+    assert out.strip() == "[False, False, False, False] False"
+
+
+# After ``preload``, pandas imported by anything (a plug-in filter's own import): pyarrow converts
+# its objects as pandas objects again (a categorical Series is a dictionary array, not strings),
+# and round-trips tables through pandas.
+AFTER_ALL = """
+import sys
+import pyarrow as pa
+from stages.parallel import preload
+preload()
+preload()
+print("pandas" in sys.modules, pa.array(["a"]).type)
+import pandas as pd
+print(pa.array(pd.Series(["a", "b", "a"], dtype="category")).type.id == pa.dictionary(pa.int8(), pa.string()).id,
+      pa.Table.from_pandas(pa.table({"a": [1, 2]}).to_pandas()).num_rows)
+"""
+
+
+def test_pandas_imported_after_all_is_pandas_to_pyarrow_again() -> None:
+    out = subprocess.run([sys.executable, "-c", AFTER_ALL], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "string", "True", "2"]
 
 
 # A process started by a fork server, as ``curate run``'s pool starts its workers: its default

@@ -234,9 +234,10 @@ console.main()
     assert done.stdout.split() == ["True", "False", "True"], done.stdout + done.stderr
 
 
-def test_the_fork_servers_one_preload_imports_every_program_and_pandas_and_no_dagster() -> None:
+def test_the_fork_servers_one_preload_imports_every_program_and_no_pandas_nor_dagster() -> None:
     """``run/worker_imports`` (the fork server's preload, whose ImportError multiprocessing would
-    swallow): the executor, every program and pandas imported (and pyarrow's pandas shim set up),
+    swallow): the executor and every program imported, pyarrow's pandas shim settled without pandas
+    (a conversion of Python objects then imports none),
     the collector on and what they made frozen, numba's CPU target loaded; no Dagster (the
     workers describe their partitions without it, ``curation_dagster.run.values``)."""
     probe = """
@@ -245,8 +246,8 @@ import curation_dagster.run.worker_imports
 from stages.catalog import PROGRAMS
 from tests.support.probes import dagster_modules
 print(all(f"stages.programs.{name}" in sys.modules for name in PROGRAMS), "curation_dagster.run.pool" in sys.modules,
-      "pandas" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 0, not dagster_modules()[1],
-      "numba.np.arraymath" in sys.modules, "pyarrow.pandas_compat" in sys.modules)
+      "pandas" not in sys.modules, gc.isenabled(), gc.get_freeze_count() > 0, not dagster_modules()[1],
+      "numba.np.arraymath" in sys.modules, (__import__("pyarrow").array(["a"]), "pandas" not in sys.modules)[1])
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
