@@ -46,7 +46,7 @@ from stages.reports import (
     read_as,
 )
 from stages.spec import CrawlSpec, keys_held
-from stages.store import Manifest, Store, manifests_held
+from stages.store import Manifest, Store, manifests_held, written_ids
 
 
 @dataclass(frozen=True)
@@ -255,13 +255,18 @@ def evaluate_doc_id_unique(
     store: Store, spec: CrawlSpec, program: str, source: str | None, cfg: ChecksConfig
 ) -> Verdict:
     table = UNIQUE_TABLES[program]
-    _manifest(store, spec, program, source)
+    manifest = _manifest(store, spec, program, source)
     pdir = DataRoot(store).output_dir(spec, program, source)
     from stages.keep import fixed_ids
 
     # Streamed batch by batch into 32 bytes a row (no Python object per document), then sorted
-    # in place: memory ~ 2 x 32 bytes a row.
-    parts = [fixed_ids(b.column(0)) for b in store.iter_batches(pdir, table, ["doc_id"])]
+    # in place: memory ~ 2 x 32 bytes a row. A part this process has just written: its ids as
+    # they were written (``stages.store.written_ids``), not read back.
+    parts = []
+    for name in manifest.tables.get(table, []):
+        held = written_ids(f"{pdir}/{name}")
+        parts += [fixed_ids(held)] if held is not None else \
+            [fixed_ids(b.column(0)) for b in store.part_batches(f"{pdir}/{name}", ["doc_id"])]
     ids = np.concatenate(parts) if parts else np.zeros(0, "S32")
     del parts
     ids.sort()

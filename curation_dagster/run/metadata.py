@@ -28,7 +28,7 @@ from stages.catalog import PROGRAMS
 from stages.dataroot import DataRoot
 from stages.reports import CuratedDocumentsReport, RemovalLedgerReport, read_as
 from stages.spec import CrawlSpec
-from stages.store import Manifest, Store
+from stages.store import Manifest, Store, written_schema
 from stages.timing import helper_thread
 
 
@@ -66,7 +66,8 @@ def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | No
                    ) -> dict[str, Any]:
     """``dagster/row_count`` and ``dagster/column_schema`` of the partition's main table (its
     documents, its ledger, or its removal list), from its committed manifest and one part file's
-    Parquet footer; none where the partition holds no table."""
+    schema (``stages.store.written_schema``, else its Parquet footer); none where the partition
+    holds no table."""
     import pyarrow.parquet as pq
 
     if not manifest.tables:
@@ -75,10 +76,12 @@ def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | No
     meta: dict[str, Any] = {"dagster/row_count": int(manifest.rows.get(table, 0))}
     parts = manifest.tables[table]
     schema = manifest.schema(table)  # a table with no rows has no part
-    if parts:
-        pdir = DataRoot(store).output_dir(spec, program, source)
-        with store.open_read(f"{pdir}/{parts[0]}") as fh:
-            schema = pq.read_schema(fh)
+    if parts:  # as this process wrote it (a partition described where it ran), else its footer's
+        path = f"{DataRoot(store).output_dir(spec, program, source)}/{parts[0]}"
+        schema = written_schema(path)
+        if schema is None:
+            with store.open_read(path) as fh:
+                schema = pq.read_schema(fh)
     if schema is not None:
         meta["dagster/column_schema"] = values.schema([(f.name, _column_type(f.type), f"{table}.{f.name}")
                                                        for f in schema])

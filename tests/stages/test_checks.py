@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stages.catalog import PROGRAMS
-from stages.checks import CHECK_KINDS, ChecksConfig, NotMaterialized, evaluate_over_deletion
+from stages.checks import CHECK_KINDS, ChecksConfig, NotMaterialized, Verdict, evaluate_over_deletion
 from stages.params import RawDocumentsParams
 from stages.spec import CrawlSpec
 from stages.store import MANIFEST, Store
@@ -162,3 +162,72 @@ def test_a_partitions_checks_derive_the_keys_once_within_manifests_read_once(
     validated.clear()
     judged()
     assert len(validated) == outside  # nothing is held beyond the block
+
+
+def test_doc_id_unique_judges_a_part_just_written_as_written_and_read_back_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition described where it ran takes its doc_ids as it wrote them
+    (``stages.store.written_ids``), not read back: the same verdict, every figure alike, as a
+    process that reads the part file, for a clean partition and one rewritten with a repeated id."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    import stages.store
+    from stages.checks import evaluate_doc_id_unique
+    from stages.dataroot import DataRoot
+    from stages.execute import execute_crawl
+    from stages.params import ExecutionParams
+
+    spec = _crawl(tmp_path)
+    store = Store(str(tmp_path / "data"))
+    execute_crawl(store, spec, ExecutionParams(workers=1))
+    manifest = DataRoot(store).manifest(spec, "raw_documents", "a")
+    assert manifest is not None
+    pdir = DataRoot(store).output_dir(spec, "raw_documents", "a")
+    documents = store.read_table(pdir, "documents")
+    # The partition again, its second row's id on its third row too.
+    ids = documents["doc_id"].to_pylist()
+    writer = store.writer(pdir)
+    writer.write("documents", documents.set_column(0, "doc_id", pa.array([*ids[:2], ids[1], *ids[3:]])))
+    writer.commit(dataclasses.replace(manifest, tables={}, rows={}))
+    writer.close()
+
+    def judged() -> list[Verdict]:
+        return [evaluate_doc_id_unique(store, spec, "raw_documents", s, ChecksConfig()) for s in ("a", "b")]
+
+    def unread(self: Store, path: str, *args: object, **kwargs: object) -> object:
+        raise AssertionError(f"read back: {path}")
+
+    with monkeypatch.context() as m:
+        m.setattr(Store, "part_batches", unread)  # every part was written by this process
+        held = judged()
+    monkeypatch.setattr(stages.store, "_WRITTEN", stages.store._Written())  # another process: nothing held
+    assert judged() == held
+    repeated, clean = held  # sources a (rewritten) and b
+    assert clean.passed and clean.metadata == {"rows": DOCS, "distinct": DOCS, "duplicated_ids": 0}
+    assert not repeated.passed and repeated.metadata == {"rows": DOCS, "distinct": DOCS - 1, "duplicated_ids": 1}
+    assert repeated.description.startswith(f"1 doc_id(s) occur more than once in raw_documents.documents: {ids[1]}")
+
+
+def test_what_a_process_wrote_is_held_for_its_latest_parts_within_a_byte_bound(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow as pa
+
+    from stages.store import _Written
+
+    monkeypatch.setattr(_Written, "PARTS", 4)
+    monkeypatch.setattr(_Written, "ID_BYTES", 3 * 100 * 36)  # three parts of 100 ids: 32 bytes + an offset each
+    written = _Written()
+    parts = {f"p{i}": pa.table({"doc_id": [f"{i:032d}"] * 100, "n": list(range(100))}) for i in range(6)}
+    for path, table in parts.items():
+        written.add(path, table)
+    assert list(written.schemas) == ["p2", "p3", "p4", "p5"]
+    assert list(written.ids) == ["p3", "p4", "p5"] and written.id_bytes == 3 * parts["p5"]["doc_id"].nbytes
+    assert written.ids["p5"].equals(parts["p5"]["doc_id"]) and written.schemas["p2"] == parts["p2"].schema
+    written.add("q", pa.table({"text": ["x"]}))  # no doc_id: its schema alone
+    assert list(written.schemas) == ["p3", "p4", "p5", "q"] and list(written.ids) == ["p3", "p4", "p5"]
+    written.add("r", pa.table({"n": [1]}))  # p3's schema leaves, and its ids with it
+    assert list(written.ids) == ["p4", "p5"] and written.id_bytes == 2 * parts["p5"]["doc_id"].nbytes

@@ -34,3 +34,29 @@ def test_a_partition_derives_its_keys_once_for_its_run_and_its_description(
     assert done.error is None
     assert done.verdicts and all(verdict.passed for _, _, verdict in done.verdicts)
     assert 0 < len(validated) <= len(PROGRAMS)  # one key_map: each program's params once
+
+
+def test_a_partition_described_where_it_ran_has_the_metadata_of_one_described_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where it ran, a partition's column schema and doc_ids are taken as it wrote them
+    (``stages.store.written_schema``, ``written_ids``); described by another process, read back
+    from its files: the same metadata and verdicts, for every program of the crawl."""
+    import stages.store
+    from curation_dagster.run.partition import describe
+    from stages.execute import execute
+
+    resource = CurationResource(workdir=str(tmp_path))
+    spec = _crawl(tmp_path)
+    resource.dataroot().register(spec)
+    store = resource.store()
+    judge = step_judge(resource, spec.crawl)
+    for program in PROGRAMS:
+        for source in spec.partitions(program):
+            outcome = execute(store, spec, program, source, ExecutionParams(workers=1))
+            here = describe(resource, spec, program, source, outcome, 0.0, judge=judge, store=store)
+            with monkeypatch.context() as m:
+                m.setattr(stages.store, "_WRITTEN", stages.store._Written())
+                elsewhere = describe(resource, spec, program, source, outcome, 0.0, judge=judge, store=store)
+            assert here.verdicts == elsewhere.verdicts, (program, source)
+            assert here.meta == elsewhere.meta, (program, source)
