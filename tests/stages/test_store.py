@@ -718,3 +718,22 @@ def test_importing_stages_makes_arrow_allocate_from_jemalloc(first: str, named: 
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [expected, expected]
+
+
+@pytest.mark.parametrize(("name", "default"), [("OMP_WAIT_POLICY", "PASSIVE"), ("OPENBLAS_THREAD_TIMEOUT", "4")])
+@pytest.mark.parametrize("named", [None, "7"])
+def test_importing_stages_puts_idle_kernel_threads_to_sleep(name: str, default: str, named: str | None) -> None:
+    """``stages._openmp_waits`` and ``_openblas_waits``, in a fresh process: the setting named in
+    the environment before numpy's import (OpenBLAS reads it as it loads) and inherited by the
+    processes started from it, unless the environment names one already."""
+    child = f"import os; print(os.environ[{name!r}])"
+    probe = (f"import os, sys, subprocess, stages; loaded = 'numpy' in sys.modules; import numpy; "
+             f"child = subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout; "
+             f"print(loaded, os.environ[{name!r}], child.strip())")
+    env = {k: v for k, v in os.environ.items() if k != name}
+    if named:
+        env[name] = named
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", named or default, named or default]
