@@ -782,29 +782,33 @@ class _Written:
     not back from the file it has just committed: at 200 sources that read was 0.2 ms a part for
     the footer and 0.35 ms for the ids, for each partition of three programs. Bounded: the latest
     ``PARTS`` parts, their ids within ``ID_BYTES`` (older ids are dropped first; a part not held
-    is read from its file, as any other process reads it)."""
+    is read from its file, as any other process reads it). A part's name holds its attempt's id,
+    so a path names one write: what is held for it is what was written there."""
 
     PARTS = 64
     ID_BYTES = 16 << 20
 
     def __init__(self) -> None:
+        import threading
         from collections import OrderedDict
 
         self.schemas: OrderedDict[str, pa.Schema] = OrderedDict()
         self.ids: OrderedDict[str, pa.ChunkedArray | pa.Array] = OrderedDict()
         self.id_bytes = 0
+        self.lock = threading.Lock()  # a program's threads write parts side by side (lsh_buckets' groups)
 
     def add(self, path: str, data: pa.Table) -> None:
-        self.schemas[path] = data.schema
-        while len(self.schemas) > self.PARTS:
-            self._forget_ids(next(iter(self.schemas)))
-            self.schemas.popitem(last=False)
-        if "doc_id" in data.schema.names and data.column("doc_id").nbytes <= self.ID_BYTES:
-            ids = data.column("doc_id")
-            self.ids[path] = ids
-            self.id_bytes += ids.nbytes
-            while self.id_bytes > self.ID_BYTES:
-                self._forget_ids(next(iter(self.ids)))
+        ids = data.column("doc_id") if "doc_id" in data.schema.names else None
+        with self.lock:
+            self.schemas[path] = data.schema
+            while len(self.schemas) > self.PARTS:
+                self._forget_ids(next(iter(self.schemas)))
+                self.schemas.popitem(last=False)
+            if ids is not None and ids.nbytes <= self.ID_BYTES:
+                self.ids[path] = ids
+                self.id_bytes += ids.nbytes
+                while self.id_bytes > self.ID_BYTES:
+                    self._forget_ids(next(iter(self.ids)))
 
     def _forget_ids(self, path: str) -> None:
         ids = self.ids.pop(path, None)
@@ -817,13 +821,15 @@ _WRITTEN = _Written()
 
 def written_schema(path: str) -> pa.Schema | None:
     """The Arrow schema of part file ``path`` where this process wrote it lately (``_Written``)."""
-    return _WRITTEN.schemas.get(path)
+    with _WRITTEN.lock:
+        return _WRITTEN.schemas.get(path)
 
 
 def written_ids(path: str) -> pa.ChunkedArray | pa.Array | None:
     """The ``doc_id`` column this process wrote to part file ``path`` lately (``_Written``), as
     the writer was given it: the column a read of the part gives."""
-    return _WRITTEN.ids.get(path)
+    with _WRITTEN.lock:
+        return _WRITTEN.ids.get(path)
 
 
 def _numeric(kind: pa.DataType) -> bool:
