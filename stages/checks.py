@@ -259,14 +259,17 @@ def evaluate_doc_id_unique(
     pdir = DataRoot(store).output_dir(spec, program, source)
     from stages.keep import fixed_ids
 
-    # Streamed batch by batch into 32 bytes a row (no Python object per document), then sorted
-    # in place: memory ~ 2 x 32 bytes a row. A part this process has just written: its ids as
-    # they were written (``stages.store.written_ids``), not read back.
-    parts = []
+    # Each part into 32 bytes a row (no Python object per document), then sorted in place: memory
+    # ~ 2 x 32 bytes a row. A part this process has just written: its ids as they were written
+    # (``stages.store.written_ids``), not read back; any other streamed batch by batch.
+    parts: list[np.ndarray] = []
     for name in manifest.tables.get(table, []):
-        held = written_ids(f"{pdir}/{name}")
-        parts += [fixed_ids(held)] if held is not None else \
-            [fixed_ids(b.column(0)) for b in store.part_batches(f"{pdir}/{name}", ["doc_id"])]
+        path = f"{pdir}/{name}"
+        held = written_ids(store, path, manifest.sizes.get(name))
+        if held is not None:
+            parts.append(fixed_ids(held))
+        else:
+            parts += [fixed_ids(b.column(0)) for b in store.part_batches(path, ["doc_id"])]
     ids = np.concatenate(parts) if parts else np.zeros(0, "S32")
     del parts
     ids.sort()

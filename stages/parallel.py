@@ -69,7 +69,7 @@ def map_ordered(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    preload()  # before the fork: each worker inherits them instead of importing them itself
+    preload()  # before the fork: pyarrow's pandas shim settled once, here, not in each worker
     # Forked, whatever this process's default: in a process started by a fork server (a worker of
     # ``curate run``'s pool) the default is the fork server's, whose children are not this
     # process's, so ``die_with_parent`` ended each at once and the pool broke. A forked child must
@@ -97,66 +97,82 @@ def _bounded(pool: Executor, fn: Callable[[T], R], items: Iterable[T], workers: 
 
 
 def preload() -> None:
-    """Settle pyarrow's pandas shim here, before this process forks workers, without importing
+    """Settle pyarrow's pandas shim in this process, before it forks workers, without importing
     pandas (where nothing has): at a process's first conversion of Python objects (``pa.array`` of a
     list, ``pa.scalar``, ``pc.fill_null(x, False)``) pyarrow imports pandas to tell its objects
     apart, 0.25 s of CPU, in the fork server of ``curate run``'s pool (its one preload, beside the
     command's own imports on the way to the first partition) or in each worker. No program uses
-    pandas: the shim is told there is none (its import refused, once), and is told otherwise once
-    something imports pandas after all (``_PandasAfterAll``), so a plug-in's pandas objects are
-    converted as pandas objects; ``to_pandas`` and ``from_pandas`` import it themselves as ever."""
+    pandas: the shim is told there is none (its one try refused, in this thread alone), and told
+    otherwise once pandas is imported after all (``_PandasAfterAll``), so a plug-in's pandas
+    objects are converted as pandas objects; ``to_pandas`` and ``from_pandas`` import it themselves
+    as ever. Once a process: a later call finds the shim settled."""
     try:
         import pyarrow as pa
     except ImportError:
         return
-    if "pandas" in sys.modules:
-        pa.array([None])
+    if any(isinstance(f, _PandasAfterAll) for f in sys.meta_path):
         return
-    refuse = _PandasAfterAll.refusing()
-    sys.meta_path.insert(0, refuse)
+    if "pandas" in sys.modules:
+        pa.array([None])  # the shim set up now, not in each worker's first partition
+        return
+    refuse = _PandasAfterAll(refuse=threading.get_ident())
+    # sys.meta_path rebound, never changed in place: another thread's import may be walking it.
+    sys.meta_path = [refuse, *sys.meta_path]
     try:
         pa.array([None])  # the shim's one try: refused, and remembered
     finally:
-        sys.meta_path.remove(refuse)
-    if not any(isinstance(f, _PandasAfterAll) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PandasAfterAll())
+        sys.meta_path = [f for f in sys.meta_path if f is not refuse]
+    if "pandas" in sys.modules:  # another thread imported it meanwhile
+        _tell_pyarrow()
+    else:
+        sys.meta_path = [_PandasAfterAll(), *sys.meta_path]
+
+
+def _tell_pyarrow() -> None:
+    """pyarrow's pandas shim told that pandas is imported (its ``pd`` retries the import)."""
+    with suppress(Exception):  # a pyarrow without this shim: nothing to tell
+        import pyarrow.lib
+
+        pyarrow.lib._pandas_api.pd  # noqa: B018
 
 
 class _PandasAfterAll:
-    """A ``sys.meta_path`` finder for pandas alone, first in the list: refusing its import
-    (``refusing()``: while ``preload`` settles pyarrow's shim), or, in place after that, finding it
-    as the finders after it would and, once its module has run, telling pyarrow's shim it is there
-    (the shim retries its import where it is asked for pandas, and then converts pandas objects
-    as such). It leaves the list at its first pandas import."""
+    """A ``sys.meta_path`` finder for pandas alone, first in the list. ``refuse`` (a thread's id):
+    that thread's import of pandas fails (``preload``, while pyarrow's shim makes its one try);
+    other threads' are not touched. Else it watches: it finds pandas as the finders after it would
+    and, once pandas' module has run, tells pyarrow's shim (``_tell_pyarrow``) and leaves the list.
+    A look-up alone (``importlib.util.find_spec``, "is pandas installed?") runs no module, and it
+    stays."""
 
-    def __init__(self, refuse: bool = False) -> None:
+    def __init__(self, refuse: int | None = None) -> None:
         self.refuse = refuse
-
-    @classmethod
-    def refusing(cls) -> _PandasAfterAll:
-        return cls(refuse=True)
+        self._finding = threading.local()
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "pandas":
+        if name != "pandas" or getattr(self._finding, "on", False):
             return None
-        if self.refuse:
-            raise ModuleNotFoundError("pandas is not imported here (stages.parallel.preload)", name=name)
+        if self.refuse is not None:
+            if self.refuse == threading.get_ident():
+                raise ModuleNotFoundError("pandas is not imported here (stages.parallel.preload)", name=name)
+            return None
         import importlib.util
 
-        with suppress(ValueError):
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            run = spec.loader.exec_module
+        self._finding.on = True  # the finders after this one: importlib asks this one again
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding.on = False
+        run = getattr(spec.loader, "exec_module", None) if spec is not None else None
+        if run is None:
+            return spec
 
-            def exec_module(module: Any) -> None:
-                run(module)
-                with suppress(Exception):  # a pyarrow without this shim: nothing to tell
-                    import pyarrow.lib
+        def exec_module(module: Any) -> None:
+            run(module)
+            sys.meta_path = [f for f in sys.meta_path if f is not self]
+            _tell_pyarrow()
 
-                    pyarrow.lib._pandas_api.pd  # noqa: B018 (the property retries the import)
-
-            spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this spec's own loader
+        with suppress(AttributeError, TypeError):  # a loader that takes no attribute: pyarrow not told
+            spec.loader.exec_module = exec_module  # type: ignore[union-attr,method-assign]
         return spec
 
 

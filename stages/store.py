@@ -21,8 +21,10 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from contextvars import ContextVar
@@ -781,55 +783,87 @@ class _Written:
     ``curation_dagster.run.partition``) takes its main table's schema and its doc_ids from here,
     not back from the file it has just committed: at 200 sources that read was 0.2 ms a part for
     the footer and 0.35 ms for the ids, for each partition of three programs. Bounded: the latest
-    ``PARTS`` parts, their ids within ``ID_BYTES`` (older ids are dropped first; a part not held
-    is read from its file, as any other process reads it). A part's name holds its attempt's id,
-    so a path names one write: what is held for it is what was written there."""
+    ``PARTS`` parts, their ids within ``ID_BYTES`` of buffers (a slice holds its whole buffers;
+    older ids are dropped first). Held only as a read would give it back: a schema of flat columns
+    (``_round_trips``: Parquet names a list's item field otherwise); a part not held is read from
+    its file, as any other process reads it. A part's name holds its attempt's id, so a path names
+    one write: what is held for it is what was written there (``_unchanged``: still there)."""
 
     PARTS = 64
     ID_BYTES = 16 << 20
 
     def __init__(self) -> None:
-        import threading
-        from collections import OrderedDict
-
-        self.schemas: OrderedDict[str, pa.Schema] = OrderedDict()
-        self.ids: OrderedDict[str, pa.ChunkedArray | pa.Array] = OrderedDict()
+        self.schemas: OrderedDict[str, pa.Schema | None] = OrderedDict()
+        self.ids: OrderedDict[str, tuple[pa.ChunkedArray, int]] = OrderedDict()  # with their buffers' bytes
         self.id_bytes = 0
         self.lock = threading.Lock()  # a program's threads write parts side by side (lsh_buckets' groups)
 
+    def forked(self) -> None:
+        """In a forked child: a lock of its own (the parent's may have been held at the fork)."""
+        self.lock = threading.Lock()
+
     def add(self, path: str, data: pa.Table) -> None:
         ids = data.column("doc_id") if "doc_id" in data.schema.names else None
+        size = ids.get_total_buffer_size() if ids is not None else 0
+        schema = data.schema if all(_round_trips(f.type) for f in data.schema) else None
         with self.lock:
-            self.schemas[path] = data.schema
+            self.schemas[path] = schema
             while len(self.schemas) > self.PARTS:
                 self._forget_ids(next(iter(self.schemas)))
                 self.schemas.popitem(last=False)
-            if ids is not None and ids.nbytes <= self.ID_BYTES:
-                self.ids[path] = ids
-                self.id_bytes += ids.nbytes
+            if ids is not None and size <= self.ID_BYTES:
+                self.ids[path] = (ids, size)
+                self.id_bytes += size
                 while self.id_bytes > self.ID_BYTES:
                     self._forget_ids(next(iter(self.ids)))
 
     def _forget_ids(self, path: str) -> None:
-        ids = self.ids.pop(path, None)
-        if ids is not None:
-            self.id_bytes -= ids.nbytes
+        held = self.ids.pop(path, None)
+        if held is not None:
+            self.id_bytes -= held[1]
+
+
+def _round_trips(kind: pa.DataType) -> bool:
+    """Whether a Parquet file gives a column of ``kind`` back as ``kind``: strings, binaries,
+    integers, float32/64 and booleans."""
+    t = pa.types
+    return bool(t.is_string(kind) or t.is_large_string(kind) or t.is_binary(kind) or t.is_large_binary(kind)
+                or t.is_fixed_size_binary(kind) or t.is_integer(kind) or t.is_float32(kind)
+                or t.is_float64(kind) or t.is_boolean(kind))
 
 
 _WRITTEN = _Written()
+os.register_at_fork(after_in_child=_WRITTEN.forked)
 
 
-def written_schema(path: str) -> pa.Schema | None:
-    """The Arrow schema of part file ``path`` where this process wrote it lately (``_Written``)."""
+def _unchanged(store: Store, path: str, size: int | None) -> bool:
+    """Whether a held part is still as it was committed, as far as a stat tells: a local part of
+    ``size`` bytes (its manifest's; a part deleted or truncated since is read, and told damaged,
+    as in any other process); on object storage taken as written (a request each would cost
+    about what the read did)."""
+    if not store.is_local:
+        return True
+    try:
+        return size is not None and os.stat(path).st_size == size
+    except OSError:
+        return False
+
+
+def written_schema(store: Store, path: str, size: int | None) -> pa.Schema | None:
+    """The Arrow schema of part file ``path`` (``size``: its bytes at commit) where this process
+    wrote it lately and a read would give it back (``_Written``), else None."""
     with _WRITTEN.lock:
-        return _WRITTEN.schemas.get(path)
+        schema = _WRITTEN.schemas.get(path)
+    return schema if schema is not None and _unchanged(store, path, size) else None
 
 
-def written_ids(path: str) -> pa.ChunkedArray | pa.Array | None:
-    """The ``doc_id`` column this process wrote to part file ``path`` lately (``_Written``), as
-    the writer was given it: the column a read of the part gives."""
+def written_ids(store: Store, path: str, size: int | None) -> pa.ChunkedArray | None:
+    """The ``doc_id`` column this process wrote to part file ``path`` (``size``: its bytes at
+    commit) lately (``_Written``), as the writer was given it: the column a read of the part
+    gives; else None."""
     with _WRITTEN.lock:
-        return _WRITTEN.ids.get(path)
+        held = _WRITTEN.ids.get(path)
+    return held[0] if held is not None and _unchanged(store, path, size) else None
 
 
 def _numeric(kind: pa.DataType) -> bool:

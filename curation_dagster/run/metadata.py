@@ -78,7 +78,7 @@ def table_metadata(store: Store, program: str, spec: CrawlSpec, source: str | No
     schema = manifest.schema(table)  # a table with no rows has no part
     if parts:  # as this process wrote it (a partition described where it ran), else its footer's
         path = f"{DataRoot(store).output_dir(spec, program, source)}/{parts[0]}"
-        schema = written_schema(path)
+        schema = written_schema(store, path, manifest.sizes.get(parts[0]))
         if schema is None:
             with store.open_read(path) as fh:
                 schema = pq.read_schema(fh)

@@ -214,20 +214,55 @@ def test_doc_id_unique_judges_a_part_just_written_as_written_and_read_back_alike
 def test_what_a_process_wrote_is_held_for_its_latest_parts_within_a_byte_bound(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``stages.store._Written``: the latest ``PARTS`` parts' schemas, their ids within
+    ``ID_BYTES`` of buffers (a slice counts its whole buffers), a schema only where a Parquet read
+    gives it back (a list column's item field comes back renamed)."""
     import pyarrow as pa
 
     from stages.store import _Written
 
-    monkeypatch.setattr(_Written, "PARTS", 4)
-    monkeypatch.setattr(_Written, "ID_BYTES", 3 * 100 * 36)  # three parts of 100 ids: 32 bytes + an offset each
-    written = _Written()
     parts = {f"p{i}": pa.table({"doc_id": [f"{i:032d}"] * 100, "n": list(range(100))}) for i in range(6)}
+    size = parts["p5"]["doc_id"].get_total_buffer_size()
+    monkeypatch.setattr(_Written, "PARTS", 4)
+    monkeypatch.setattr(_Written, "ID_BYTES", 3 * size)
+    written = _Written()
     for path, table in parts.items():
         written.add(path, table)
     assert list(written.schemas) == ["p2", "p3", "p4", "p5"]
-    assert list(written.ids) == ["p3", "p4", "p5"] and written.id_bytes == 3 * parts["p5"]["doc_id"].nbytes
-    assert written.ids["p5"].equals(parts["p5"]["doc_id"]) and written.schemas["p2"] == parts["p2"].schema
+    assert list(written.ids) == ["p3", "p4", "p5"] and written.id_bytes == 3 * size
+    assert written.ids["p5"][0].equals(parts["p5"]["doc_id"]) and written.schemas["p2"] == parts["p2"].schema
     written.add("q", pa.table({"text": ["x"]}))  # no doc_id: its schema alone
     assert list(written.schemas) == ["p3", "p4", "p5", "q"] and list(written.ids) == ["p3", "p4", "p5"]
     written.add("r", pa.table({"n": [1]}))  # p3's schema leaves, and its ids with it
-    assert list(written.ids) == ["p4", "p5"] and written.id_bytes == 2 * parts["p5"]["doc_id"].nbytes
+    assert list(written.ids) == ["p4", "p5"] and written.id_bytes == 2 * size
+    # Five ids sliced from 1,000 hold the 1,000's buffers: more than the bound, not held.
+    big = pa.table({"doc_id": [f"{i:032d}" for i in range(1000)]}).slice(0, 5)
+    written.add("s", big)  # p4 leaves
+    assert list(written.ids) == ["p5"] and written.id_bytes == size and written.schemas["s"] == big.schema
+    written.add("e", pa.table({"doc_id": ["x"], "e": pa.array([[1.0, 2.0]], pa.list_(pa.float32(), 2))}))
+    assert list(written.schemas) == ["q", "r", "s", "e"] and written.schemas["e"] is None
+    assert list(written.ids) == ["e"]
+
+
+def test_a_held_part_deleted_since_is_read_and_told_damaged(tmp_path: Path) -> None:
+    """A part this process wrote and then lost (deleted, truncated) is not judged from what it
+    wrote: its read tells it damaged, as in any other process."""
+    from stages.checks import evaluate_doc_id_unique
+    from stages.dataroot import DataRoot
+    from stages.errors import DamagedFile
+    from stages.execute import execute_crawl
+    from stages.params import ExecutionParams
+
+    spec = _crawl(tmp_path)
+    store = Store(str(tmp_path / "data"))
+    execute_crawl(store, spec, ExecutionParams(workers=1))
+    manifest = DataRoot(store).manifest(spec, "raw_documents", "a")
+    assert manifest is not None
+    part = Path(DataRoot(store).output_dir(spec, "raw_documents", "a")) / manifest.tables["documents"][0]
+    assert evaluate_doc_id_unique(store, spec, "raw_documents", "a", ChecksConfig()).passed
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.raises(DamagedFile, match="not whole Parquet"):
+        evaluate_doc_id_unique(store, spec, "raw_documents", "a", ChecksConfig())
+    part.unlink()
+    with pytest.raises(DamagedFile, match="missing"):
+        evaluate_doc_id_unique(store, spec, "raw_documents", "a", ChecksConfig())

@@ -30,9 +30,9 @@ def test_forked_workers_convert_python_objects_without_importing_pandas() -> Non
     assert out.strip() == "[False, False, False, False] False"
 
 
-# After ``preload``, pandas imported by anything (a plug-in filter's own import): pyarrow converts
-# its objects as pandas objects again (a categorical Series is a dictionary array, not strings),
-# and round-trips tables through pandas.
+# After ``preload`` (twice: the second finds the shim settled), pandas looked up and then imported
+# by anything (a plug-in filter's own import): pyarrow converts its objects as pandas objects again
+# (a categorical Series is a dictionary array, not strings), and round-trips tables through pandas.
 AFTER_ALL = """
 import sys
 import pyarrow as pa
@@ -40,6 +40,8 @@ from stages.parallel import preload
 preload()
 preload()
 print("pandas" in sys.modules, pa.array(["a"]).type)
+import importlib.util
+assert importlib.util.find_spec("pandas") is not None  # "is pandas installed?": a look-up, no import
 import pandas as pd
 print(pa.array(pd.Series(["a", "b", "a"], dtype="category")).type.id == pa.dictionary(pa.int8(), pa.string()).id,
       pa.Table.from_pandas(pa.table({"a": [1, 2]}).to_pandas()).num_rows)
