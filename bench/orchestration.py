@@ -35,6 +35,13 @@ the CPU ratio is what is left of it where other work takes the other cores. Usag
     python bench/orchestration.py --texts files --format parquet --shapes 1:69
     python bench/orchestration.py --texts files --shapes 200:69 --repeat 3 --baseline ../other-checkout
 
+The corpus and every run's workdir go in a temporary folder (``$TMPDIR``, else /tmp). Where
+that is ext4 after much deleting (earlier runs' workdirs, test suites), each new file and folder
+costs more for some minutes: ext4 passes over the free inodes deleted lately, reading each
+(docs/profile.md, fifth session of 2026-12-07). A crawl makes ~3,600 of them at 200 sources and
+rensa a handful, so such a phase lowers the ratio, and later rounds read worse than earlier ones.
+``TMPDIR=/dev/shm`` (tmpfs) takes the file system out of the comparison.
+
 With ``--repeat N`` each shape runs N rounds of (baseline, ours, rensa) in turn: the seconds and
 the ratio are the rounds' medians (a round's ratio: its rensa over its ours), ``ratio_worst`` the
 worst round's; ``raw_documents``' rates per partition-second are the rounds' medians (each
