@@ -102,10 +102,11 @@ def preload() -> None:
     list, ``pa.scalar``, ``pc.fill_null(x, False)``) pyarrow imports pandas to tell its objects
     apart, 0.25 s of CPU, in the fork server of ``curate run``'s pool (its one preload, beside the
     command's own imports on the way to the first partition) or in each worker. No program uses
-    pandas: the shim is told there is none (its one try refused, in this thread alone), and told
-    otherwise once pandas is imported after all (``_PandasAfterAll``), so a plug-in's pandas
-    objects are converted as pandas objects; ``to_pandas`` and ``from_pandas`` import it themselves
-    as ever. Once a process: a later call finds the shim settled."""
+    pandas: the shim is told there is none (its one try refused, in this thread alone:
+    ``_NoPandasHere``), and told otherwise once pandas is imported after all (``_PandasAfterAll``),
+    so a plug-in's pandas objects are converted as pandas objects; ``to_pandas`` and
+    ``from_pandas`` import it themselves as ever. Once a process: a later call finds the shim
+    settled."""
     try:
         import pyarrow as pa
     except ImportError:
@@ -115,7 +116,7 @@ def preload() -> None:
     if "pandas" in sys.modules:
         pa.array([None])  # the shim set up now, not in each worker's first partition
         return
-    refuse = _PandasAfterAll(refuse=threading.get_ident())
+    refuse = _NoPandasHere()
     # sys.meta_path rebound, never changed in place: another thread's import may be walking it.
     sys.meta_path = [refuse, *sys.meta_path]
     try:
@@ -136,24 +137,29 @@ def _tell_pyarrow() -> None:
         pyarrow.lib._pandas_api.pd  # noqa: B018
 
 
-class _PandasAfterAll:
-    """A ``sys.meta_path`` finder for pandas alone, first in the list. ``refuse`` (a thread's id):
-    that thread's import of pandas fails (``preload``, while pyarrow's shim makes its one try);
-    other threads' are not touched. Else it watches: it finds pandas as the finders after it would
-    and, once pandas' module has run, tells pyarrow's shim (``_tell_pyarrow``) and leaves the list.
-    A look-up alone (``importlib.util.find_spec``, "is pandas installed?") runs no module, and it
-    stays."""
+class _NoPandasHere:
+    """A ``sys.meta_path`` finder that fails the import of pandas in the thread that made it
+    (``preload``, while pyarrow's shim makes its one try); other threads' are not touched."""
 
-    def __init__(self, refuse: int | None = None) -> None:
-        self.refuse = refuse
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" and threading.get_ident() == self.thread:
+            raise ModuleNotFoundError("pandas is not imported here (stages.parallel.preload)", name=name)
+
+
+class _PandasAfterAll:
+    """A ``sys.meta_path`` finder, first in the list, that watches for pandas: it finds pandas as
+    the finders after it would and, once pandas' module has run, tells pyarrow's shim
+    (``_tell_pyarrow``) and leaves the list. A look-up alone (``importlib.util.find_spec``, "is
+    pandas installed?") runs no module, and it stays."""
+
+    def __init__(self) -> None:
         self._finding = threading.local()
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "pandas" or getattr(self._finding, "on", False):
-            return None
-        if self.refuse is not None:
-            if self.refuse == threading.get_ident():
-                raise ModuleNotFoundError("pandas is not imported here (stages.parallel.preload)", name=name)
             return None
         import importlib.util
 

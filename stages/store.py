@@ -794,7 +794,7 @@ class _Written:
 
     def __init__(self) -> None:
         self.schemas: OrderedDict[str, pa.Schema | None] = OrderedDict()
-        self.ids: OrderedDict[str, tuple[pa.ChunkedArray, int]] = OrderedDict()  # with their buffers' bytes
+        self.ids: OrderedDict[str, pa.ChunkedArray] = OrderedDict()
         self.id_bytes = 0
         self.lock = threading.Lock()  # a program's threads write parts side by side (lsh_buckets' groups)
 
@@ -804,23 +804,29 @@ class _Written:
 
     def add(self, path: str, data: pa.Table) -> None:
         ids = data.column("doc_id") if "doc_id" in data.schema.names else None
-        size = ids.get_total_buffer_size() if ids is not None else 0
         schema = data.schema if all(_round_trips(f.type) for f in data.schema) else None
         with self.lock:
             self.schemas[path] = schema
             while len(self.schemas) > self.PARTS:
                 self._forget_ids(next(iter(self.schemas)))
                 self.schemas.popitem(last=False)
-            if ids is not None and size <= self.ID_BYTES:
-                self.ids[path] = (ids, size)
-                self.id_bytes += size
+            if ids is not None and ids.get_total_buffer_size() <= self.ID_BYTES:
+                self.ids[path] = ids
+                self.id_bytes += ids.get_total_buffer_size()
                 while self.id_bytes > self.ID_BYTES:
                     self._forget_ids(next(iter(self.ids)))
 
     def _forget_ids(self, path: str) -> None:
-        held = self.ids.pop(path, None)
-        if held is not None:
-            self.id_bytes -= held[1]
+        ids = self.ids.pop(path, None)
+        if ids is not None:
+            self.id_bytes -= ids.get_total_buffer_size()
+
+    def get(self, held: OrderedDict[str, Any], store: Store, path: str, size: int | None) -> Any:
+        """What ``held`` (``schemas`` or ``ids``) has for part file ``path`` (``size``: its bytes
+        at commit), where the part is still as committed (``_unchanged``), else None."""
+        with self.lock:
+            value = held.get(path)
+        return value if value is not None and _unchanged(store, path, size) else None
 
 
 def _round_trips(kind: pa.DataType) -> bool:
@@ -852,18 +858,14 @@ def _unchanged(store: Store, path: str, size: int | None) -> bool:
 def written_schema(store: Store, path: str, size: int | None) -> pa.Schema | None:
     """The Arrow schema of part file ``path`` (``size``: its bytes at commit) where this process
     wrote it lately and a read would give it back (``_Written``), else None."""
-    with _WRITTEN.lock:
-        schema = _WRITTEN.schemas.get(path)
-    return schema if schema is not None and _unchanged(store, path, size) else None
+    return _WRITTEN.get(_WRITTEN.schemas, store, path, size)
 
 
 def written_ids(store: Store, path: str, size: int | None) -> pa.ChunkedArray | None:
     """The ``doc_id`` column this process wrote to part file ``path`` (``size``: its bytes at
     commit) lately (``_Written``), as the writer was given it: the column a read of the part
     gives; else None."""
-    with _WRITTEN.lock:
-        held = _WRITTEN.ids.get(path)
-    return held[0] if held is not None and _unchanged(store, path, size) else None
+    return _WRITTEN.get(_WRITTEN.ids, store, path, size)
 
 
 def _numeric(kind: pa.DataType) -> bool:

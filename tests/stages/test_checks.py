@@ -230,7 +230,7 @@ def test_what_a_process_wrote_is_held_for_its_latest_parts_within_a_byte_bound(
         written.add(path, table)
     assert list(written.schemas) == ["p2", "p3", "p4", "p5"]
     assert list(written.ids) == ["p3", "p4", "p5"] and written.id_bytes == 3 * size
-    assert written.ids["p5"][0].equals(parts["p5"]["doc_id"]) and written.schemas["p2"] == parts["p2"].schema
+    assert written.ids["p5"].equals(parts["p5"]["doc_id"]) and written.schemas["p2"] == parts["p2"].schema
     written.add("q", pa.table({"text": ["x"]}))  # no doc_id: its schema alone
     assert list(written.schemas) == ["p3", "p4", "p5", "q"] and list(written.ids) == ["p3", "p4", "p5"]
     written.add("r", pa.table({"n": [1]}))  # p3's schema leaves, and its ids with it
