@@ -29,86 +29,17 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-from numba import njit
 
 from stages.backend import Backend, pair_jaccard_on
 from stages.errors import StageError
 from stages.keep import ID_BYTES, fixed_ids
-from stages.kernels.lsh import sorted_distinct, sorted_find
+from stages.kernels.lsh import pack_blocks, sorted_distinct, sorted_find
 from stages.params import SPILL_RESERVE
 from stages.removal import raw_dirs
 from stages.scratch import scratch_folder
 from stages.task import Inputs
 
 _ROWS = pa.schema([("node", pa.int64()), ("text", pa.large_string())])
-
-
-@njit(cache=True)
-def _plan_kernel(a: Any, b: Any, group: Any, size: Any, budget: int, seen: Any, gseen: Any, out: Any) -> int:
-    """out[p] = block of pair p (pairs sorted by group); returns the number of blocks.
-
-    ``seen[x]`` is the last block holding document x, ``gseen[x]`` the first pair of the last group
-    that counted it (both start at -1).
-    """
-    e = a.shape[0]
-    block = 0
-    used = 0
-    p = 0
-    while p < e:
-        q = p
-        while q < e and group[q] == group[p]:
-            q += 1
-        need = 0  # bytes of the group's distinct documents
-        for i in range(p, q):
-            if gseen[a[i]] != p:
-                gseen[a[i]] = p
-                need += size[a[i]]
-            if gseen[b[i]] != p:
-                gseen[b[i]] = p
-                need += size[b[i]]
-        if need and used and used + need > budget:  # the group fits a fresh block better than this one
-            block += 1
-            used = 0
-        for i in range(p, q):
-            add = 0
-            if seen[a[i]] != block:
-                add += size[a[i]]
-            if seen[b[i]] != block and b[i] != a[i]:
-                add += size[b[i]]
-            if add and used and used + add > budget:  # a group larger than a block: split it
-                block += 1
-                used = 0
-                add = size[a[i]] + (size[b[i]] if b[i] != a[i] else 0)
-            seen[a[i]] = block
-            seen[b[i]] = block
-            used += add
-            out[i] = block
-        p = q
-    return block + 1 if e else 0
-
-
-def pack_blocks(
-    src: npt.NDArray[np.int64],
-    dst: npt.NDArray[np.int64],
-    group: npt.NDArray[np.int64],
-    size: npt.NDArray[np.int64],
-    budget: int,
-) -> tuple[npt.NDArray[np.int64], int]:
-    """(block int64 (e,), number of blocks): pairs packed so that the texts of each block's
-    documents take at most ``budget`` bytes (a single pair larger than that gets a block alone).
-
-    src, dst: int64 (e,) document indices into ``size`` (int64 (n,) text bytes); group: int64 (e,),
-    pairs of one group are kept in one block where they fit. The packing follows the order
-    (group, dst, src), so it does not depend on the order the pairs come in.
-    """
-    order = np.lexsort((src, dst, group))
-    out = np.empty(src.shape[0], np.int64)
-    n = size.shape[0]
-    blocks = _plan_kernel(src[order], dst[order], group[order], size, budget,
-                          np.full(n, -1, np.int64), np.full(n, -1, np.int64), out)
-    block = np.empty_like(out)
-    block[order] = out
-    return block, int(blocks)
 
 
 class SpillSpaceError(StageError):

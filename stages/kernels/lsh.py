@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numba
 import numpy as np
 import numpy.typing as npt
 from numba import njit, prange
@@ -34,7 +35,8 @@ from stages.kernels.minhash import (
 )
 
 SIZE_CLASSES = 40  # bucket-size histogram: class c counts buckets with 2**c <= size < 2**(c + 1)
-_PAIRS_PER_GROUP = 256  # pairs verified against one hashing of their dst (see _jaccard64)
+# Pair verification's blocks (``_block_budget``): text bytes each, and how many a thread.
+_BLOCK_MIN, _BLOCK_MAX, _BLOCKS_PER_THREAD = 64 << 10, 1 << 20, 4
 
 
 # --- band keys -----------------------------------------------------------------------------------
@@ -184,80 +186,252 @@ def _shingles(data: Any, lo: int, hi: int, k: int, bk: Any, cps: Any, hs: Any) -
     return ns
 
 
-@njit
-def _pair_group(data: Any, offsets: Any, k: int, members: Any, g0: int, g1: int, out: Any) -> None:
-    """out[p] = Jaccard(members[p], members[g0]) for p in g0+1 .. g1-1; out[g0] = 1.
+@njit(cache=True)
+def _plan_kernel(a: Any, b: Any, group: Any, size: Any, budget: int, seen: Any, gseen: Any, out: Any) -> int:
+    """out[p] = block of pair p (pairs sorted by group); returns the number of blocks.
 
-    One open-addressing table holds the anchor's set; slot i is (key, stamp) at
-    ``table[2i], table[2i+1]``. Member q (1, 2, ...) probes each of its shingles once: a key
-    with stamp != q is an anchor shingle seen for the first time (intersection + 1, stamp it
-    q), a key with stamp q a repeat, an empty slot a shingle only the member has (insert it,
-    stamped q). The member's insertions are undone in reverse order afterwards, which restores
-    the linear-probing table exactly.
+    ``seen[x]`` is the last block holding document x, ``gseen[x]`` the first pair of the last group
+    that counted it (both start at -1).
+    """
+    e = a.shape[0]
+    block = 0
+    used = 0
+    p = 0
+    while p < e:
+        q = p
+        while q < e and group[q] == group[p]:
+            q += 1
+        need = 0  # bytes of the group's distinct documents
+        for i in range(p, q):
+            if gseen[a[i]] != p:
+                gseen[a[i]] = p
+                need += size[a[i]]
+            if gseen[b[i]] != p:
+                gseen[b[i]] = p
+                need += size[b[i]]
+        if need and used and used + need > budget:  # the group fits a fresh block better than this one
+            block += 1
+            used = 0
+        for i in range(p, q):
+            add = 0
+            if seen[a[i]] != block:
+                add += size[a[i]]
+            if seen[b[i]] != block and b[i] != a[i]:
+                add += size[b[i]]
+            if add and used and used + add > budget:  # a group larger than a block: split it
+                block += 1
+                used = 0
+                add = size[a[i]] + (size[b[i]] if b[i] != a[i] else 0)
+            seen[a[i]] = block
+            seen[b[i]] = block
+            used += add
+            out[i] = block
+        p = q
+    return block + 1 if e else 0
+
+
+def pack_blocks(
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    group: npt.NDArray[np.int64],
+    size: npt.NDArray[np.int64],
+    budget: int,
+) -> tuple[npt.NDArray[np.int64], int]:
+    """(block int64 (e,), number of blocks): pairs packed so that the texts of each block's
+    documents take at most ``budget`` bytes (a single pair larger than that gets a block alone).
+
+    src, dst: int64 (e,) document indices into ``size`` (int64 (n,) text bytes); group: int64 (e,),
+    pairs of one group are kept in one block where they fit. The packing follows the order
+    (group, dst, src), so it does not depend on the order the pairs come in.
+    """
+    order, out, blocks = _packed(src, dst, group, size, budget)
+    block = np.empty_like(out)
+    block[order] = out
+    return block, blocks
+
+
+def _packed(
+    src: npt.NDArray[np.int64],
+    dst: npt.NDArray[np.int64],
+    group: npt.NDArray[np.int64],
+    size: npt.NDArray[np.int64],
+    budget: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    """``pack_blocks`` in its packing order: (order int64 (e,) of the pairs, by (group, dst,
+    src); block int64 (e,) of each pair in that order, non-decreasing; number of blocks)."""
+    order = np.lexsort((src, dst, group))
+    out = np.empty(src.shape[0], np.int64)
+    n = size.shape[0]
+    blocks = _plan_kernel(src[order], dst[order], group[order], size, budget,
+                          np.full(n, -1, np.int64), np.full(n, -1, np.int64), out)
+    return order, out, int(blocks)
+
+
+@njit
+def _verify_block(data: Any, offsets: Any, k: int, docs: Any, member: Any, anchor: Any, out: Any, hashes: Any,
+                  start: Any, cps: Any) -> None:
+    """out[p] = Jaccard(docs[member[p]], docs[anchor[p]]) for the pairs of one block.
+
+    ``docs``: int64 the block's distinct document rows; ``member``, ``anchor``: int64 (e,)
+    indices into ``docs``, the pairs sorted so that those of one anchor are adjacent. Every
+    document's shingles are hashed once into ``hashes`` (uint64, at least the documents' bytes;
+    ``start``: int64 at least len(docs) + 1; ``cps``: uint32 at least the largest's bytes), not
+    once for each pair it is in. Per run of one anchor, an open-addressing table holds the anchor's
+    set; slot i is (key, stamp) at ``table[2i], table[2i+1]``. Member q (1, 2, ...) probes each of
+    its shingles once: a key with stamp != q is an anchor shingle seen for the first time
+    (intersection + 1, stamp it q), a key with stamp q a repeat, an empty slot a shingle only the
+    member has (insert it, stamped q). The member's insertions are undone in reverse order
+    afterwards, which restores the linear-probing table exactly.
     """
     bk = _pow_base(k)
-    anchor = members[g0]
-    a_size = offsets[anchor + 1] - offsets[anchor]
-    m_size = 1
-    for p in range(g0 + 1, g1):
-        m_size = max(m_size, offsets[members[p] + 1] - offsets[members[p]])
-    cps = np.empty(max(a_size, m_size), dtype=np.uint32)
-    hs = np.empty(max(a_size, m_size), dtype=np.uint64)
-    undo = np.empty(m_size, dtype=np.int64)
-    ns = _shingles(data, offsets[anchor], offsets[anchor + 1], k, bk, cps, hs)
-    cap = _table_cap(ns + m_size)
-    mask = np.uint64(cap - 1)
-    table = np.zeros(2 * cap, dtype=np.uint64)
-    na = 0
-    for i in range(ns):
-        h = hs[i]
-        slot = np.int64(h & mask)
-        while table[2 * slot] != 0 and table[2 * slot] != h:
-            slot = (slot + 1) & (cap - 1)
-        if table[2 * slot] == 0:
-            table[2 * slot] = h
-            na += 1
-    out[g0] = 1.0
-    for p in range(g0 + 1, g1):
-        q = np.uint64(p - g0)
-        row = members[p]
-        m = _shingles(data, offsets[row], offsets[row + 1], k, bk, cps, hs)
-        inter = 0
-        nb = 0
-        nu = 0
-        for i in range(m):
-            h = hs[i]
+    nd = docs.shape[0]
+    at = 0
+    for j in range(nd):
+        lo, hi = offsets[docs[j]], offsets[docs[j] + 1]
+        start[j] = at
+        at += _shingles(data, lo, hi, k, bk, cps, hashes[at : at + hi - lo])
+    start[nd] = at
+    e = member.shape[0]
+    p = 0
+    while p < e:
+        a = anchor[p]
+        q = p
+        m_size = 1
+        while q < e and anchor[q] == a:
+            m_size = max(m_size, start[member[q] + 1] - start[member[q]])
+            q += 1
+        ns = start[a + 1] - start[a]
+        cap = _table_cap(ns + m_size)
+        mask = np.uint64(cap - 1)
+        table = np.zeros(2 * cap, dtype=np.uint64)
+        undo = np.empty(m_size, dtype=np.int64)
+        na = 0
+        for i in range(start[a], start[a + 1]):
+            h = hashes[i]
             slot = np.int64(h & mask)
-            while True:
-                cur = table[2 * slot]
-                if cur == h:
-                    if table[2 * slot + 1] != q:
-                        table[2 * slot + 1] = q
-                        inter += 1
-                        nb += 1
-                    break
-                if cur == 0:
-                    table[2 * slot] = h
-                    table[2 * slot + 1] = q
-                    undo[nu] = slot
-                    nu += 1
-                    nb += 1
-                    break
+            while table[2 * slot] != 0 and table[2 * slot] != h:
                 slot = (slot + 1) & (cap - 1)
-        for u in range(nu - 1, -1, -1):
-            table[2 * undo[u]] = 0
-        union = na + nb - inter
-        out[p] = 1.0 if union == 0 else inter / union
+            if table[2 * slot] == 0:
+                table[2 * slot] = h
+                na += 1
+        for r in range(p, q):
+            stamp = np.uint64(r - p + 1)
+            inter = 0
+            nb = 0
+            nu = 0
+            for i in range(start[member[r]], start[member[r] + 1]):
+                h = hashes[i]
+                slot = np.int64(h & mask)
+                while True:
+                    cur = table[2 * slot]
+                    if cur == h:
+                        if table[2 * slot + 1] != stamp:
+                            table[2 * slot + 1] = stamp
+                            inter += 1
+                            nb += 1
+                        break
+                    if cur == 0:
+                        table[2 * slot] = h
+                        table[2 * slot + 1] = stamp
+                        undo[nu] = slot
+                        nu += 1
+                        nb += 1
+                        break
+                    slot = (slot + 1) & (cap - 1)
+            for u in range(nu - 1, -1, -1):
+                table[2 * undo[u]] = 0
+            union = na + nb - inter
+            out[r] = 1.0 if union == 0 else inter / union
+        p = q
 
 
 @njit(cache=True, parallel=True)
-def _pair_kernel(data: Any, offsets: Any, k: int, members: Any, group_start: Any, out: Any) -> None:
-    """Exact Jaccard of each member with its group's anchor (``_pair_group``), groups in parallel.
+def _pair_kernel(data: Any, offsets: Any, k: int, docs: Any, doc_start: Any, member: Any, anchor: Any,
+                 pair_start: Any, workers: int, out: Any) -> None:
+    """Exact Jaccard of every pair (``_verify_block``): block b's documents are
+    ``docs[doc_start[b]:doc_start[b+1]]``, its pairs ``pair_start[b]:pair_start[b+1]``. Worker w
+    of ``workers`` (in parallel) takes blocks w, w + workers, ... with one set of buffers (fresh
+    ones a block were page faults: 8 MB of hashes a block)."""
+    blocks = pair_start.shape[0] - 1
+    for w in prange(workers):
+        most, big, count = 1, 1, 1
+        for b in range(w, blocks, workers):
+            total = 0
+            for j in range(doc_start[b], doc_start[b + 1]):
+                size = offsets[docs[j] + 1] - offsets[docs[j]]
+                total += size
+                big = max(big, size)
+            most = max(most, total)
+            count = max(count, doc_start[b + 1] - doc_start[b])
+        hashes = np.empty(most, dtype=np.uint64)  # a document has at most one shingle a byte
+        start = np.empty(count + 1, dtype=np.int64)
+        cps = np.empty(big, dtype=np.uint32)
+        for b in range(w, blocks, workers):
+            p0, p1 = pair_start[b], pair_start[b + 1]
+            _verify_block(data, offsets, k, docs[doc_start[b] : doc_start[b + 1]], member[p0:p1], anchor[p0:p1],
+                          out[p0:p1], hashes, start, cps)
 
-    ``members[group_start[g]:group_start[g+1]]`` are document rows, the first being the anchor.
-    """
-    for g in prange(group_start.shape[0] - 1):
-        _pair_group(data, offsets, k, members, group_start[g], group_start[g + 1], out)
+
+@njit(cache=True)
+def _pair_groups(src: Any, dst: Any, size: Any) -> Any:
+    """(int64 (e,) a label per pair, equal for pairs of one component of the pair graph; int64
+    the text bytes of the distinct documents in pairs). Union-find over the rows of ``size``."""
+    parent = np.arange(size.shape[0])
+    for i in range(src.shape[0]):
+        x, y = src[i], dst[i]
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        while parent[y] != y:
+            parent[y] = parent[parent[y]]
+            y = parent[y]
+        if x != y:
+            parent[max(x, y)] = min(x, y)
+    label = np.empty(src.shape[0], dtype=np.int64)
+    counted = np.zeros(size.shape[0], dtype=np.bool_)
+    total = 0
+    for i in range(src.shape[0]):
+        x = src[i]
+        while parent[x] != x:
+            x = parent[x]
+        label[i] = x
+        for d in (src[i], dst[i]):
+            if not counted[d]:
+                counted[d] = True
+                total += size[d]
+    return label, total
+
+
+@njit(cache=True)
+def _block_docs(a: Any, b: Any, block: Any, blocks: int, n: int) -> Any:
+    """Each block's distinct documents and each pair's ends among them: (docs int64, doc_start
+    int64 (blocks + 1,), a_at int64 (e,), b_at int64 (e,)), ``docs[doc_start[block[i]] +
+    a_at[i]] == a[i]``. ``block``: int64 (e,) non-decreasing, below ``blocks``; rows below ``n``."""
+    e = a.shape[0]
+    seen = np.full(n, -1, dtype=np.int64)  # the last block holding document x
+    local = np.empty(n, dtype=np.int64)  # its index among that block's documents
+    docs = np.empty(2 * e, dtype=np.int64)
+    doc_start = np.zeros(blocks + 1, dtype=np.int64)
+    a_at = np.empty(e, dtype=np.int64)
+    b_at = np.empty(e, dtype=np.int64)
+    nd = 0
+    cur = -1
+    for i in range(e):
+        while cur < block[i]:
+            cur += 1
+            doc_start[cur] = nd
+        for x in (a[i], b[i]):
+            if seen[x] != cur:
+                seen[x] = cur
+                local[x] = nd - doc_start[cur]
+                docs[nd] = x
+                nd += 1
+        a_at[i] = local[a[i]]
+        b_at[i] = local[b[i]]
+    while cur < blocks:
+        cur += 1
+        doc_start[cur] = nd
+    return docs[:nd], doc_start, a_at, b_at
 
 
 def _check_rows(n: int, *arrays: npt.NDArray[np.int64]) -> None:
@@ -274,33 +448,33 @@ def _as_pairs(src: Any, dst: Any, *more: Any) -> list[npt.NDArray[np.int64]]:
 
 
 def _jaccard64(batch: Utf8Batch, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], shingle: int) -> Any:
-    """float64 (e,) exact Jaccard per pair; up to _PAIRS_PER_GROUP pairs share one hashing of their dst."""
+    """float64 (e,) exact Jaccard per pair. The pairs are packed into blocks of at most
+    ``_block_budget`` bytes of their documents' text (``pack_blocks``, a component of the pair
+    graph kept in one block where it fits), blocks verified in parallel, each document hashed once
+    a block (``_verify_block``)."""
     _check_rows(len(batch), src, dst)
-    out = np.empty(src.shape[0], dtype=np.float64)
     e = src.shape[0]
+    out = np.empty(e, dtype=np.float64)
     if e == 0:
         return out
-    order = np.lexsort((src, dst))
-    d = dst[order]
-    new = np.empty(e, dtype=bool)
-    new[0] = True
-    np.not_equal(d[1:], d[:-1], out=new[1:])
-    # a dst with many pairs is split into chunks (its set rebuilt per chunk) so threads share it
-    run_start = np.maximum.accumulate(np.where(new, np.arange(e), 0))
-    new |= (np.arange(e) - run_start) % _PAIRS_PER_GROUP == 0
-    gi = np.cumsum(new) - 1
-    ngroups = int(gi[-1]) + 1
-    # group g is members[gs[g]:gs[g+1]] = [its dst, then its sources]
-    gs = np.zeros(ngroups + 1, dtype=np.int64)
-    np.cumsum(np.bincount(gi, minlength=ngroups) + 1, out=gs[1:])
-    members = np.empty(e + ngroups, dtype=np.int64)
-    members[gs[:-1]] = d[new]
-    pos = np.arange(e, dtype=np.int64) + gi + 1
-    members[pos] = src[order]
-    jac = np.empty(members.shape[0], dtype=np.float64)
-    _pair_kernel(batch.data, batch.offsets, shingle, members, gs, jac)
-    out[order] = jac[pos]
+    size = np.diff(batch.offsets)
+    group, total = _pair_groups(src, dst, size)
+    order, block, blocks = _packed(src, dst, group, size, _block_budget(int(total)))
+    a, b = src[order], dst[order]  # member, anchor: by (group, anchor, member)
+    docs, doc_start, a_at, b_at = _block_docs(a, b, block, blocks, size.shape[0])
+    pair_start = np.searchsorted(block, np.arange(blocks + 1))
+    jac = np.empty(e, dtype=np.float64)
+    workers = min(numba.get_num_threads(), blocks)
+    _pair_kernel(batch.data, batch.offsets, shingle, docs, doc_start, a_at, b_at, pair_start, workers, jac)
+    out[order] = jac
     return out
+
+
+def _block_budget(total: int) -> int:
+    """Text bytes a block of ``_jaccard64`` holds: about ``_BLOCKS_PER_THREAD`` blocks a numba
+    thread (blocks differ in cost), within [``_BLOCK_MIN``, ``_BLOCK_MAX``] (a block's hashes
+    take 8 bytes a byte of text, on each thread)."""
+    return int(min(max(total // (_BLOCKS_PER_THREAD * numba.get_num_threads()), _BLOCK_MIN), _BLOCK_MAX))
 
 
 def pair_jaccard(

@@ -388,6 +388,50 @@ def test_pair_jaccard_many_pairs_per_anchor() -> None:
     assert np.array_equal(got, want)
 
 
+@PROPS
+@given(seed=st.integers(0, 2**32), k=st.sampled_from([3, 24]), budget=st.sampled_from([1, 200, 1 << 20]))
+def test_pair_jaccard_in_blocks_equals_python_sets(seed: int, k: int, budget: int) -> None:
+    """Pairs packed into blocks of any size (one pair a block, components split between blocks,
+    all in one), documents in many pairs, repeated pairs, self-pairs and empty texts: each pair's
+    Jaccard is the exact one, in the order the pairs came."""
+    rng = random.Random(seed)
+    base = ["".join(rng.choice("abc d😀é") for _ in range(rng.randrange(0, 150))) for _ in range(5)]
+    texts = base + [mutate(rng, t, rng.randrange(0, 8), "abc d😀é") for t in base for _ in range(3)] + ["", ""]
+    n = len(texts)
+    hub = rng.randrange(n)  # a document in many pairs, as a bucket's anchor is
+    pairs = [(rng.randrange(n), hub if rng.random() < 0.4 else rng.randrange(n)) for _ in range(80)]
+    pairs += [*pairs[:5], (3, 3)]
+    src = np.array([s for s, _ in pairs], np.int64)
+    dst = np.array([d for _, d in pairs], np.int64)
+    saved = lsh._BLOCK_MIN, lsh._BLOCK_MAX
+    lsh._BLOCK_MIN = lsh._BLOCK_MAX = budget
+    try:
+        got = lsh._jaccard64(mh.encode_texts(texts), src, dst, k)
+    finally:
+        lsh._BLOCK_MIN, lsh._BLOCK_MAX = saved
+    want = [exact_jaccard(texts[s], texts[d], k) for s, d in pairs]
+    assert got.tolist() == want
+
+
+@PROPS
+@given(pairs=st.lists(st.tuples(st.integers(0, 19), st.integers(0, 19)), max_size=60), budget=st.integers(1, 300))
+def test_block_docs_names_each_pairs_ends(pairs: list[tuple[int, int]], budget: int) -> None:
+    """Each block lists its documents once, and a pair's ends are found among its block's."""
+    src = np.array([s for s, _ in pairs], np.int64)
+    dst = np.array([d for _, d in pairs], np.int64)
+    size = np.arange(20, dtype=np.int64) * 7 % 50
+    group, _ = lsh._pair_groups(src, dst, size)
+    order, block, blocks = lsh._packed(src, dst, group, size, budget)
+    a, b = src[order], dst[order]
+    docs, doc_start, a_at, b_at = lsh._block_docs(a, b, block, blocks, 20)
+    assert doc_start[0] == 0 and doc_start[-1] == len(docs) and (np.diff(doc_start) >= 0).all()
+    for x in range(blocks):
+        mine = docs[doc_start[x]:doc_start[x + 1]]
+        assert len(set(mine.tolist())) == len(mine)
+        assert set(mine.tolist()) == set(a[block == x].tolist()) | set(b[block == x].tolist())
+    assert (docs[doc_start[block] + a_at] == a).all() and (docs[doc_start[block] + b_at] == b).all()
+
+
 def _planted_chain() -> list[str]:
     rng = random.Random(7)
     a = "".join(rng.choice("abcdefghij ") for _ in range(2000))

@@ -32,7 +32,7 @@ def test_pack_blocks_respects_the_budget(pairs: list[tuple[int, int]], size: lis
     """Each block's distinct documents fit the byte budget (or the block is one pair), a group
     that fits is never split (one over the budget only
     for a single pair), and the plan does not depend on the order of the pairs."""
-    from stages.pair_texts import pack_blocks
+    from stages.kernels.lsh import pack_blocks
 
     src = np.array([p[0] for p in pairs], np.int64)
     dst = np.array([p[1] for p in pairs], np.int64)
