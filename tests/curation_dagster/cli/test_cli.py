@@ -253,3 +253,61 @@ print(all(f"stages.programs.{name}" in sys.modules for name in PROGRAMS), "curat
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"] * 8
+
+
+def test_curate_runs_own_thread_yields_the_cores_to_its_workers(tmp_path: Path) -> None:
+    """In ``curate run``'s own process, with its partitions on the pool's workers, the thread that
+    imports Dagster and records them runs ``YIELD_NICENESS`` lower, from before those imports; the
+    threads that hand the work over and the workers keep the priority the command had."""
+    from stages.parallel import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("no workers where the crawl runs in one process")
+    data = tmp_path / "data"
+    for name in ("a", "b"):
+        (data / name).mkdir(parents=True)
+        (data / name / "part.jsonl").write_text("".join(json.dumps({"text": f"{name} document {i} " * 9}) + "\n"
+                                                        for i in range(20)))
+    config = tmp_path / "crawl.json"
+    config.write_text(json.dumps({"sources": {n: {"url": str(data / n)} for n in ("a", "b")}}))
+    probe = """
+import os, sys, threading
+from curation_dagster import console
+
+def nice(tid=0):
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+def seen(workdir, home, spec, *, pool=None, **kw):
+    others = sorted({nice(t.native_id) for t in threading.enumerate() if t is not threading.current_thread()})
+    worker = pool._pool.submit(os.getpriority, os.PRIO_PROCESS, 0).result()
+    print(nice(), others, worker, "dagster" in sys.modules, flush=True)
+    raise SystemExit(0)
+
+start = nice()
+import curation_dagster.run.pool as pool_module
+
+real = pool_module.yield_to_workers
+
+def yielded():
+    print("dagster" in sys.modules, flush=True)
+    real()
+    from curation_dagster.run import in_process  # Dagster's imports, after
+
+    in_process.run_crawl = seen
+
+pool_module.yield_to_workers = yielded
+print(start, flush=True)
+sys.argv = ["curate", "run", "--workdir", sys.argv[1], "--crawl", "c", "--config", sys.argv[2], "--quiet"]
+console.main()
+"""
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "w"), str(config)], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    from curation_dagster.run.pool import YIELD_NICENESS
+
+    start, *yielded, after = done.stdout.splitlines()
+    assert yielded == ["False"]  # once, before Dagster was imported
+    command = int(start)
+    main, others, worker, dagster = after.split(" ", 1)[0], *after.split(" ", 1)[1].rsplit(" ", 2)
+    assert int(main) == min(command + YIELD_NICENESS, 19)
+    assert json.loads(others) == [command] and int(worker) == command and dagster == "True"
