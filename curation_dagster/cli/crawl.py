@@ -31,7 +31,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         start()
     from curation_dagster.ops.config import load_config
     from curation_dagster.run.place import Place
-    from curation_dagster.run.pool import PartitionPool, yield_to_workers
+    from curation_dagster.run.pool import PartitionPool
     from stages.params import ExecutionParams, workdir_tuning
 
     workdir, home = workdir_paths(args.workdir)
@@ -56,8 +56,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     execution = workdir_tuning(workdir).apply(ExecutionParams(executor=executor, ray_address=args.ray_address,
                                                               backend=args.backend))
     with PartitionPool.ahead_of_run(place, execution, spec, args.force, fork=args.own_process) or nullcontext() as pool:
-        if args.own_process and (pool is not None or running()):  # the run's partitions go to workers
-            yield_to_workers()
         # The modules imported here (Dagster's above all) live as long as the process. In the
         # console script's own process they leave the cyclic collector's reach, so its full
         # collections walk only what the run makes (0.33-0.41 s of this process's CPU in five

@@ -50,8 +50,6 @@ _AHEAD_S = 1.0  # the work a worker is handed ahead of what it runs, about (``Pa
 # A worker's resident memory grown by this much since its last release (or its start) is given
 # back after the partition (``_release``); less is kept for the next partition to reuse.
 _RELEASE_BYTES = 32 << 20
-# How much lower the recording thread's priority is than the workers' (``yield_to_workers``).
-YIELD_NICENESS = 10
 # A worker's place (workdir and data root: ``run/place``), store and crawl, set by the pool's
 # initializer; its step's evaluator.
 _WORKER: dict[str, Any] = {}
@@ -210,25 +208,6 @@ class _Pace:
     @property
     def seconds(self) -> float | None:
         return self.total / self.count if self.count else None
-
-
-def yield_to_workers() -> None:
-    """Lower the calling thread's scheduling priority by ``YIELD_NICENESS``: ``curate run``'s own
-    thread, which imports Dagster and records the partitions that the pool's workers run. Where
-    the cores are all busy, the workers (the run's critical path) then get them, and the
-    recording catches up when they are not (a chain step on one partition, the run's end); an
-    idle core runs it at once, as before. At 200 sources on two cores: 5.3 -> 4.7 s (10; 5 and
-    19 gained less: docs/profile.md). Only this thread and those it starts later: the pool's
-    threads that hand work over, started already, keep their priority, as do the workers (forked
-    from the fork server or from this process before). Where the system has no such call
-    (Windows), nothing changes."""
-    if not hasattr(os, "setpriority"):
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + YIELD_NICENESS, 19))
-    except OSError:  # a system that refuses it: the run goes on at its priority
-        pass
 
 
 def _resident_bytes() -> int | None:
