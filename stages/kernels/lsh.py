@@ -35,8 +35,11 @@ from stages.kernels.minhash import (
 )
 
 SIZE_CLASSES = 40  # bucket-size histogram: class c counts buckets with 2**c <= size < 2**(c + 1)
-# Pair verification's blocks (``_block_budget``): text bytes each, and how many a thread.
-_BLOCK_MIN, _BLOCK_MAX, _BLOCKS_PER_THREAD = 64 << 10, 1 << 20, 4
+# Pair verification's blocks of text (``_block_budget``):
+_BLOCK_MIN = 64 << 10  # bytes a block at least (smaller ones hash a cut component's documents twice)
+_BLOCK_MAX = 1 << 20  # bytes a block at most (its hashes: 8 bytes a byte, on each thread)
+_BLOCKS_PER_THREAD = 4  # blocks differ in cost: several a thread
+_BLOCK_DOCS = 8  # a block holds this many of the largest document in pairs, at least
 
 
 # --- band keys -----------------------------------------------------------------------------------
@@ -350,8 +353,8 @@ def _pair_kernel(data: Any, offsets: Any, k: int, docs: Any, doc_start: Any, mem
                  pair_start: Any, workers: int, out: Any) -> None:
     """Exact Jaccard of every pair (``_verify_block``): block b's documents are
     ``docs[doc_start[b]:doc_start[b+1]]``, its pairs ``pair_start[b]:pair_start[b+1]``. Worker w
-    of ``workers`` (in parallel) takes blocks w, w + workers, ... with one set of buffers (fresh
-    ones a block were page faults: 8 MB of hashes a block)."""
+    of ``workers`` (in parallel) takes blocks w, w + workers, ... with one set of buffers, sized
+    for the largest of them."""
     blocks = pair_start.shape[0] - 1
     for w in prange(workers):
         most, big, count = 1, 1, 1
@@ -374,8 +377,9 @@ def _pair_kernel(data: Any, offsets: Any, k: int, docs: Any, doc_start: Any, mem
 
 @njit(cache=True)
 def _pair_groups(src: Any, dst: Any, size: Any) -> Any:
-    """(int64 (e,) a label per pair, equal for pairs of one component of the pair graph; int64
-    the text bytes of the distinct documents in pairs). Union-find over the rows of ``size``."""
+    """(int64 (e,) a label per pair, the smallest row of its component of the pair graph; the
+    text bytes of the distinct documents in pairs; the largest of them). Union-find over the rows
+    of ``size``, a root always the smallest row of its set."""
     parent = np.arange(size.shape[0])
     for i in range(src.shape[0]):
         x, y = src[i], dst[i]
@@ -387,19 +391,20 @@ def _pair_groups(src: Any, dst: Any, size: Any) -> Any:
             y = parent[y]
         if x != y:
             parent[max(x, y)] = min(x, y)
+    for x in range(parent.shape[0]):  # every root is its set's smallest row: one pass flattens
+        parent[x] = parent[parent[x]]
     label = np.empty(src.shape[0], dtype=np.int64)
     counted = np.zeros(size.shape[0], dtype=np.bool_)
     total = 0
+    largest = 0
     for i in range(src.shape[0]):
-        x = src[i]
-        while parent[x] != x:
-            x = parent[x]
-        label[i] = x
+        label[i] = parent[src[i]]
         for d in (src[i], dst[i]):
             if not counted[d]:
                 counted[d] = True
                 total += size[d]
-    return label, total
+                largest = max(largest, size[d])
+    return label, total, largest
 
 
 @njit(cache=True)
@@ -451,15 +456,16 @@ def _jaccard64(batch: Utf8Batch, src: npt.NDArray[np.int64], dst: npt.NDArray[np
     """float64 (e,) exact Jaccard per pair. The pairs are packed into blocks of at most
     ``_block_budget`` bytes of their documents' text (``pack_blocks``, a component of the pair
     graph kept in one block where it fits), blocks verified in parallel, each document hashed once
-    a block (``_verify_block``)."""
+    a block (``_verify_block``). Memory beside the texts: about 56 bytes a document of ``batch``
+    and 110 a pair, and each thread's block buffers (8 bytes a byte of its largest block)."""
     _check_rows(len(batch), src, dst)
     e = src.shape[0]
     out = np.empty(e, dtype=np.float64)
     if e == 0:
         return out
     size = np.diff(batch.offsets)
-    group, total = _pair_groups(src, dst, size)
-    order, block, blocks = _packed(src, dst, group, size, _block_budget(int(total)))
+    group, total, largest = _pair_groups(src, dst, size)
+    order, block, blocks = _packed(src, dst, group, size, _block_budget(int(total), int(largest)))
     a, b = src[order], dst[order]  # member, anchor: by (group, anchor, member)
     docs, doc_start, a_at, b_at = _block_docs(a, b, block, blocks, size.shape[0])
     pair_start = np.searchsorted(block, np.arange(blocks + 1))
@@ -470,11 +476,13 @@ def _jaccard64(batch: Utf8Batch, src: npt.NDArray[np.int64], dst: npt.NDArray[np
     return out
 
 
-def _block_budget(total: int) -> int:
+def _block_budget(total: int, largest: int) -> int:
     """Text bytes a block of ``_jaccard64`` holds: about ``_BLOCKS_PER_THREAD`` blocks a numba
-    thread (blocks differ in cost), within [``_BLOCK_MIN``, ``_BLOCK_MAX``] (a block's hashes
-    take 8 bytes a byte of text, on each thread)."""
-    return int(min(max(total // (_BLOCKS_PER_THREAD * numba.get_num_threads()), _BLOCK_MIN), _BLOCK_MAX))
+    thread, within [``_BLOCK_MIN``, ``_BLOCK_MAX``], and ``_BLOCK_DOCS`` times the ``largest``
+    document in pairs at least: a block too small for an anchor and several of its members would
+    hash the anchor once for each (a cluster of long near-duplicates)."""
+    share = total // (_BLOCKS_PER_THREAD * numba.get_num_threads())
+    return int(max(min(max(share, _BLOCK_MIN), _BLOCK_MAX), _BLOCK_DOCS * largest))
 
 
 def pair_jaccard(
