@@ -271,45 +271,56 @@ def _packed(
 
 
 @njit
+def _hashed(data: Any, offsets: Any, k: int, bk: Any, row: int, j: int, hashes: Any, span: Any, at: int,
+            cps: Any) -> int:
+    """Document ``row`` (the block's ``j``-th) hashed into ``hashes`` from ``at``, unless it is
+    already (``span[j, 0] >= 0``): its (start, count) in ``span[j]``. Returns the next free slot."""
+    if span[j, 0] >= 0:
+        return at
+    lo, hi = offsets[row], offsets[row + 1]
+    span[j, 0] = at
+    span[j, 1] = _shingles(data, lo, hi, k, bk, cps, hashes[at : at + hi - lo])
+    return at + span[j, 1]
+
+
+@njit
 def _verify_block(data: Any, offsets: Any, k: int, docs: Any, member: Any, anchor: Any, out: Any, hashes: Any,
-                  start: Any, cps: Any) -> None:
+                  span: Any, cps: Any) -> None:
     """out[p] = Jaccard(docs[member[p]], docs[anchor[p]]) for the pairs of one block.
 
     ``docs``: int64 the block's distinct document rows; ``member``, ``anchor``: int64 (e,)
     indices into ``docs``, the pairs sorted so that those of one anchor are adjacent. Every
     document's shingles are hashed once into ``hashes`` (uint64, at least the documents' bytes;
-    ``start``: int64 at least len(docs) + 1; ``cps``: uint32 at least the largest's bytes), not
-    once for each pair it is in. Per run of one anchor, an open-addressing table holds the anchor's
-    set; slot i is (key, stamp) at ``table[2i], table[2i+1]``. Member q (1, 2, ...) probes each of
-    its shingles once: a key with stamp != q is an anchor shingle seen for the first time
-    (intersection + 1, stamp it q), a key with stamp q a repeat, an empty slot a shingle only the
-    member has (insert it, stamped q). The member's insertions are undone in reverse order
-    afterwards, which restores the linear-probing table exactly.
+    ``span``: int64 (at least len(docs), 2); ``cps``: uint32 at least the largest's bytes), not
+    once for each pair it is in, and just before its first run of pairs reads it (while they are
+    in cache). Per run of one anchor, an open-addressing table holds the anchor's set; slot i is
+    (key, stamp) at ``table[2i], table[2i+1]``. Member q (1, 2, ...) probes each of its shingles
+    once: a key with stamp != q is an anchor shingle seen for the first time (intersection + 1,
+    stamp it q), a key with stamp q a repeat, an empty slot a shingle only the member has (insert
+    it, stamped q). The member's insertions are undone in reverse order afterwards, which
+    restores the linear-probing table exactly.
     """
     bk = _pow_base(k)
-    nd = docs.shape[0]
+    span[: docs.shape[0], 0] = -1
     at = 0
-    for j in range(nd):
-        lo, hi = offsets[docs[j]], offsets[docs[j] + 1]
-        start[j] = at
-        at += _shingles(data, lo, hi, k, bk, cps, hashes[at : at + hi - lo])
-    start[nd] = at
     e = member.shape[0]
     p = 0
     while p < e:
         a = anchor[p]
+        at = _hashed(data, offsets, k, bk, docs[a], a, hashes, span, at, cps)
         q = p
         m_size = 1
         while q < e and anchor[q] == a:
-            m_size = max(m_size, start[member[q] + 1] - start[member[q]])
+            at = _hashed(data, offsets, k, bk, docs[member[q]], member[q], hashes, span, at, cps)
+            m_size = max(m_size, span[member[q], 1])
             q += 1
-        ns = start[a + 1] - start[a]
+        ns = span[a, 1]
         cap = _table_cap(ns + m_size)
         mask = np.uint64(cap - 1)
         table = np.zeros(2 * cap, dtype=np.uint64)
         undo = np.empty(m_size, dtype=np.int64)
         na = 0
-        for i in range(start[a], start[a + 1]):
+        for i in range(span[a, 0], span[a, 0] + ns):
             h = hashes[i]
             slot = np.int64(h & mask)
             while table[2 * slot] != 0 and table[2 * slot] != h:
@@ -322,7 +333,7 @@ def _verify_block(data: Any, offsets: Any, k: int, docs: Any, member: Any, ancho
             inter = 0
             nb = 0
             nu = 0
-            for i in range(start[member[r]], start[member[r] + 1]):
+            for i in range(span[member[r], 0], span[member[r], 0] + span[member[r], 1]):
                 h = hashes[i]
                 slot = np.int64(h & mask)
                 while True:
@@ -367,12 +378,12 @@ def _pair_kernel(data: Any, offsets: Any, k: int, docs: Any, doc_start: Any, mem
             most = max(most, total)
             count = max(count, doc_start[b + 1] - doc_start[b])
         hashes = np.empty(most, dtype=np.uint64)  # a document has at most one shingle a byte
-        start = np.empty(count + 1, dtype=np.int64)
+        span = np.empty((count, 2), dtype=np.int64)
         cps = np.empty(big, dtype=np.uint32)
         for b in range(w, blocks, workers):
             p0, p1 = pair_start[b], pair_start[b + 1]
             _verify_block(data, offsets, k, docs[doc_start[b] : doc_start[b + 1]], member[p0:p1], anchor[p0:p1],
-                          out[p0:p1], hashes, start, cps)
+                          out[p0:p1], hashes, span, cps)
 
 
 @njit(cache=True)
