@@ -153,9 +153,12 @@ def band_edges_on(backend: Backend, keys: npt.NDArray[np.uint64], ids: npt.NDArr
 
 
 def pair_jaccard_on(
-    backend: Backend, docs: Any, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], *, shingle: int
+    backend: Backend, docs: Any, src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], *, shingle: int,
+    group: npt.NDArray[np.int64] | None = None,
 ) -> npt.NDArray[np.float64]:
-    """Exact Jaccard float64 (e,) of row pairs of ``docs``: the numba kernel or its torch twin."""
+    """Exact Jaccard float64 (e,) of row pairs of ``docs``: the numba kernel or its torch twin.
+    ``group``: int64 (e,) each pair's component of the pair graph, where known: how the numba
+    kernel cuts its work (``stages.kernels.lsh._jaccard64``); the twin needs none."""
     if backend.uses_torch:
         from stages.kernels.gpu.lsh import pair_jaccard64
 
@@ -163,7 +166,7 @@ def pair_jaccard_on(
     from stages.kernels.lsh import _jaccard64
     from stages.kernels.minhash import as_utf8
 
-    return _jaccard64(as_utf8(docs), src, dst, shingle)
+    return _jaccard64(as_utf8(docs), src, dst, shingle, group)
 
 
 def connected_components_on(

@@ -297,7 +297,7 @@ class PairTexts:
     ) -> npt.NDArray[np.float64]:
         """float64 (e,): exact Jaccard of each pair. src, dst: int64 (e,) wanted documents; group:
         int64 (e,) a label keeping related pairs in one block (the pair graph's component), or
-        None for one group."""
+        None where none is known."""
         from stages.kernels.minhash import from_arrow
 
         src = np.asarray(src, np.int64)
@@ -310,7 +310,7 @@ class PairTexts:
             if (row_of[src] < 0).any() or (row_of[dst] < 0).any():
                 raise ValueError("a pair names a document that was not gathered")
             self.blocks += 1
-            out[:] = pair_jaccard_on(backend, texts, row_of[src], row_of[dst], shingle=shingle)
+            out[:] = pair_jaccard_on(backend, texts, row_of[src], row_of[dst], shingle=shingle, group=group)
             return out
         group = np.zeros(src.shape[0], np.int64) if group is None else np.asarray(group, np.int64)
         block, blocks = pack_blocks(src, dst, group, self.size, self.budget)
@@ -331,7 +331,8 @@ class PairTexts:
             del table
             if (row_of[src[pairs]] < 0).any() or (row_of[dst[pairs]] < 0).any():
                 raise ValueError("a pair names a document that was not gathered")
-            out[pairs] = pair_jaccard_on(backend, texts, row_of[src[pairs]], row_of[dst[pairs]], shingle=shingle)
+            out[pairs] = pair_jaccard_on(backend, texts, row_of[src[pairs]], row_of[dst[pairs]], shingle=shingle,
+                                         group=group[pairs])
             row_of[node] = -1
             self.blocks += 1
         return out

@@ -389,11 +389,13 @@ def test_pair_jaccard_many_pairs_per_anchor() -> None:
 
 
 @PROPS
-@given(seed=st.integers(0, 2**32), k=st.sampled_from([3, 24]), budget=st.sampled_from([1, 200, 1 << 20]))
-def test_pair_jaccard_in_blocks_equals_python_sets(seed: int, k: int, budget: int) -> None:
+@given(seed=st.integers(0, 2**32), k=st.sampled_from([3, 24]), budget=st.sampled_from([1, 200, 1 << 20]),
+       grouping=st.sampled_from(["none", "components", "arbitrary"]))
+def test_pair_jaccard_in_blocks_equals_python_sets(seed: int, k: int, budget: int, grouping: str) -> None:
     """Pairs packed into blocks of any size (one pair a block, components split between blocks,
-    all in one), documents in many pairs, repeated pairs, self-pairs and empty texts: each pair's
-    Jaccard is the exact one, in the order the pairs came."""
+    all in one), by any grouping (none, the pair graph's components, labels that cut them),
+    documents in many pairs, repeated pairs, self-pairs and empty texts: each pair's Jaccard is
+    the exact one, in the order the pairs came."""
     rng = random.Random(seed)
     base = ["".join(rng.choice("abc d😀é") for _ in range(rng.randrange(0, 150))) for _ in range(5)]
     texts = base + [mutate(rng, t, rng.randrange(0, 8), "abc d😀é") for t in base for _ in range(3)] + ["", ""]
@@ -403,10 +405,12 @@ def test_pair_jaccard_in_blocks_equals_python_sets(seed: int, k: int, budget: in
     pairs += [*pairs[:5], (3, 3)]
     src = np.array([s for s, _ in pairs], np.int64)
     dst = np.array([d for _, d in pairs], np.int64)
+    group = {"none": None, "components": lsh.connected_components(n, src, dst)[src],
+             "arbitrary": np.array([rng.randrange(3) for _ in pairs], np.int64)}[grouping]
     saved = lsh._BLOCK_MIN, lsh._BLOCK_MAX, lsh._BLOCK_DOCS
     lsh._BLOCK_MIN, lsh._BLOCK_MAX, lsh._BLOCK_DOCS = budget, budget, 0
     try:
-        got = lsh._jaccard64(mh.encode_texts(texts), src, dst, k)
+        got = lsh._jaccard64(mh.encode_texts(texts), src, dst, k, group)
     finally:
         lsh._BLOCK_MIN, lsh._BLOCK_MAX, lsh._BLOCK_DOCS = saved
     want = [exact_jaccard(texts[s], texts[d], k) for s, d in pairs]
@@ -420,7 +424,7 @@ def test_block_docs_names_each_pairs_ends(pairs: list[tuple[int, int]], budget: 
     src = np.array([s for s, _ in pairs], np.int64)
     dst = np.array([d for _, d in pairs], np.int64)
     size = np.arange(20, dtype=np.int64) * 7 % 50
-    group, _, _ = lsh._pair_groups(src, dst, size)
+    group = lsh.connected_components(20, src, dst)[src]
     order, block, blocks = lsh._packed(src, dst, group, size, budget)
     a, b = src[order], dst[order]
     docs, doc_start, a_at, b_at = lsh._block_docs(a, b, block, blocks, 20)
@@ -430,22 +434,6 @@ def test_block_docs_names_each_pairs_ends(pairs: list[tuple[int, int]], budget: 
         assert len(set(mine.tolist())) == len(mine)
         assert set(mine.tolist()) == set(a[block == x].tolist()) | set(b[block == x].tolist())
     assert (docs[doc_start[block] + a_at] == a).all() and (docs[doc_start[block] + b_at] == b).all()
-
-
-def test_pair_groups_label_each_pair_by_its_components_smallest_row() -> None:
-    """Each pair's label is the smallest row of its component whatever the order of the pairs:
-    a chain given from its far end (each link a longer path to the root, the order that made the
-    labelling quadratic without its flattening pass) and the same pairs shuffled."""
-    n = 40_000
-    src, dst = np.arange(n - 1, 0, -1, dtype=np.int64), np.arange(n - 2, -1, -1, dtype=np.int64)
-    src, dst = np.append(src, n + 1), np.append(dst, n + 2)  # and a second component
-    size = np.arange(n + 3, dtype=np.int64) % 7
-    label, total, largest = lsh._pair_groups(src, dst, size)
-    assert label[:-1].tolist() == [0] * (n - 1) and label[-1] == n + 1
-    assert total == size[: n].sum() + size[n + 1] + size[n + 2] and largest == 6
-    perm = np.random.default_rng(0).permutation(n)
-    shuffled, _, _ = lsh._pair_groups(src[perm], dst[perm], size)
-    assert (shuffled == label[perm]).all()
 
 
 def _planted_chain() -> list[str]:
