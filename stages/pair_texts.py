@@ -146,18 +146,19 @@ class GatherStopped(Exception):
 
 def _gather(
     inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], budget: int, tmp: Path, batch_rows: int,
-    reserve: int, stop: threading.Event | None = None,
+    reserve: int, stop: threading.Event | None = None, dirs: list[str] | None = None,
 ) -> tuple[_Gathered, npt.NDArray[np.int64]]:
-    """One scan of ``raw_documents`` (this crawl's and the earlier crawls' it reads) for the texts of
-    documents ``wanted`` (sorted indices into ``doc_ids``). Returns the gathered (node, text) rows
-    and int64 (n,) text bytes per document (0 where not wanted). ``stop`` set: ``GatherStopped``
-    at the next block."""
+    """One scan of ``raw_documents`` (this crawl's and the earlier crawls' it reads; ``dirs``: those
+    partitions alone) for the texts of documents ``wanted`` (sorted indices into ``doc_ids``).
+    Returns the gathered (node, text) rows and int64 (n,) text bytes per document (0 where not
+    wanted). ``stop`` set: ``GatherStopped`` at the next block."""
     size = np.zeros(len(doc_ids), np.int64)
     found = np.zeros(len(doc_ids), dtype=bool)
     index = IdIndex(doc_ids.take(pa.array(wanted)))
     gathered = _Gathered(budget, tmp, reserve)
     try:
-        for block in inputs.store.iter_blocks(raw_dirs(inputs), "documents", ["doc_id", "text"], batch_rows):
+        for block in inputs.store.iter_blocks(raw_dirs(inputs) if dirs is None else dirs, "documents",
+                                              ["doc_id", "text"], batch_rows):
             if stop is not None and stop.is_set():
                 raise GatherStopped
             pos = index.find(block.column(0).combine_chunks())
@@ -241,11 +242,12 @@ class PairTexts:
 
     def __init__(self, inputs: Inputs, doc_ids: pa.Array, wanted: npt.NDArray[np.int64], *,
                  budget: int, batch_rows: int = 20_000, reserve: int = SPILL_RESERVE,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, dirs: list[str] | None = None) -> None:
         """doc_ids: string (n,) the documents' ids; wanted: int64 indices into it (any order,
         repeats allowed) of the documents whose texts pairs will need; reserve: bytes a spill
         leaves free in its folder (``ExecutionParams.spill_reserve_bytes``); stop: set by a caller
-        that gathers on another thread and failed meanwhile (``GatherStopped``)."""
+        that gathers on another thread and failed meanwhile (``GatherStopped``); dirs: the
+        ``raw_documents`` partitions that hold them (``stages.removal.raw_dirs``), else all."""
         self.n = len(doc_ids)
         self.budget = budget
         self.reserve = reserve
@@ -254,7 +256,7 @@ class PairTexts:
         self._cached: tuple[Any, npt.NDArray[np.int64]] | None = None
         try:
             self._gathered, self.size = _gather(inputs, doc_ids, sorted_distinct(np.asarray(wanted, np.int64)),
-                                                budget, self._tmp, batch_rows, reserve, stop)
+                                                budget, self._tmp, batch_rows, reserve, stop, dirs)
         except BaseException:
             self.close()
             raise
@@ -350,15 +352,17 @@ def pair_jaccard(
     budget: int,
     batch_rows: int = 20_000,
     reserve: int = SPILL_RESERVE,
+    dirs: list[str] | None = None,
 ) -> tuple[npt.NDArray[np.float64], int]:
     """(float64 (e,) exact Jaccard of each pair, blocks used): ``PairTexts`` for one set of pairs.
 
     doc_ids: string (n,) the documents' ids; src, dst: int64 (e,) indices into it; group: as in
-    ``PairTexts.jaccard``. Texts are read from ``raw_documents``, at most ``budget`` bytes at once.
+    ``PairTexts.jaccard``. Texts are read from ``raw_documents`` (``dirs``: those partitions
+    alone), at most ``budget`` bytes at once.
     """
     if not len(src):
         return np.empty(0, np.float64), 0
     with PairTexts(inputs, doc_ids, np.concatenate([src, dst]), budget=budget, batch_rows=batch_rows,
-                   reserve=reserve) as texts:
+                   reserve=reserve, dirs=dirs) as texts:
         out = texts.jaccard(src, dst, group, shingle=shingle, backend=backend)
         return out, texts.blocks

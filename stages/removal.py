@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -249,10 +249,14 @@ def id_column(ids: np.ndarray) -> pa.Array:
     return out if kind == pa.string() else out.cast(pa.string())
 
 
-def raw_dirs(inputs: Inputs) -> list[str]:
+def raw_dirs(inputs: Inputs, holding: Collection[tuple[str, str]] | None = None, crawl: str = "") -> list[str]:
     """``raw_documents`` partitions a task may read texts from: its crawl's and, for incremental
-    dedup, those of the earlier crawls it is deduplicated against."""
-    dirs = [inputs.dir("raw_documents", s) for s in inputs.sources("raw_documents")]
-    for outputs in inputs.prior.values():
-        dirs.extend(d for name, d in sorted(outputs.items()) if name.startswith("raw_documents/"))
+    dedup, those of the earlier crawls it is deduplicated against. ``holding``: only those of these
+    (crawl, source) pairs (``crawl``: the task's own), where the documents wanted are known to be
+    (a doc_id is of one crawl and source: ``stages.ingest.ids``)."""
+    dirs = [inputs.dir("raw_documents", s) for s in inputs.sources("raw_documents")
+            if holding is None or (crawl, s) in holding]
+    for earlier, outputs in inputs.prior.items():
+        dirs.extend(d for name, d in sorted(outputs.items()) if name.startswith("raw_documents/")
+                    and (holding is None or (earlier, name.removeprefix("raw_documents/")) in holding))
     return dirs

@@ -254,3 +254,21 @@ def test_curate_yaml_execution_section_tunes_runs(corpus: tuple[Path, list[dict[
     run_crawl(work, work / "dagster", spec, quiet=True, resource=CurationResource(workdir=str(work), mode=mode))
     assert store.read_manifest(comps).report["text_blocks"] > 3
     assert store.read_table(comps, "edges").equals(want[0]) and store.read_table(fuzzy, "removed").equals(want[1])
+
+def test_every_score_is_the_exact_jaccard_with_the_survivor(corpus: tuple[Path, list[dict[str, str]]]) -> None:
+    """Each removed document's ``score`` is the exact Jaccard of its text and its survivor's,
+    read from the verified edge or, where the two are linked only through a chain, computed from
+    the texts of the sources that hold them (``stages.removal.raw_dirs``' ``holding``)."""
+    from stages.kernels.lsh import pair_jaccard
+
+    root, sources = corpus
+    store, spec = _run(root, sources, "default")
+    removed = store.read_table(DataRoot(store).output_dir(spec, "fuzzy_duplicates", None), "removed").to_pylist()
+    texts: dict[str, str] = {}
+    for source in spec.sources:
+        t = store.read_table(DataRoot(store).output_dir(spec, "raw_documents", source), "documents", ["doc_id", "text"])
+        texts.update(zip(t["doc_id"].to_pylist(), t["text"].to_pylist(), strict=True))
+    docs = [texts[r["doc_id"]] for r in removed] + [texts[r["duplicate_of"]] for r in removed]
+    n = len(removed)
+    exact = pair_jaccard(docs, np.arange(n), np.arange(n, 2 * n))
+    assert n > 0 and [r["score"] for r in removed] == pytest.approx(exact.tolist(), abs=0)

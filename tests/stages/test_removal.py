@@ -146,3 +146,16 @@ def test_a_switched_off_heuristic_stage_judges_nothing_and_counts_its_input(tmp_
     assert store.read_table(pdir, "removed").num_rows == 0
     report = manifest.report
     assert (report["enabled"], report["input"], report["kept"], report["removed"]) == (False, 7, 7, 0)
+
+
+def test_raw_dirs_lists_the_partitions_that_hold_the_documents_wanted(tmp_path: Path) -> None:
+    """Every raw_documents partition a task reads, its crawl's first, then the earlier crawls'
+    (not their other programs'); with ``holding``, only those of the (crawl, source) pairs named."""
+    from stages.removal import raw_dirs
+
+    inputs = Inputs(Store(str(tmp_path)), {"raw_documents": {"a": "A", "b": "B"}},
+                    {"c0": {"raw_documents/b": "P-B", "raw_documents/x": "P-X", "minhash_signatures/b": "P-M"}})
+    assert raw_dirs(inputs) == ["A", "B", "P-B", "P-X"]
+    assert raw_dirs(inputs, {("c1", "b"), ("c0", "x")}, "c1") == ["B", "P-X"]
+    assert raw_dirs(inputs, {("c0", "b")}, "c1") == ["P-B"]  # the earlier crawl's b, not this one's
+    assert raw_dirs(inputs, set(), "c1") == []
