@@ -158,7 +158,8 @@ def test_a_partition_that_fails_in_a_pack_leaves_the_others_published(tmp_path: 
 
 def test_many_sources_run_in_packs_on_a_real_pool(tmp_path: Path) -> None:
     """40 sources on two workers: one partition a worker until the first ends, then packs (of the
-    crawl's short partitions), smaller toward the end; every partition ends once, committed."""
+    crawl's short partitions), the last smaller than the largest; every partition ends once,
+    committed."""
     crawl = _many(40)
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work), workers=2)
@@ -178,7 +179,11 @@ def test_many_sources_run_in_packs_on_a_real_pool(tmp_path: Path) -> None:
                 assert sorted(d.source or "" for d in done) == sorted(s or "" for s in crawl.partitions(program))
                 assert [s for p in packs for s in p] == crawl.partitions(program)
                 sizes = [len(p) for p in packs]
-                assert sizes[:2] == [1, 1] and max(sizes) > 1 and sizes[2:] == sorted(sizes[2:], reverse=True), sizes
+                # Each pack is sized at the step's pace so far, which changes as partitions end (a
+                # faster pace raises a pack's floor of ``_PACK_LEAST_S``), so the sizes need not
+                # fall one by one (CI saw ``[..., 2, 1, 1, 2]``); the shape at one pace is the test
+                # above. Here: one a worker first, then packs, the last smaller than the largest.
+                assert sizes[:2] == [1, 1] and 1 < max(sizes) <= _PACK and sizes[-1] < max(sizes), sizes
                 assert all(d.error is None and d.outcome is not None for d in done), [d.trace for d in done]
                 fresh = Store(resource.store().root)
                 for d in done:
