@@ -47,6 +47,14 @@ _PACK_S = 0.25  # the seconds of work a pack is sized to, at most (``_pack_size`
 _PACK_LEAST_S = 0.025  # the seconds of work a pack holds at least, where it can (``_pack_size``)
 _GATHER_S = 0.1  # the longest a list of finished partitions waits for more (``PartitionPool.run``)
 _AHEAD_S = 1.0  # the work a worker is handed ahead of what it runs, about (``PartitionPool.run``)
+# Partitions run ahead are handed to their step while the cores are not all this run's, or once
+# held this long (``_Hold``); while held, whether they still are is looked at this often. The
+# workers are contended where, over the last look's window (at least ``_CONTENDED_WINDOW_S``), they
+# waited for a core this share of the time, together (``_Hold.contended``).
+_HOLD_S = 3.0
+_HOLD_POLL_S = 0.02
+_CONTENDED = 0.2
+_CONTENDED_WINDOW_S = 0.1
 # A worker's resident memory grown by this much since its last release (or its start) is given
 # back after the partition (``_release``); less is kept for the next partition to reuse.
 _RELEASE_BYTES = 32 << 20
@@ -262,6 +270,77 @@ def _memory_bytes() -> int | None:
     return max(min(found), 0) if found else None
 
 
+def _waited_s(pids: list[int]) -> float | None:
+    """Seconds the main threads of processes ``pids`` have waited, runnable, for a core
+    (``/proc/PID/schedstat``'s second figure, in ns), together; None where that is not known (not
+    Linux, a process gone)."""
+    total = 0
+    try:
+        for pid in pids:
+            with open(f"/proc/{pid}/schedstat", "rb") as fh:
+                total += int(fh.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
+
+
+class _Hold:
+    """Partitions that ran ahead, finished and taken, held back from their step while the
+    workers have a pack for every core (running or queued: ``PartitionPool._busy``) and have the
+    cores to themselves (not ``contended``), for at most ``_HOLD_S`` (``PartitionPool.run``).
+
+    Why: recording a partition takes the run's process ~1-2 ms of a core (200 sources: ~1 s of
+    CPU for 600 partitions); taken while the workers fill the cores, it is taken from them
+    (three runnable processes on two cores). The steps down the chain then leave a core idle
+    (``lsh_buckets``, ``duplicate_components``, the ledger: crawl-wide partitions, partly on one
+    thread), and what was held is recorded then: 200 sources on two cores, 0.4 s less of a 4-6
+    s crawl (docs/profile.md, seventh session of 2026-12-07). Where another program takes cores
+    too, holding back would only give it this run's share: the workers' waits for a core
+    (``_waited_s``) tell, and what is held goes at once. Unlike running this thread at a lower
+    priority (docs/profile.md, eighth session of 2026-12-06), nothing else can starve it."""
+
+    def __init__(self, pool: PartitionPool) -> None:
+        self.pool = pool
+        self.done: list[Done] = []
+        self.since = 0.0  # when the first of ``done`` was taken
+        self._mark: tuple[float, float] | None = None  # (when, the workers' waits then)
+        self._contended = False  # the last window's verdict
+
+    def add(self, done: list[Done]) -> None:
+        if done and not self.done:  # a hold begins: the workers' waits are looked at afresh (before
+            # it, this process's recording made them wait too)
+            self.since = time.monotonic()
+            self._mark, self._contended = None, False
+        self.done += done
+
+    def take(self) -> list[Done]:
+        """What is held, now no longer."""
+        done, self.done = self.done, []
+        return done
+
+    def holds(self) -> bool:
+        """Whether what is held waits on."""
+        return bool(self.done) and time.monotonic() - self.since < _HOLD_S and \
+            self.pool._busy() >= self.pool.cores and not self.contended()
+
+    def contended(self) -> bool:
+        """Whether the workers waited for a core ``_CONTENDED`` of the time or more, together,
+        over the last window of at least ``_CONTENDED_WINDOW_S`` this hold has seen (before its
+        first: not known, no); where their waits cannot be read, yes (nothing is held)."""
+        now = time.monotonic()
+        if self._mark is not None and now - self._mark[0] < _CONTENDED_WINDOW_S:
+            return self._contended  # within a window: not read again
+        pids = self.pool._worker_pids()
+        waited = _waited_s(pids) if pids else None
+        if waited is None:
+            return True
+        if self._mark is not None:
+            at, before = self._mark
+            self._contended = (waited - before) / (now - at) >= _CONTENDED * len(pids)
+        self._mark = (now, waited)
+        return self._contended
+
+
 class PartitionPool:
     """Worker processes that run partitions of one crawl side by side, started once per
     ``curate run`` and reused by every step: ``workers`` processes at most (the execution
@@ -309,6 +388,7 @@ class PartitionPool:
         # process's run takes what they finished: what they share changes under this lock.
         self._lock = threading.RLock()
         self._stopped = False  # ``stop_ahead``: no further step starts ahead
+        self._handed: set[Future[list[Done]]] = set()  # packs handed to the workers, every step's (``_busy``)
         self.ahead: frozenset[tuple[str, str | None]] = frozenset()  # the partitions run ahead (``run_ahead``)
         # A worker forked from this process runs what runs ahead (the head start and the steps
         # chained after it: ``_forked_fits``), and a step that does not runs here. Forked only
@@ -514,6 +594,17 @@ class PartitionPool:
         except Exception:  # only a head start: ``after``'s step runs it, and fails where it would have
             return
 
+    def _busy(self) -> int:
+        """Packs handed to the workers, every step's, that have not ended: running or queued."""
+        with self._lock:
+            self._handed = {f for f in self._handed if not f.done()}
+            return len(self._handed)
+
+    def _worker_pids(self) -> list[int]:
+        """The worker processes' ids (none where the pool has none, or has not started them)."""
+        processes = getattr(self._pool, "_processes", None)  # ProcessPoolExecutor's, by pid
+        return list(processes or ())
+
     def stop_ahead(self) -> None:
         """Start no further step ahead (``then_ahead``): the run failed or was stopped. What was
         handed over runs to its end (``close``)."""
@@ -553,6 +644,7 @@ class PartitionPool:
                 started({d.source for d in got or () if d.outcome is not None} & wanted)
             rest = [s for s in sources if s not in ran]
             clean = True
+            held = _Hold(self)  # finished, not yet handed to the step
             while got is not None:
                 for line in ahead.told():  # as they come, where one partition runs alone
                     if emit is not None:
@@ -561,9 +653,16 @@ class PartitionPool:
                 clean = clean and _clean(done)
                 if ahead.ended and not rest:  # the last: what comes next starts before it is recorded
                     self._then_start(program, clean)
-                if done:
-                    yield done
-                got = ahead.take(_LINES_S)
+                held.add(done)
+                if held.done and not held.holds():
+                    yield held.take()
+                got = ahead.take(_HOLD_POLL_S if held.done else _LINES_S)
+            # The step's last partitions too, while the steps after it keep the cores busy: the
+            # step ends when they are recorded, and those steps run on meanwhile.
+            while not rest and held.holds():
+                time.sleep(_HOLD_POLL_S)
+            if held.done:
+                yield held.take()
             with self._lock:  # a worker forked from this process ends with the chain it runs
                 done_with = self._ahead_only and not self._ahead
             if done_with:
@@ -624,7 +723,10 @@ class PartitionPool:
                 pack = queue[:size]
                 del queue[:size]
                 try:
-                    pending[pool.submit(_work, program, pack, execution, self.force, step, tell)] = pack
+                    future = pool.submit(_work, program, pack, execution, self.force, step, tell)
+                    pending[future] = pack
+                    with self._lock:
+                        self._handed.add(future)
                 except BrokenProcessPool as exc:  # a worker died in an earlier step
                     broken += [Done(program, source, error=f"{DIED}: {one_line(exc)}") for source in pack]
             return broken

@@ -1,0 +1,152 @@
+"""Partitions run ahead are held back from their step while this run's workers fill the cores and
+have them to themselves (``curation_dagster.run.pool._Hold``): the run's process records them
+once a core is free, a hold has lasted ``_HOLD_S``, or the workers are seen waiting for a core
+(another program's), and never loses or repeats one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from curation_dagster.defs.resources import CurationResource
+from curation_dagster.run import pool as pool_module
+from curation_dagster.run.done import Done
+from curation_dagster.run.pool import PartitionPool, _Hold, _waited_s
+from stages.store import Store
+from tests.curation_dagster.run.test_pool_packs import _many
+from tests.support.tiny_corpus import fast_tmp
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/schedstat").exists(),
+                                reason="a process's waits for a core are read from /proc/PID/schedstat")
+
+
+class _Pool:
+    """What a hold asks of its pool: the packs running or queued, the cores, the workers."""
+
+    def __init__(self, busy: int, pids: list[int], cores: int = 2) -> None:
+        self.busy, self.pids, self.cores = busy, pids, cores
+
+    def _busy(self) -> int:
+        return self.busy
+
+    def _worker_pids(self) -> list[int]:
+        return self.pids
+
+
+def _processes(code: str, n: int = 2) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def sleeping() -> Iterator[list[int]]:
+    """Two processes that never want a core: they wait for none."""
+    for procs in _processes("import time; time.sleep(120)"):
+        yield [p.pid for p in procs]
+
+
+@pytest.fixture
+def spinning_on_one_core() -> Iterator[list[int]]:
+    """Two busy processes on one core: each waits for it about half the time, whatever else runs."""
+    for procs in _processes("while True: pass"):
+        core = min(os.sched_getaffinity(0))
+        for p in procs:
+            os.sched_setaffinity(p.pid, {core})
+        yield [p.pid for p in procs]
+
+
+def _done(source: str) -> Done:
+    return Done("raw_documents", source, error="held")
+
+
+def test_what_is_held_waits_while_the_workers_fill_the_cores(sleeping: list[int],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = _Pool(busy=2, pids=sleeping)
+    hold = _Hold(pool)  # type: ignore[arg-type]
+    assert not hold.holds()  # nothing held
+    hold.add([_done("a")])
+    assert hold.holds()  # the first look at the workers' waits: not known yet
+    time.sleep(0.15)
+    assert hold.holds()  # a window seen: they waited for no core
+    hold.add([_done("b")])
+    pool.busy = 3  # queued beyond the cores: still
+    assert hold.holds()
+    pool.busy = 1  # a core free of this run's packs: recorded now
+    assert not hold.holds()
+    assert [d.source for d in hold.take()] == ["a", "b"] and hold.done == [] and not hold.holds()
+    pool.busy = 2
+    monkeypatch.setattr(pool_module, "_HOLD_S", 0.0)  # held as long as a hold may be
+    hold.add([_done("c")])
+    assert not hold.holds()
+    monkeypatch.setattr(pool_module, "_HOLD_S", 60.0)
+    pool.pids = []  # no worker started: nothing to look at
+    assert not hold.holds()
+
+
+def test_workers_waiting_for_a_core_are_contended_and_nothing_is_held(spinning_on_one_core: list[int]) -> None:
+    waited = _waited_s(spinning_on_one_core)
+    time.sleep(0.3)
+    later = _waited_s(spinning_on_one_core)
+    assert waited is not None and later is not None and later - waited > 0.1  # ~0.3 s between them
+    hold = _Hold(_Pool(busy=2, pids=spinning_on_one_core))  # type: ignore[arg-type]
+    hold.add([_done("a")])
+    assert hold.holds()  # not known yet
+    time.sleep(0.3)
+    assert hold.contended()  # the window just seen
+    assert not hold.holds()  # and until the next says otherwise
+
+
+def test_a_worker_gone_is_read_as_contended() -> None:
+    assert _waited_s([2**22 + 12345]) is None  # above Linux's default pid_max: no such process
+    hold = _Hold(_Pool(busy=2, pids=[2**22 + 12345]))  # type: ignore[arg-type]
+    hold.add([_done("a")])
+    assert hold.contended() and not hold.holds()
+
+
+def test_a_step_held_back_gets_every_partition_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 sources run ahead on two workers, their step taking them while they run, and the next
+    step's started ahead as they end; the workers taken as always full and uncontended, so every
+    hold lasts ``_HOLD_S``, the step's last one too (after its partitions have all ended): each
+    partition once and committed."""
+    monkeypatch.setattr(_Hold, "contended", lambda self: False)
+    monkeypatch.setattr(PartitionPool, "_busy", lambda self: self.cores)
+    monkeypatch.setattr(pool_module, "_HOLD_S", 0.3)
+    verdicts: list[bool] = []
+    holds = _Hold.holds
+
+    def seen(self: _Hold) -> bool:
+        verdicts.append(holds(self))
+        return verdicts[-1]
+
+    monkeypatch.setattr(_Hold, "holds", seen)
+    crawl = _many(40)
+    sources = crawl.partitions("raw_documents")
+    with fast_tmp(tmp_path / "w") as work:
+        resource = CurationResource(workdir=str(work), workers=2)
+        resource.dataroot().register(crawl)
+        with PartitionPool(resource.place(), crawl, execution=resource.execution()) as pool:
+            assert pool.cores == 2
+            pool.then_ahead("raw_documents", lambda step: step == "document_languages")
+            pool.run_ahead("raw_documents", sources)
+            fresh = Store(resource.store().root)
+            for program in ("raw_documents", "document_languages"):
+                verdicts.clear()
+                lists = list(pool.run(program, sources))
+                assert True in verdicts and verdicts[-1] is False  # held, and let go
+                done = [d for finished in lists for d in finished]
+                assert sorted(d.source or "" for d in done) == sources
+                for d in done:
+                    assert d.error is None and d.outcome is not None, d.trace
+                    committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, program, d.source))
+                    assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
