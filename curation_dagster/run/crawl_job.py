@@ -437,8 +437,8 @@ def _run_step(context: OpExecutionContext, curation: CurationResource, config: C
     try:
         # The stale partitions' planned materializations, once they are handed over (before the
         # first is recorded): 23-32 ms a step at 200 sources, which the workers waited for. Not
-        # for those that ended before the step began (run ahead of it): they are recorded at once,
-        # done, never in progress (at 200 sources most of a step's, once the workers go down the
+        # for those that ended before the step began (run ahead of it): they are recorded done,
+        # never in progress (at 200 sources most of a step's, once the workers go down the
         # steps ahead of the recording: a fifth of the events this process stores).
         def started(ended: set[str | None]) -> None:
             _planned(context, program, [str(partition_key(spec.crawl, s)) for s in plan.stale if s not in ended])

@@ -50,11 +50,13 @@ _AHEAD_S = 1.0  # the work a worker is handed ahead of what it runs, about (``Pa
 # Partitions run ahead are handed to their step while the cores are not all this run's, or once
 # held this long (``_Hold``); while held, whether they still are is looked at this often. The
 # workers are contended where, over the last look's window (at least ``_CONTENDED_WINDOW_S``), they
-# waited for a core this share of the time, together (``_Hold.contended``).
+# waited for a core this share of the time, together (``_Hold.contended``); that verdict is kept
+# for the holds that begin within ``_CONTENDED_KEPT_S`` of it.
 _HOLD_S = 3.0
 _HOLD_POLL_S = 0.02
 _CONTENDED = 0.2
 _CONTENDED_WINDOW_S = 0.1
+_CONTENDED_KEPT_S = 0.5  # a hold that begins this soon after a contended window holds nothing
 # A worker's resident memory grown by this much since its last release (or its start) is given
 # back after the partition (``_release``); less is kept for the next partition to reuse.
 _RELEASE_BYTES = 32 << 20
@@ -286,8 +288,8 @@ def _waited_s(pids: list[int]) -> float | None:
 
 class _Hold:
     """Partitions that ran ahead, finished and taken, held back from their step while the
-    workers have a pack for every core (running or queued: ``PartitionPool._busy``) and have the
-    cores to themselves (not ``contended``), for at most ``_HOLD_S`` (``PartitionPool.run``).
+    workers' packs fill the cores (``PartitionPool._full``) and the workers have the cores to
+    themselves (not ``contended``), for at most ``_HOLD_S`` (``PartitionPool.run``).
 
     Why: recording a partition takes the run's process ~1-2 ms of a core (200 sources: ~1 s of
     CPU for 600 partitions); taken while the workers fill the cores, it is taken from them
@@ -296,7 +298,8 @@ class _Hold:
     thread), and what was held is recorded then: 200 sources on two cores, 0.4 s less of a 4-6
     s crawl (docs/profile.md, seventh session of 2026-12-07). Where another program takes cores
     too, holding back would only give it this run's share: the workers' waits for a core
-    (``_waited_s``) tell, and what is held goes at once. Unlike running this thread at a lower
+    (``_waited_s``) tell, over a hold's first 0.1 s, and what is held goes then (and the holds
+    that begin within ``_CONTENDED_KEPT_S`` hold nothing). Unlike running this thread at a lower
     priority (docs/profile.md, eighth session of 2026-12-06), nothing else can starve it."""
 
     def __init__(self, pool: PartitionPool) -> None:
@@ -308,9 +311,10 @@ class _Hold:
 
     def add(self, done: list[Done]) -> None:
         if done and not self.done:  # a hold begins: the workers' waits are looked at afresh (before
-            # it, this process's recording made them wait too)
+            # it, this process's recording made them wait too), unless a window just now was contended
             self.since = time.monotonic()
-            self._mark, self._contended = None, False
+            seen = self.pool._contended_at
+            self._mark, self._contended = None, seen is not None and self.since - seen < _CONTENDED_KEPT_S
         self.done += done
 
     def take(self) -> list[Done]:
@@ -320,8 +324,8 @@ class _Hold:
 
     def holds(self) -> bool:
         """Whether what is held waits on."""
-        return bool(self.done) and time.monotonic() - self.since < _HOLD_S and \
-            self.pool._busy() >= self.pool.cores and not self.contended()
+        return bool(self.done) and time.monotonic() - self.since < _HOLD_S and self.pool._full() and \
+            not self.contended()
 
     def contended(self) -> bool:
         """Whether the workers waited for a core ``_CONTENDED`` of the time or more, together,
@@ -337,6 +341,8 @@ class _Hold:
         if self._mark is not None:
             at, before = self._mark
             self._contended = (waited - before) / (now - at) >= _CONTENDED * len(pids)
+            if self._contended:
+                self.pool._contended_at = now
         self._mark = (now, waited)
         return self._contended
 
@@ -389,6 +395,8 @@ class PartitionPool:
         self._lock = threading.RLock()
         self._stopped = False  # ``stop_ahead``: no further step starts ahead
         self._handed: set[Future[list[Done]]] = set()  # packs handed to the workers, every step's (``_busy``)
+        self._here = usable_cores()  # the cores this process may use (``_full``)
+        self._contended_at: float | None = None  # when a hold last found the workers contended (``_Hold``)
         self.ahead: frozenset[tuple[str, str | None]] = frozenset()  # the partitions run ahead (``run_ahead``)
         # A worker forked from this process runs what runs ahead (the head start and the steps
         # chained after it: ``_forked_fits``), and a step that does not runs here. Forked only
@@ -600,6 +608,11 @@ class PartitionPool:
             self._handed = {f for f in self._handed if not f.done()}
             return len(self._handed)
 
+    def _full(self) -> bool:
+        """Whether the workers' packs fill the cores this process may use: a pack running on
+        each of them (fewer workers than cores, as ``workers: 2`` on 16, never do)."""
+        return min(self._busy(), self.workers) >= self._here
+
     def _worker_pids(self) -> list[int]:
         """The worker processes' ids (none where the pool has none, or has not started them)."""
         processes = getattr(self._pool, "_processes", None)  # ProcessPoolExecutor's, by pid
@@ -616,7 +629,8 @@ class PartitionPool:
             started: Callable[[set[str | None]], None] | None = None) -> Iterator[list[Done]]:
         """Every partition of ``program`` in ``sources``, as they finish: each list holds those
         finished since the last was taken (at least one); those started ahead (``run_ahead``)
-        first, as they finish, with the progress lines they told meanwhile. ``started``: called
+        first, as they finish (held back while the workers fill the cores: ``_Hold``), with the
+        progress lines they told meanwhile. ``started``: called
         once they are handed over, with those that had ended committed already (started ahead;
         else none): a step's planned materializations are for the others (a partition that
         failed is planned: Dagster counts a failed partition by its planned materialization
@@ -635,7 +649,7 @@ class PartitionPool:
                 return
             wanted, ran = set(sources), set(ahead.sources)
             try:
-                got = ahead.take(0.0)  # what ended before this step began: recorded first, at once
+                got = ahead.take(0.0)  # what ended before this step began: recorded first
             except BaseException:
                 if started is not None:
                     started(set())
@@ -656,7 +670,12 @@ class PartitionPool:
                 held.add(done)
                 if held.done and not held.holds():
                     yield held.take()
-                got = ahead.take(_HOLD_POLL_S if held.done else _LINES_S)
+                try:
+                    got = ahead.take(_HOLD_POLL_S if held.done else _LINES_S)
+                except BaseException:  # the thread failed: what it finished before goes to the step first
+                    if held.done:
+                        yield held.take()
+                    raise
             # The step's last partitions too, while the steps after it keep the cores busy: the
             # step ends when they are recorded, and those steps run on meanwhile.
             while not rest and held.holds():
@@ -755,6 +774,8 @@ class PartitionPool:
                 finished, _ = wait(pending, timeout=_GATHER_S - since, return_when=ALL_COMPLETED)
             taken = time.monotonic()
             done: list[Done] = []
+            with self._lock:
+                self._handed.difference_update(finished)
             for future in finished:
                 pack = pending.pop(future)
                 try:

@@ -8,16 +8,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run import pool as pool_module
 from curation_dagster.run.done import Done
-from curation_dagster.run.pool import PartitionPool, _Hold, _waited_s
+from curation_dagster.run.pool import PartitionPool, _Ahead, _Hold, _waited_s
 from stages.store import Store
 from tests.curation_dagster.run.test_pool_packs import _many
 from tests.support.tiny_corpus import fast_tmp
@@ -27,22 +30,31 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/schedstat").exists(),
 
 
 class _Pool:
-    """What a hold asks of its pool: the packs running or queued, the cores, the workers."""
+    """What a hold asks of its pool: whether the workers' packs fill the cores, the workers, and
+    when a hold last found them contended."""
 
     def __init__(self, busy: int, pids: list[int], cores: int = 2) -> None:
         self.busy, self.pids, self.cores = busy, pids, cores
+        self._contended_at: float | None = None
 
-    def _busy(self) -> int:
-        return self.busy
+    def _full(self) -> bool:
+        return self.busy >= self.cores
 
     def _worker_pids(self) -> list[int]:
         return self.pids
 
 
-def _processes(code: str, n: int = 2) -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+@contextmanager
+def _processes(code: str, n: int = 2) -> Iterator[list[int]]:
+    """``n`` Python processes running ``code`` once each has started (its start, a wait for a core
+    on a loaded machine, is behind it: it prints a line first)."""
+    procs = [subprocess.Popen([sys.executable, "-c", f"print(flush=True)\n{code}"], stdout=subprocess.PIPE)
+             for _ in range(n)]
     try:
-        yield procs
+        for p in procs:
+            assert p.stdout is not None
+            p.stdout.readline()
+        yield [p.pid for p in procs]
     finally:
         for p in procs:
             p.kill()
@@ -52,18 +64,18 @@ def _processes(code: str, n: int = 2) -> Iterator[list[subprocess.Popen[bytes]]]
 @pytest.fixture
 def sleeping() -> Iterator[list[int]]:
     """Two processes that never want a core: they wait for none."""
-    for procs in _processes("import time; time.sleep(120)"):
-        yield [p.pid for p in procs]
+    with _processes("import time; time.sleep(120)") as pids:
+        yield pids
 
 
 @pytest.fixture
 def spinning_on_one_core() -> Iterator[list[int]]:
     """Two busy processes on one core: each waits for it about half the time, whatever else runs."""
-    for procs in _processes("while True: pass"):
+    with _processes("while True: pass") as pids:
         core = min(os.sched_getaffinity(0))
-        for p in procs:
-            os.sched_setaffinity(p.pid, {core})
-        yield [p.pid for p in procs]
+        for pid in pids:
+            os.sched_setaffinity(pid, {core})
+        yield pids
 
 
 def _done(source: str) -> Done:
@@ -80,8 +92,6 @@ def test_what_is_held_waits_while_the_workers_fill_the_cores(sleeping: list[int]
     time.sleep(0.15)
     assert hold.holds()  # a window seen: they waited for no core
     hold.add([_done("b")])
-    pool.busy = 3  # queued beyond the cores: still
-    assert hold.holds()
     pool.busy = 1  # a core free of this run's packs: recorded now
     assert not hold.holds()
     assert [d.source for d in hold.take()] == ["a", "b"] and hold.done == [] and not hold.holds()
@@ -105,6 +115,9 @@ def test_workers_waiting_for_a_core_are_contended_and_nothing_is_held(spinning_o
     time.sleep(0.3)
     assert hold.contended()  # the window just seen
     assert not hold.holds()  # and until the next says otherwise
+    assert [d.source for d in hold.take()] == ["a"]
+    hold.add([_done("b")])  # a hold begun just after: held by no first window
+    assert hold.contended() and not hold.holds()
 
 
 def test_a_worker_gone_is_read_as_contended() -> None:
@@ -120,7 +133,7 @@ def test_a_step_held_back_gets_every_partition_once(tmp_path: Path, monkeypatch:
     hold lasts ``_HOLD_S``, the step's last one too (after its partitions have all ended): each
     partition once and committed."""
     monkeypatch.setattr(_Hold, "contended", lambda self: False)
-    monkeypatch.setattr(PartitionPool, "_busy", lambda self: self.cores)
+    monkeypatch.setattr(PartitionPool, "_full", lambda self: True)
     monkeypatch.setattr(pool_module, "_HOLD_S", 0.3)
     verdicts: list[bool] = []
     holds = _Hold.holds
@@ -139,6 +152,11 @@ def test_a_step_held_back_gets_every_partition_once(tmp_path: Path, monkeypatch:
             assert pool.cores == 2
             pool.then_ahead("raw_documents", lambda step: step == "document_languages")
             pool.run_ahead("raw_documents", sources)
+            busy = [pool._busy()]
+            while busy[-1] == 0 and len(busy) < 1000:  # the hand-over thread's first packs
+                time.sleep(0.005)
+                busy.append(pool._busy())
+            assert 1 <= busy[-1] <= 40
             fresh = Store(resource.store().root)
             for program in ("raw_documents", "document_languages"):
                 verdicts.clear()
@@ -150,3 +168,42 @@ def test_a_step_held_back_gets_every_partition_once(tmp_path: Path, monkeypatch:
                     assert d.error is None and d.outcome is not None, d.trace
                     committed = fresh.read_manifest(resource.dataroot().output_dir(crawl, program, d.source))
                     assert committed is not None and committed.to_json() == d.outcome.manifest.to_json()
+            # what the hold looks at, on a real pool: its workers' processes, their waits, no pack left
+            assert len(pool._worker_pids()) == pool.workers == 2
+            assert _waited_s(pool._worker_pids()) is not None and pool._busy() == 0
+
+
+class _Stub:
+    """A pool whose workers always fill the cores, uncontended, for ``run``'s ahead branch alone."""
+
+    def __init__(self, ahead: _Ahead) -> None:
+        self._lock = threading.RLock()
+        self._ahead = {"raw_documents": ahead}
+        self._then: dict[str, Any] = {}
+        self._ahead_only = False
+        self._contended_at: float | None = None
+
+    def _full(self) -> bool:
+        return True
+
+    def _worker_pids(self) -> list[int]:
+        return [os.getpid()]
+
+    def _then_start(self, program: str, clean: bool) -> None:
+        pass
+
+
+def test_partitions_held_when_the_thread_that_ran_them_fails_reach_their_step_first() -> None:
+    """The thread running a step ahead fails after some partitions ended: those go to the step
+    (held or not), then its failure is raised."""
+    ahead = _Ahead(["a", "b"])
+    ahead.lists.put([_done("a")])
+    stub = _Stub(ahead)
+    got: list[list[str | None]] = []
+    steps = PartitionPool.run(stub, "raw_documents", ["a", "b"])  # type: ignore[arg-type]
+    ahead.lists.put(RuntimeError("the hand-over thread failed"))
+    ahead.lists.put(None)
+    with pytest.raises(RuntimeError, match="hand-over thread failed"):
+        for done in steps:
+            got.append([d.source for d in done])
+    assert got == [["a"]]
