@@ -57,6 +57,7 @@ _HOLD_POLL_S = 0.02
 _CONTENDED = 0.2
 _CONTENDED_WINDOW_S = 0.1
 _CONTENDED_KEPT_S = 0.5  # a hold that begins this soon after a contended window holds nothing
+_FREE_S = 0.05  # a core free of the workers' packs this long lets what is held go
 # A worker's resident memory grown by this much since its last release (or its start) is given
 # back after the partition (``_release``); less is kept for the next partition to reuse.
 _RELEASE_BYTES = 32 << 20
@@ -288,7 +289,9 @@ def _waited_s(pids: list[int]) -> float | None:
 
 class _Hold:
     """Partitions that ran ahead, finished and taken, held back from their step while the
-    workers' packs fill the cores (``PartitionPool._full``) and the workers have the cores to
+    workers' packs fill the cores (``PartitionPool._full``; a core free for less than ``_FREE_S``
+    is a step's end handing over the next, which a burst of recording here slowed by 0.1-0.2 s:
+    its threads wait for the interpreter at each of their calls) and the workers have the cores to
     themselves (not ``contended``), for at most ``_HOLD_S`` (``PartitionPool.run``).
 
     Why: recording a partition takes the run's process ~1-2 ms of a core (200 sources: ~1 s of
@@ -308,6 +311,7 @@ class _Hold:
         self.since = 0.0  # when the first of ``done`` was taken
         self._mark: tuple[float, float] | None = None  # (when, the workers' waits then)
         self._contended = False  # the last window's verdict
+        self._free_since: float | None = None  # since when the workers' packs have not filled the cores
 
     def add(self, done: list[Done]) -> None:
         if done and not self.done:  # a hold begins: the workers' waits are looked at afresh (before
@@ -324,8 +328,17 @@ class _Hold:
 
     def holds(self) -> bool:
         """Whether what is held waits on."""
-        return bool(self.done) and time.monotonic() - self.since < _HOLD_S and self.pool._full() and \
-            not self.contended()
+        if not self.done or time.monotonic() - self.since >= _HOLD_S:
+            return False
+        if self.pool._full():
+            self._free_since = None
+        else:
+            now = time.monotonic()
+            if self._free_since is None:
+                self._free_since = now
+            if now - self._free_since >= _FREE_S:
+                return False
+        return not self.contended()
 
     def contended(self) -> bool:
         """Whether the workers waited for a core ``_CONTENDED`` of the time or more, together,

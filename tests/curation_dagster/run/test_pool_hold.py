@@ -92,7 +92,13 @@ def test_what_is_held_waits_while_the_workers_fill_the_cores(sleeping: list[int]
     time.sleep(0.15)
     assert hold.holds()  # a window seen: they waited for no core
     hold.add([_done("b")])
-    pool.busy = 1  # a core free of this run's packs: recorded now
+    pool.busy = 1  # a core free of this run's packs: held on while the next step may be handed over
+    assert hold.holds()
+    pool.busy = 2  # it was: the cores full again
+    assert hold.holds()
+    pool.busy = 1
+    assert hold.holds()
+    time.sleep(pool_module._FREE_S + 0.01)  # free that long: recorded now
     assert not hold.holds()
     assert [d.source for d in hold.take()] == ["a", "b"] and hold.done == [] and not hold.holds()
     pool.busy = 2
