@@ -643,16 +643,15 @@ class PartitionPool:
         """Every partition of ``program`` in ``sources``, as they finish: each list holds those
         finished since the last was taken (at least one); those started ahead (``run_ahead``)
         first, as they finish (held back while the workers fill the cores: ``_Hold``), with the
-        progress lines they told meanwhile. ``started``: called
-        once they are handed over, with those that had ended committed already (started ahead;
-        else none): a step's planned materializations are for the others (a partition that
-        failed is planned: Dagster counts a failed partition by its planned materialization
-        with no materialization after it). A worker process that
-        dies (the OOM killer) breaks the pool: every partition of the step not done by then
-        fails, and so do later steps' (a rerun resumes). What ``then_ahead`` asked for after
-        ``program`` starts once all of these have finished, before the last list is yielded
-        (where they ran ahead, from the thread that ran them: the steps after it may have started
-        before this step began)."""
+        progress lines they told meanwhile. ``started``: called once they are handed over, with
+        those that had ended committed already (started ahead; else none): a step's planned
+        materializations are for the others (a partition that failed is planned: Dagster counts
+        a failed partition by its planned materialization with no materialization after it). A
+        worker process that dies (the OOM killer) breaks the pool: every partition of the step
+        not done by then fails, and so do later steps' (a rerun resumes). What ``then_ahead``
+        asked for after ``program`` starts once all of these have finished, before the last list
+        is yielded (where they ran ahead, from the thread that ran them: the steps after it may
+        have started before this step began)."""
         try:
             with self._lock:
                 ahead = self._ahead.pop(program, None)
