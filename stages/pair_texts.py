@@ -315,12 +315,11 @@ class PairTexts:
             out[:] = pair_jaccard_on(backend, texts, row_of[src], row_of[dst], shingle=shingle, group=group)
             return out
         group = np.zeros(src.shape[0], np.int64) if group is None else np.asarray(group, np.int64)
-        block, blocks = pack_blocks(src, dst, group, self.size, self.budget)
-        node_block = sorted_distinct(np.concatenate([(src << 32) | block, (dst << 32) | block]))
+        order, block, blocks = pack_blocks(src, dst, group, self.size, self.budget)  # block: of order's pairs
+        node_block = sorted_distinct(np.concatenate([(src[order] << 32) | block, (dst[order] << 32) | block]))
         check_free_space(self._tmp, int(self.size[node_block >> 32].sum()), self.reserve)  # the block files
         paths = _scatter(self._tmp / "gathered.arrow", self._tmp, node_block, blocks)
-        order = np.argsort(block, kind="stable")
-        cuts = np.searchsorted(block[order], np.arange(blocks + 1))
+        cuts = np.searchsorted(block, np.arange(blocks + 1))
         row_of = np.full(self.n, -1, np.int64)
         for b in range(blocks):
             pairs = order[cuts[b]:cuts[b + 1]]

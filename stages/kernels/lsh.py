@@ -239,35 +239,21 @@ def pack_blocks(
     group: npt.NDArray[np.int64],
     size: npt.NDArray[np.int64],
     budget: int,
-) -> tuple[npt.NDArray[np.int64], int]:
-    """(block int64 (e,), number of blocks): pairs packed so that the texts of each block's
-    documents take at most ``budget`` bytes (a single pair larger than that gets a block alone).
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    """Pairs packed so that the texts of each block's documents take at most ``budget`` bytes (a
+    single pair larger than that gets a block alone): (order int64 (e,) of the pairs, by (group,
+    dst, src); block int64 (e,) of each pair in that order, non-decreasing; number of blocks).
 
     src, dst: int64 (e,) document indices into ``size`` (int64 (n,) text bytes); group: int64 (e,),
     pairs of one group are kept in one block where they fit. The packing follows the order
     (group, dst, src), so it does not depend on the order the pairs come in.
     """
-    order, out, blocks = _packed(src, dst, group, size, budget)
-    block = np.empty_like(out)
-    block[order] = out
-    return block, blocks
-
-
-def _packed(
-    src: npt.NDArray[np.int64],
-    dst: npt.NDArray[np.int64],
-    group: npt.NDArray[np.int64],
-    size: npt.NDArray[np.int64],
-    budget: int,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
-    """``pack_blocks`` in its packing order: (order int64 (e,) of the pairs, by (group, dst,
-    src); block int64 (e,) of each pair in that order, non-decreasing; number of blocks)."""
     order = np.lexsort((src, dst, group))
-    out = np.empty(src.shape[0], np.int64)
+    block = np.empty(src.shape[0], np.int64)
     n = size.shape[0]
     blocks = _plan_kernel(src[order], dst[order], group[order], size, budget,
-                          np.full(n, -1, np.int64), np.full(n, -1, np.int64), out)
-    return order, out, int(blocks)
+                          np.full(n, -1, np.int64), np.full(n, -1, np.int64), block)
+    return order, block, int(blocks)
 
 
 @njit
@@ -454,7 +440,7 @@ def _jaccard64(batch: Utf8Batch, src: npt.NDArray[np.int64], dst: npt.NDArray[np
     paired[dst] = True
     held = size[paired]
     group = dst if group is None else np.asarray(group, np.int64)
-    order, block, blocks = _packed(src, dst, group, size, _block_budget(int(held.sum()), int(held.max())))
+    order, block, blocks = pack_blocks(src, dst, group, size, _block_budget(int(held.sum()), int(held.max())))
     a, b = src[order], dst[order]  # member, anchor: by (group, anchor, member)
     docs, doc_start, a_at, b_at = _block_docs(a, b, block, blocks, size.shape[0])
     pair_start = np.searchsorted(block, np.arange(blocks + 1))

@@ -425,7 +425,7 @@ def test_block_docs_names_each_pairs_ends(pairs: list[tuple[int, int]], budget: 
     dst = np.array([d for _, d in pairs], np.int64)
     size = np.arange(20, dtype=np.int64) * 7 % 50
     group = lsh.connected_components(20, src, dst)[src]
-    order, block, blocks = lsh._packed(src, dst, group, size, budget)
+    order, block, blocks = lsh.pack_blocks(src, dst, group, size, budget)
     a, b = src[order], dst[order]
     docs, doc_start, a_at, b_at = lsh._block_docs(a, b, block, blocks, 20)
     assert doc_start[0] == 0 and doc_start[-1] == len(docs) and (np.diff(doc_start) >= 0).all()

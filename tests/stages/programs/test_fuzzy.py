@@ -38,7 +38,10 @@ def test_pack_blocks_respects_the_budget(pairs: list[tuple[int, int]], size: lis
     dst = np.array([p[1] for p in pairs], np.int64)
     group = (src + dst) % groups
     nbytes = np.array(size, np.int64)
-    block, count = pack_blocks(src, dst, group, nbytes, budget)
+    order, packed, count = pack_blocks(src, dst, group, nbytes, budget)
+    assert (np.diff(packed) >= 0).all()  # non-decreasing in the packing order
+    block = np.empty_like(packed)
+    block[order] = packed  # each pair's, in the order given
     assert set(block.tolist()) == set(range(count))
     for b in range(count):
         mine = block == b
@@ -51,7 +54,9 @@ def test_pack_blocks_respects_the_budget(pairs: list[tuple[int, int]], size: lis
         if mine.any() and nbytes[docs].sum() <= budget:
             assert len(set(block[mine].tolist())) == 1
     perm = np.random.default_rng(len(pairs)).permutation(len(pairs))
-    again, _ = pack_blocks(src[perm], dst[perm], group[perm], nbytes, budget)
+    order, packed, _ = pack_blocks(src[perm], dst[perm], group[perm], nbytes, budget)
+    again = np.empty_like(packed)
+    again[order] = packed
     assert (again == block[perm]).all()
 
 
