@@ -17,13 +17,11 @@ from typing import Any
 
 import pytest
 
-from curation_dagster.defs.resources import CurationResource
 from curation_dagster.run import pool as pool_module
 from curation_dagster.run.done import Done
 from curation_dagster.run.pool import PartitionPool, _Ahead, _Hold, _waited_s
 from stages.store import Store
-from tests.curation_dagster.run.test_pool_packs import _many
-from tests.support.tiny_corpus import fast_tmp
+from tests.support.pools import many_sources, registered
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/schedstat").exists(),
                                 reason="a process's waits for a core are read from /proc/PID/schedstat")
@@ -149,11 +147,9 @@ def test_a_step_held_back_gets_every_partition_once(tmp_path: Path, monkeypatch:
         return verdicts[-1]
 
     monkeypatch.setattr(_Hold, "holds", seen)
-    crawl = _many(40)
+    crawl = many_sources(40)
     sources = crawl.partitions("raw_documents")
-    with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), workers=2)
-        resource.dataroot().register(crawl)
+    with registered(tmp_path / "w", crawl) as resource:
         with PartitionPool(resource.place(), crawl, execution=resource.execution()) as pool:
             assert pool.cores == 2
             pool.then_ahead("raw_documents", lambda step: step == "document_languages")
@@ -167,7 +163,7 @@ def test_a_step_held_back_gets_every_partition_once(tmp_path: Path, monkeypatch:
             for program in ("raw_documents", "document_languages"):
                 verdicts.clear()
                 lists = list(pool.run(program, sources))
-                assert True in verdicts and verdicts[-1] is False  # held, and let go
+                assert True in verdicts  # held (let go: the step's partitions all came, below)
                 done = [d for finished in lists for d in finished]
                 assert sorted(d.source or "" for d in done) == sources
                 for d in done:

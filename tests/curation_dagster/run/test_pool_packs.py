@@ -25,6 +25,7 @@ from stages import store as store_module
 from stages.spec import CrawlSpec
 from stages.store import Store
 from tests.support.counting import count_params_validations
+from tests.support.pools import many_sources, registered
 from tests.support.tiny_corpus import CRAWL, EXPECTED, fast_tmp, source_config
 
 
@@ -57,14 +58,6 @@ def test_what_remains_of_a_step_of_tiny_partitions_goes_in_one_pack() -> None:
     assert _pack_size(7, 1, 1e-5, least_s=0.0) == 1  # packs run in this process: no hand-over to wait for
 
 
-def _many(n: int) -> CrawlSpec:
-    """The tiny corpus's first source, as ``n`` sources: its steps with partitions are raw,
-    language and heuristic documents, then (exact dedup switched off) the MinHash signatures."""
-    first = next(iter(source_config().values()))
-    return CrawlSpec(crawl=CRAWL, sources={f"c{i:02d}": first for i in range(n)}, keep=EXPECTED["keep"],
-                     stages=("language", "heuristic", "fuzzy"))
-
-
 def _as_worker(work: Path, crawl: CrawlSpec, monkeypatch: pytest.MonkeyPatch) -> CurationResource:
     """This process set up as a pool worker of ``crawl`` in workdir ``work`` (``pool._work`` runs
     here); the resource it was made from."""
@@ -91,7 +84,7 @@ def test_a_pack_is_described_as_its_partitions_alone_and_published_at_once(
     checks read its manifest before it is published), as the same partitions one by one in another
     workdir; the pack's commits published together (two syncs: before the renames and after), and
     on disk once it returns. Where publishing fails, its partitions fail, the earlier commits stay."""
-    crawl = _many(5)
+    crawl = many_sources(5)
     sources = crawl.partitions("raw_documents")
     syncs: list[list[str]] = []
     real_sync, real_params = store_module._sync, CrawlSpec.program_params
@@ -160,10 +153,8 @@ def test_many_sources_run_in_packs_on_a_real_pool(tmp_path: Path) -> None:
     """40 sources on two workers: one partition a worker until the first ends, then packs (of the
     crawl's short partitions), the last smaller than the largest; every partition ends once,
     committed."""
-    crawl = _many(40)
-    with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), workers=2)
-        resource.dataroot().register(crawl)
+    crawl = many_sources(40)
+    with registered(tmp_path / "w", crawl) as resource:
         with PartitionPool(resource, crawl) as pool:
             assert pool._pool is not None
             real_submit = pool._pool.submit
@@ -209,13 +200,11 @@ def test_partitions_run_in_this_process_go_in_packs_too(tmp_path: Path, monkeypa
     """Without workers (one core, a GPU step) the step's partitions run here in packs sized the
     same way, each published together: two syncs a pack of more than one; a step whose
     partitions take longer than a pack's time runs them one by one."""
-    crawl = _many(12)
+    crawl = many_sources(12)
     syncs: list[list[str]] = []
     real_sync = store_module._sync
     monkeypatch.setattr(store_module, "_sync", lambda paths, fd: (syncs.append(paths), real_sync(paths, fd))[1])
-    with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), workers=1)
-        resource.dataroot().register(crawl)
+    with registered(tmp_path / "w", crawl, workers=1) as resource:
         with PartitionPool(resource, crawl) as pool:
             assert pool._pool is None
             lists = list(pool.run("raw_documents", crawl.partitions("raw_documents")))
@@ -240,11 +229,9 @@ def test_partitions_run_ahead_are_handed_to_their_step_once(tmp_path: Path) -> N
     those first, then runs the rest: every partition once, committed. The next step (``then_ahead``)
     starts once all of them have ended, not when those run ahead have. A pool closed before its
     step asked ends the thread that ran them."""
-    crawl = _many(12)
+    crawl = many_sources(12)
     sources = crawl.partitions("raw_documents")
-    with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), workers=2)
-        resource.dataroot().register(crawl)
+    with registered(tmp_path / "w", crawl) as resource:
         with PartitionPool(resource.place(), crawl, execution=resource.execution()) as pool:
             pool.then_ahead("raw_documents", lambda step: step == "document_languages")
             pool.run_ahead("raw_documents", sources[:8])
@@ -276,10 +263,8 @@ def test_only_a_crawls_first_or_forced_run_starts_ahead(tmp_path: Path) -> None:
     decides those), nor on one core, nor with Ray; for one source, only in a process of the
     command's own with no other thread (its worker is forked from it: ``test_in_process`` runs
     one)."""
-    crawl = _many(4)
-    with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), workers=2)
-        resource.dataroot().register(crawl)
+    crawl = many_sources(4)
+    with registered(tmp_path / "w", crawl) as resource:
         place, execution = resource.place(), resource.execution()
         first = PartitionPool.ahead_of_run(place, execution, crawl, force=False)
         assert first is not None and first.ahead == {("raw_documents", s) for s in crawl.partitions("raw_documents")}
@@ -296,7 +281,7 @@ def test_only_a_crawls_first_or_forced_run_starts_ahead(tmp_path: Path) -> None:
         assert PartitionPool.ahead_of_run(place, ray, crawl, force=True) is None
         # One source: its worker would be forked from this process: only where the caller says
         # it is the command's own (``fork``), and never beside another thread.
-        alone = _many(1)
+        alone = many_sources(1)
         resource.dataroot().register(alone)
         assert PartitionPool.ahead_of_run(place, execution, alone, force=True) is None
         stop = threading.Event()
@@ -313,10 +298,8 @@ def test_a_pool_closed_while_its_packs_run_ahead_ends(tmp_path: Path) -> None:
     """Closed once the pace is set and packs are handed over beyond what the workers hold (a run
     that fails before its first step, say): what was handed over ends or is dropped, and the
     thread that ran them ends; close does not wait for the thread forever."""
-    crawl = _many(40)
-    with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), workers=2)
-        resource.dataroot().register(crawl)
+    crawl = many_sources(40)
+    with registered(tmp_path / "w", crawl) as resource:
         pool = PartitionPool(resource.place(), crawl, execution=resource.execution())
         pool.run_ahead("raw_documents", crawl.partitions("raw_documents"))
         ahead = pool._ahead["raw_documents"]
@@ -342,7 +325,7 @@ def test_the_next_steps_partitions_start_before_this_steps_last_list_is_taken(tm
     and the step after that one's as they end, while no step has taken any of them; each step
     then takes its partitions as run ahead: every partition once, committed. The chain ends at
     the first step ``ready`` says no to, and after a step with a failed partition nothing starts."""
-    crawl = _many(12)
+    crawl = many_sources(12)
     sources = crawl.partitions("raw_documents")
     asked: list[str] = []
 
@@ -350,9 +333,7 @@ def test_the_next_steps_partitions_start_before_this_steps_last_list_is_taken(tm
         asked.append(step)
         return step in ("document_languages", "filtered_documents")
 
-    with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), workers=2)
-        resource.dataroot().register(crawl)
+    with registered(tmp_path / "w", crawl) as resource:
         with PartitionPool(resource, crawl) as pool:
             pool.then_ahead("raw_documents", ready)
             seen: list[bool] = []  # at each list taken: had the next step's partitions started?
@@ -464,11 +445,9 @@ def test_a_forked_workers_chain_runs_the_next_steps_and_the_pool_ends_with_it(tm
     """A pool whose worker was forked for the head start (``fork``: one source) starts the next
     steps on it down the chain, as a wider pool does; it stays open while a chained step is
     still to be taken, and closes once the last is: a step not chained runs in this process."""
-    crawl = _many(2)
+    crawl = many_sources(2)
     sources = crawl.partitions("raw_documents")
-    with fast_tmp(tmp_path / "w") as work:
-        resource = CurationResource(workdir=str(work), workers=2)
-        resource.dataroot().register(crawl)
+    with registered(tmp_path / "w", crawl) as resource:
         pool = PartitionPool(resource, crawl)
         pool._ahead_only = True  # as ``ahead_of_run(fork=True)`` makes it (one partition at a time)
         pool.then_ahead("raw_documents", lambda step: step in ("document_languages", "filtered_documents"))
@@ -488,7 +467,7 @@ def test_a_forked_workers_chain_stops_at_a_gpu_program_or_one_whose_memory_does_
     steps after its head start as this process would run them, but a GPU program (unless the
     backend is the CPU) or one that asks for more memory than is available ends the chain (this
     process runs it)."""
-    crawl = _many(1)
+    crawl = many_sources(1)
     with_semantic = crawl.model_copy(update={"stages": ("fuzzy", "semantic")})
     with fast_tmp(tmp_path / "w") as work:
         resource = CurationResource(workdir=str(work), workers=1)  # no worker started: the rule alone
